@@ -1,0 +1,14 @@
+"""tileattn: exact, IO-aware attention for PyTorch.
+
+``attention`` computes softmax(scale * q k^T) v tile by tile, never writing the
+N x N score matrix to memory (Triton kernels on GPUs, a tiled PyTorch path
+elsewhere).  ``tileattn.reference`` holds the textbook (materialized) version
+and a readable tiled one; ``tileattn.cost`` models the FLOPs and bytes of both.
+"""
+from . import reference
+from .api import attention
+from .ops import use_backend
+
+__version__ = "0.1.0"
+
+__all__ = ["attention", "reference", "use_backend", "__version__"]

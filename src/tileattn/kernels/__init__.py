@@ -1,0 +1,1 @@
+"""Pure ``@triton.jit`` kernels: no torch, no allocation, no validation."""

@@ -1,0 +1,82 @@
+"""Pieces shared by the forward and backward kernels: tile loads and the
+causal block bounds.  Pure ``@triton.jit`` code, no torch.
+
+Causal masking is bottom-right aligned: query row ``i`` sees key ``j`` iff
+``j <= i + (N_K - N_Q)``.  docs/design.md derives the block bounds below.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_tile(ptrs, row_ok, d_ok, CHECK_ROWS: tl.constexpr, CHECK_D: tl.constexpr):
+    """Load a (rows, BLOCK_D) tile, masking only what the constexprs ask for, so
+    that interior tiles of an aligned head dim issue plain unmasked loads."""
+    if CHECK_ROWS:
+        if CHECK_D:
+            x = tl.load(ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+    else:
+        if CHECK_D:
+            x = tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def store_tile(ptrs, x, row_ok, d_ok, CHECK_D: tl.constexpr):
+    if CHECK_D:
+        tl.store(ptrs, x, mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        tl.store(ptrs, x, mask=row_ok[:, None])
+
+
+@triton.jit
+def causal_key_bounds(start_m, N_Q, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      IS_CAUSAL: tl.constexpr):
+    """For the query block starting at ``start_m``: (full_end, hi).
+
+    Key tiles [0, full_end) are visible to every row of the block and inside
+    N_K: they need no mask.  Tiles [full_end, hi) need the causal and/or the
+    N_K boundary mask.  Tiles at or beyond ``hi`` are hidden from every row
+    and are never loaded.
+    """
+    n_even_end = (N_K // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        diag = N_K - N_Q
+        # last key the last row of the block may see, plus one
+        hi = tl.minimum(start_m + BLOCK_M + diag, N_K)
+        hi = tl.maximum(hi, 0)
+        # first row sees keys < start_m + diag + 1: whole tiles below that need no mask
+        first_row_end = tl.maximum(start_m + diag + 1, 0)
+        full_end = tl.minimum((first_row_end // BLOCK_N) * BLOCK_N, n_even_end)
+        full_end = tl.minimum(full_end, hi)
+    else:
+        hi = N_K
+        full_end = n_even_end
+    return full_end, hi
+
+
+@triton.jit
+def causal_query_bounds(start_n, N_Q, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        IS_CAUSAL: tl.constexpr):
+    """For the key block starting at ``start_n``: (lo, full_start).
+
+    Query tiles [lo, full_start) see part of the key block (causal mask needed),
+    tiles [full_start, N_Q) see all of it, tiles before ``lo`` see none of it.
+    """
+    if IS_CAUSAL:
+        diag = N_K - N_Q
+        # first row that sees key start_n: i >= start_n - diag
+        lo = tl.maximum(start_n - diag, 0)
+        lo = (lo // BLOCK_M) * BLOCK_M
+        # first row that sees the whole key block: i >= start_n + BLOCK_N - 1 - diag
+        full = tl.maximum(start_n + BLOCK_N - 1 - diag, 0)
+        full_start = ((full + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+        full_start = tl.maximum(tl.minimum(full_start, N_Q), lo)
+    else:
+        lo = 0
+        full_start = 0
+    return lo, full_start

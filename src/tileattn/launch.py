@@ -1,0 +1,181 @@
+"""Launchers for the Triton kernels: allocate outputs, pick a config, compute
+the grid and call the kernels by keyword.  No validation here (``api.py``
+validates before anything reaches this module) and no autograd (``ops.py``).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from . import configs
+from .configs import KernelConfig
+from .kernels.bwd import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess_kernel
+from .kernels.fwd import _attn_fwd_kernel
+
+LOG2E = 1.4426950408889634
+
+# Tests set this to fill outputs with NaN before each launch, so that an
+# element a kernel forgets to write shows up as NaN instead of stale memory.
+POISON_OUTPUTS = False
+
+# Grid axes 1 and 2 (heads, batch) hold at most this many programs.
+MAX_GRID_YZ = 65535
+
+
+def _empty_like(t: torch.Tensor, dtype=None) -> torch.Tensor:
+    out = torch.empty_like(t, dtype=dtype)
+    if POISON_OUTPUTS:
+        out.fill_(float("nan"))
+    return out
+
+
+def _empty(shape, device) -> torch.Tensor:
+    out = torch.empty(shape, device=device, dtype=torch.float32)
+    if POISON_OUTPUTS:
+        out.fill_(float("nan"))
+    return out
+
+
+def _bucket(n: int) -> int:
+    """Autotune key for a sequence length: the next power of two (>= 64), so
+    shapes of one size class share their tuning."""
+    return max(64, 1 << (int(n) - 1).bit_length())
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # float32 inputs get full fp32 products (tf32 would lose ~3 decimal digits
+    # and break the accuracy contract); 16-bit inputs ignore this setting.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _smem_limit(device: torch.device) -> int:
+    try:
+        props = triton.runtime.driver.active.utils.get_device_properties(device.index or 0)
+        return int(props["max_shared_mem"])
+    except Exception:  # pragma: no cover - unknown driver: be conservative
+        return 96 * 1024
+
+
+def _prune(candidates, backward):
+    def prune(cfgs, named_args, **kwargs):
+        args = {**named_args, **kwargs}
+        head_dim = args["HEAD_DIM"]
+        elem = args["Q"].element_size()
+        limit = _smem_limit(args["Q"].device)
+        allowed = {c.name for c in configs.fitting(candidates(head_dim), head_dim, elem, limit, backward)}
+        kept = [c for c in cfgs if _name(c) in allowed]
+        return kept or cfgs[:1]
+    return prune
+
+
+def _name(cfg: "triton.Config") -> str:
+    return KernelConfig(cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages).name
+
+
+def _triton_configs(table) -> list:
+    seen, out = set(), []
+    for cfgs in table.values():
+        for c in cfgs:
+            if c.name not in seen:
+                seen.add(c.name)
+                out.append(triton.Config(c.as_meta(), num_warps=c.num_warps, num_stages=c.num_stages))
+    return out
+
+
+_TUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "HEAD_DIM", "IS_CAUSAL", "DOT_PRECISION"]
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned(kind: str):
+    """The autotuned kernel of each kind (built on first use, GPU only)."""
+    if kind == "fwd":
+        kernel, table, backward, cand = _attn_fwd_kernel, configs.FWD_CONFIGS, False, configs.fwd_candidates
+    elif kind == "dkdv":
+        kernel, table, backward, cand = _attn_bwd_dkdv_kernel, configs.BWD_CONFIGS, True, configs.bwd_candidates
+    else:
+        kernel, table, backward, cand = _attn_bwd_dq_kernel, configs.BWD_CONFIGS, True, configs.bwd_candidates
+    return triton.autotune(configs=_triton_configs(table), key=_TUNE_KEY,
+                           prune_configs_by={"early_config_prune": _prune(cand, backward)})(kernel)
+
+
+def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter_cfg: KernelConfig, **args):
+    """Run ``kernel`` with a forced config, the interpreter's single config, or autotuning."""
+    if config is None and configs.interpreter_active():
+        config = interpreter_cfg
+    if config is not None:
+        meta = config.as_meta()
+        kernel[grid_of(meta)](**args, **meta, num_warps=config.num_warps, num_stages=config.num_stages)
+    else:
+        _tuned(kind)[grid_of](**args)
+
+
+def _strides4(t: torch.Tensor, prefix: str) -> dict:
+    return {f"stride_{prefix}{s}": t.stride(i) for i, s in enumerate("bhnd")}
+
+
+def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = None):
+    """Forward launch. Returns (out like q, lse float32 (B, Hq, Nq))."""
+    b, hq, n_q, d = q.shape
+    hkv, n_k = k.shape[1], k.shape[2]
+    o = _empty_like(q)
+    lse = _empty((b, hq, n_q), q.device)
+    if n_q == 0 or b == 0:
+        return o, lse
+    if n_k == 0:  # nothing to attend to: every row is empty
+        return o.zero_(), lse.fill_(float("-inf"))
+
+    def grid(meta):
+        return (triton.cdiv(n_q, meta["BLOCK_M"]), hq, b)
+
+    _launch("fwd", _attn_fwd_kernel, grid, config, configs.INTERPRETER_FWD,
+            Q=q, K=k, V=v, O=o, LSE=lse,
+            **_strides4(q, "q"), **_strides4(k, "k"), **_strides4(v, "v"), **_strides4(o, "o"),
+            stride_lb=lse.stride(0), stride_lh=lse.stride(1),
+            GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
+            N_Q_BUCKET=_bucket(n_q), N_K_BUCKET=_bucket(n_k),
+            HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=bool(causal),
+            DOT_PRECISION=_dot_precision(q.dtype))
+    return o, lse
+
+
+def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
+             config: KernelConfig | None = None):
+    """Backward launch. Returns (dq like q, dk like k, dv like v)."""
+    b, hq, n_q, d = q.shape
+    hkv, n_k = k.shape[1], k.shape[2]
+    dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
+    if b == 0 or n_k == 0 or n_q == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    lse = lse.contiguous()
+    delta = _empty((b, hq, n_q), q.device)
+    lse2 = _empty((b, hq, n_q), q.device)
+    pre_block = configs.INTERPRETER_BWD.block_m if configs.interpreter_active() else 64
+    has_dlse = dlse is not None
+    _attn_bwd_preprocess_kernel[(triton.cdiv(n_q, pre_block), hq, b)](
+        O=o, DO=do, LSE=lse, DLSE=dlse.contiguous() if has_dlse else lse, DELTA=delta, LSE2=lse2,
+        **_strides4(o, "o"), **_strides4(do, "do"),
+        N_HEADS=hq, N_Q=n_q, HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block,
+        HAS_DLSE=has_dlse)
+
+    common = dict(Q=q, K=k, V=v, DO=do, LSE2=lse2, DELTA=delta,
+                  **_strides4(q, "q"), **_strides4(k, "k"), **_strides4(v, "v"), **_strides4(do, "do"),
+                  N_HEADS=hq, GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k,
+                  sm_scale=scale, qk_scale=scale * LOG2E,
+                  N_Q_BUCKET=_bucket(n_q), N_K_BUCKET=_bucket(n_k),
+                  HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=bool(causal),
+                  DOT_PRECISION=_dot_precision(q.dtype))
+
+    def grid_kv(meta):
+        return (triton.cdiv(n_k, meta["BLOCK_N"]), hkv, b)
+
+    def grid_q(meta):
+        return (triton.cdiv(n_q, meta["BLOCK_M"]), hq, b)
+
+    _launch("dkdv", _attn_bwd_dkdv_kernel, grid_kv, config, configs.INTERPRETER_BWD,
+            DK=dk, DV=dv, **_strides4(dk, "dk"), **_strides4(dv, "dv"), **common)
+    _launch("dq", _attn_bwd_dq_kernel, grid_q, config, configs.INTERPRETER_BWD,
+            DQ=dq, **_strides4(dq, "dq"), **common)
+    return dq, dk, dv
+
