@@ -39,26 +39,32 @@ def block_d(head_dim: int) -> int:
     return max(16, 1 << (int(head_dim) - 1).bit_length())
 
 
+def _buffers(num_stages: int) -> int:
+    # Triton's software pipeliner keeps num_stages - 1 tiles in flight per
+    # streamed operand (one when not pipelined)
+    return max(1, num_stages - 1)
+
+
 def fwd_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
-    """Shared memory a forward program needs: the Q tile stays resident, K and V
-    tiles are multi-buffered ``num_stages`` deep; P goes to the second matmul
-    through registers (or one staging tile on older GPUs, counted here)."""
+    """Shared memory of a forward program: the Q tile plus the multi-buffered K
+    and V tiles.  P feeds the second matmul from registers.  Matches the
+    compiler's report for sm_90 (docs/perf-notes.md, compile report)."""
     d = block_d(head_dim)
-    q_tile = block_m * d * elem_bytes
-    kv_tiles = 2 * num_stages * block_n * d * elem_bytes
-    p_tile = block_m * block_n * elem_bytes
-    return q_tile + kv_tiles + p_tile
+    return elem_bytes * d * (block_m + 2 * _buffers(num_stages) * block_n)
 
 
 def bwd_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
-    """Shared memory of the dK/dV program (the larger of the two backward
-    kernels): K and V tiles resident, Q and dO tiles multi-buffered, and the
-    P / dS tiles staged for the transposed matmuls."""
+    """Shared memory of the larger backward program.  Each streams two tiles
+    (dQ kernel: K and V of BLOCK_N rows; dK/dV kernel: Q and dO of BLOCK_M
+    rows), holds two resident tiles, and stages P and dS (BLOCK_M x BLOCK_N)
+    for the transposed matmuls.  Exact for the dQ kernel of most sm_90
+    configs, an upper bound for the dK/dV kernel."""
     d = block_d(head_dim)
-    kv_tiles = 2 * block_n * d * elem_bytes
-    q_do_tiles = 2 * num_stages * block_m * d * elem_bytes
-    p_ds_tiles = 2 * block_m * block_n * elem_bytes
-    return kv_tiles + q_do_tiles + p_ds_tiles
+    stages = _buffers(num_stages)
+    p_ds = 2 * block_m * block_n * elem_bytes
+    dq = elem_bytes * d * (2 * stages * block_n + 2 * block_m) + p_ds
+    dkdv = elem_bytes * d * (2 * stages * block_m + 2 * block_n) + p_ds
+    return max(dq, dkdv)
 
 
 def _head_dim_bucket(head_dim: int) -> int:

@@ -16,6 +16,8 @@ from torch import Tensor
 
 from . import reference
 
+# key/value block of the PyTorch path: extra memory Nq x 256 per head, few Python steps
+_TORCH_BLOCK_N = 256
 _BACKENDS = ("auto", "triton", "torch")
 _backend = "auto"
 
@@ -69,7 +71,8 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -
     if uses_triton(q):
         from . import launch
         return launch.attn_fwd(q, k, v, causal, scale)
-    out, lse = reference.tiled_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+    out, lse = reference.tiled_attention(q, k, v, causal=causal, scale=scale, block_n=_TORCH_BLOCK_N,
+                                           return_lse=True)
     return _like(q, out), lse.to(_lse_dtype(q)).contiguous()
 
 
@@ -86,7 +89,7 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
         from . import launch
         return launch.attn_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse)
     dq, dk, dv = reference.tiled_attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
-                                                    dlse=dlse)
+                                                    dlse=dlse, block_n=_TORCH_BLOCK_N)
     return _like(q, dq), _like(k, dk), _like(v, dv)
 
 

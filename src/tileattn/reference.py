@@ -94,20 +94,20 @@ def tiled_attention(q, k, v, *, causal=False, scale=None, block_n=128, return_ls
     for start in range(0, n_k, block_n):
         kj = k[:, :, start:start + block_n].to(acc_t).unsqueeze(2)
         vj = v[:, :, start:start + block_n].to(acc_t).unsqueeze(2)
-        s = torch.matmul(qg, kj.transpose(-2, -1)) * scale
+        s = torch.matmul(qg, kj.transpose(-2, -1)).mul_(scale)
         if causal:
             cols = torch.arange(start, start + kj.shape[-2], device=q.device)[None, :]
-            s = s.masked_fill(cols > rows + (n_k - n_q), float("-inf"))
+            s.masked_fill_(cols > rows + (n_k - n_q), float("-inf"))
         m_new = torch.maximum(m, s.amax(dim=-1))
         m_ref = torch.where(torch.isinf(m_new) & (m_new < 0), torch.zeros_like(m_new), m_new)
-        p = torch.exp(s - m_ref[..., None])
+        p = s.sub_(m_ref[..., None]).exp_()  # in place: one (Nq x block_n) buffer per step
         alpha = torch.exp(m - m_ref)
         l = l * alpha + p.sum(dim=-1)
         o = o * alpha[..., None] + torch.matmul(p, vj)
         m = m_new
     empty = l == 0
     l_safe = torch.where(empty, torch.ones_like(l), l)
-    out = (o / l_safe[..., None]).reshape(b, hq, n_q, -1).to(q.dtype)
+    out = (o / l_safe[..., None]).reshape(b, hq, n_q, v.shape[-1]).to(q.dtype)
     if not return_lse:
         return out
     lse = torch.where(empty, torch.full_like(m, float("-inf")), m + torch.log(l_safe))
@@ -128,7 +128,7 @@ def tiled_attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, d
     hkv, n_k = k.shape[1], k.shape[2]
     g = hq // hkv
     qg = q.to(acc_t).reshape(b, hkv, g, n_q, d)
-    dog = do.to(acc_t).reshape(b, hkv, g, n_q, -1)
+    dog = do.to(acc_t).reshape(b, hkv, g, n_q, do.shape[-1])
     delta = (do.to(acc_t) * o.to(acc_t)).sum(dim=-1)
     if dlse is not None:
         delta = delta - dlse.to(acc_t)

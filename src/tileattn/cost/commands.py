@@ -1,0 +1,348 @@
+"""CLI subcommands of the IO cost model: ``io``, ``roofline``, ``report``, ``calibrate``.
+
+``tileattn.cli`` calls :func:`register` on its subparsers; this module can
+also be run on its own: ``python -m tileattn.cost.commands io --hw ...``.
+Exit codes: 0 ok, 2 bad arguments or unknown hardware, 3 no GPU (calibrate).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from . import hardware as _hw
+from .io import AttentionShape, DTYPE_BYTES, FUSION_LEVELS
+from .roofline import Comparison, compare
+
+EXIT_OK, EXIT_BAD_ARGS, EXIT_NO_GPU = 0, 2, 3
+
+
+class _Fmt(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
+def _add_shape_args(p: argparse.ArgumentParser, hw_default: str | None = "nvidia-h200") -> None:
+    g = p.add_argument_group("hardware")
+    g.add_argument("--hw", default=hw_default,
+                   help="hardware name: " + ", ".join(sorted(_hw.CATALOGUE)) + ", or one from --hw-file / "
+                        "the user folder (~/.config/tileattn/hardware)")
+    g.add_argument("--hw-file", default=None, help="TOML or JSON file describing the hardware")
+    g.add_argument("--basis", choices=("datasheet", "measured"), default="datasheet",
+                   help="which peak/bandwidth figures to use (measured falls back to datasheet)")
+    s = p.add_argument_group("shape")
+    s.add_argument("--batch", type=int, default=8)
+    s.add_argument("--heads", type=int, default=32, help="query heads")
+    s.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA); default = --heads")
+    s.add_argument("--seqlen", type=int, default=4096, help="query length N (and key length unless --seqlen-k)")
+    s.add_argument("--seqlen-k", type=int, default=None, help="key length")
+    s.add_argument("--head-dim", type=int, default=128)
+    s.add_argument("--causal", action="store_true")
+    s.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16")
+    s.add_argument("--fusion", choices=FUSION_LEVELS, default="eager",
+                   help="standard attention: textbook passes or PyTorch eager as the reference runs it")
+    s.add_argument("--no-l2", action="store_true",
+                   help="count every tile load of the tiled kernels as an HBM read (no L2 reuse)")
+
+
+def _err(msg: str) -> int:
+    print(f"tileattn: error: {msg}", file=sys.stderr)
+    return EXIT_BAD_ARGS
+
+
+def _setup(args) -> tuple[Comparison | None, int]:
+    try:
+        hw = _hw.get_hardware(args.hw, args.hw_file)
+        shape = AttentionShape(batch=args.batch, heads=args.heads, seqlen_q=args.seqlen, head_dim=args.head_dim,
+                               seqlen_k=args.seqlen_k, kv_heads=args.kv_heads, causal=args.causal,
+                               dtype=args.dtype)
+        comp = compare(shape, hw, fusion=args.fusion, basis=args.basis, l2_reuse=not args.no_l2)
+    except ValueError as exc:
+        return None, _err(str(exc))
+    return comp, EXIT_OK
+
+
+# ---------------------------------------------------------------------------
+# formatting
+# ---------------------------------------------------------------------------
+def fmt_bytes(x: float, binary: bool = False) -> str:
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB") if binary else ("B", "kB", "MB", "GB", "TB", "PB")
+    base = 1024.0 if binary else 1000.0
+    i = 0
+    while abs(x) >= base and i < len(units) - 1:
+        x /= base
+        i += 1
+    return f"{x:.3g} {units[i]}" if i else f"{x:.0f} B"
+
+
+def fmt_flops(x: float) -> str:
+    for unit, f in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if x >= f:
+            return f"{x / f:.3g} {unit}"
+    return f"{x:.3g} FLOP"
+
+
+def fmt_time(t: float) -> str:
+    if t >= 1:
+        return f"{t:.3g} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.3g} ms"
+    return f"{t * 1e6:.3g} µs"
+
+
+def summary_rows(c: Comparison) -> list[tuple[str, str, str, str]]:
+    """(quantity, standard, tiled, standard / tiled) rows shared by ``io`` and the report."""
+    sp, tp = c.standard_pred, c.tiled_pred
+    rows = []
+
+    def ratio(a, b):
+        return f"{a / b:.3g}x" if b else "-"
+
+    f = c.flops
+    rows.append(("useful FLOPs fwd (visible pairs)", fmt_flops(f.useful_fwd), fmt_flops(f.useful_fwd), "1x"))
+    rows.append(("executed FLOPs fwd", fmt_flops(f.standard_fwd_executed), fmt_flops(f.tiled_fwd_executed),
+                 ratio(f.standard_fwd_executed, f.tiled_fwd_executed)))
+    rows.append(("executed FLOPs bwd", fmt_flops(f.standard_bwd_executed), fmt_flops(f.tiled_bwd_executed),
+                 ratio(f.standard_bwd_executed, f.tiled_bwd_executed)))
+    rows.append(("  of which recompute", "0", fmt_flops(f.tiled_bwd_recompute + f.tiled_bwd_split_recompute), ""))
+    for ph, label in (("fwd", "fwd"), ("bwd", "bwd"), ("fwd_bwd", "fwd+bwd")):
+        rows.append((f"HBM bytes {label}", fmt_bytes(sp[ph].bytes), fmt_bytes(tp[ph].bytes),
+                     ratio(sp[ph].bytes, tp[ph].bytes)))
+    rows.append(("tiled tile loads fwd (no L2 reuse)", "", fmt_bytes(c.tiled_no_cache.bytes("fwd")), ""))
+    rows.append(("kernels fwd / bwd", f"{sp['fwd'].kernels} / {sp['bwd'].kernels}",
+                 f"{tp['fwd'].kernels} / {tp['bwd'].kernels}", ""))
+    for ph, label in (("fwd", "fwd"), ("fwd_bwd", "fwd+bwd")):
+        rows.append((f"intensity {label} (FLOP/B)", f"{sp[ph].intensity:.3g}", f"{tp[ph].intensity:.3g}", ""))
+    for ph, label in (("fwd", "fwd"), ("fwd_bwd", "fwd+bwd")):
+        rows.append((f"bound {label} (ridge {c.ridge:.0f})", sp[ph].bound, tp[ph].bound, ""))
+    for ph, label in (("fwd", "fwd"), ("fwd_bwd", "fwd+bwd")):
+        rows.append((f"predicted time {label}", fmt_time(sp[ph].time_s), fmt_time(tp[ph].time_s),
+                     ratio(sp[ph].time_s, tp[ph].time_s)))
+    rows.append(("peak N-dependent memory", fmt_bytes(c.standard_memory.peak_extra_bytes, True),
+                 fmt_bytes(c.tiled_memory.peak_extra_bytes, True), ""))
+    rows.append(("saved for backward", fmt_bytes(c.standard_memory.saved_for_backward_bytes, True),
+                 fmt_bytes(c.tiled_memory.saved_for_backward_bytes, True), ""))
+    return rows
+
+
+def header_lines(c: Comparison) -> list[str]:
+    hw, s = c.hardware, c.shape
+    pk = c.standard_pred["fwd"].peak_flops
+    bw = c.standard_pred["fwd"].bandwidth
+    kv = f" kv_heads={s.kv_heads}" if s.kv_heads != s.heads else ""
+    nk = f" Nk={s.seqlen_k}" if s.seqlen_k != s.seqlen_q else ""
+    lines = [f"{hw.display_name} ({hw.name}, {c.basis}): {pk / 1e12:.4g} TFLOP/s {s.dtype}, "
+             f"{bw / 1e12:.3g} TB/s, ridge {c.ridge:.0f} FLOP/byte",
+             f"shape: batch={s.batch} heads={s.heads}{kv} N={s.seqlen_q}{nk} d={s.head_dim} {s.dtype}"
+             f"{' causal' if s.causal else ''}; standard = {c.fusion}; tiled configs fwd "
+             f"{c.tiled.params['fwd_config']}, bwd {c.tiled.params['bwd_config']}"]
+    cap = hw.value("memory_capacity")
+    if cap is not None:
+        need = c.standard_memory.peak_extra_bytes
+        if need > cap.value:
+            lines.append(f"note: standard attention needs {fmt_bytes(need, True)} for scores and probabilities, "
+                         f"more than the {fmt_bytes(cap.value)} on the device")
+    return lines
+
+
+def _print_table(title_lines, rows) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # plain text
+        for line in title_lines:
+            print(line)
+        w = max(len(r[0]) for r in rows)
+        print(f"{'':<{w}}  {'standard':>14}  {'tiled':>14}  {'std/tiled':>9}")
+        for r in rows:
+            print(f"{r[0]:<{w}}  {r[1]:>14}  {r[2]:>14}  {r[3]:>9}")
+        return
+    console = Console()
+    for line in title_lines:
+        console.print(line, highlight=False, soft_wrap=True)
+    t = Table(show_header=True, header_style="bold")
+    t.add_column("quantity")
+    t.add_column("standard", justify="right")
+    t.add_column("tiled", justify="right")
+    t.add_column("std / tiled", justify="right")
+    for r in rows:
+        t.add_row(*r)
+    console.print(t)
+
+
+# ---------------------------------------------------------------------------
+# handlers
+# ---------------------------------------------------------------------------
+def cmd_io(args) -> int:
+    comp, rc = _setup(args)
+    if comp is None:
+        return rc
+    if args.json:
+        d = comp.as_dict()
+        d["summary"] = [dict(zip(("quantity", "standard", "tiled", "ratio"), r)) for r in summary_rows(comp)]
+        print(json.dumps(d, indent=2, default=str))
+    else:
+        _print_table(header_lines(comp), summary_rows(comp))
+    return EXIT_OK
+
+
+def load_measured(path) -> list[dict]:
+    """Rows of a ``benchmarks/measure_bytes.py`` results file (a list, or ``{"rows": [...]}``)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"measured={str(path)!r}: cannot read results: {exc}") from None
+    rows = data.get("rows", []) if isinstance(data, dict) else data
+    if not isinstance(rows, list):
+        raise ValueError(f"measured={str(path)!r}: expected a list of rows or an object with 'rows'")
+    return rows
+
+
+def measured_points(rows, shape: AttentionShape) -> list[dict]:
+    """Measured rows of ``shape`` as roofline points (model FLOPs over measured bytes and time)."""
+    from .validation import row_shape, model_flops
+    pts = []
+    for r in rows:
+        try:
+            s = row_shape(r)
+        except (KeyError, ValueError):
+            continue
+        if (s.batch, s.heads, s.kv_heads, s.seqlen_q, s.seqlen_k, s.head_dim, s.causal) != (
+                shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_k, shape.head_dim,
+                shape.causal):
+            continue
+        byt = r.get("measured_read_bytes", 0) + r.get("measured_write_bytes", 0)
+        t = r.get("time_ms")
+        pts.append({"impl": r.get("impl"), "mode": r.get("mode"), "bytes": byt,
+                    "time_s": t / 1e3 if t else None, "flops": model_flops(r)})
+    return pts
+
+
+def cmd_roofline(args) -> int:
+    comp, rc = _setup(args)
+    if comp is None:
+        return rc
+    measured = []
+    if args.measured:
+        try:
+            measured = measured_points(load_measured(args.measured), comp.shape)
+        except ValueError as exc:
+            return _err(str(exc))
+        if not measured:
+            print(f"note: no row of {args.measured} matches this shape; plotting the model only", file=sys.stderr)
+    try:
+        from .roofline import plot_roofline
+        plot_roofline(comp, args.output, measured=measured)
+    except ImportError:
+        return _err("the roofline plot needs matplotlib: pip install 'tileattn[cli]'")
+    print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def cmd_report(args) -> int:
+    comp, rc = _setup(args)
+    if comp is None:
+        return rc
+    measured = []
+    if args.measured:
+        try:
+            measured = measured_points(load_measured(args.measured), comp.shape)
+        except ValueError as exc:
+            return _err(str(exc))
+    try:
+        from .report import write_report
+        write_report(comp, args.output, measured=measured)
+    except ImportError:
+        return _err("the report needs matplotlib: pip install 'tileattn[cli]'")
+    print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def cmd_calibrate(args) -> int:
+    from .calibrate import calibrate, NoGPUError
+    try:
+        path, hw = calibrate(name=args.name, output=args.output, repeats=args.repeats, size_mb=args.size_mb,
+                             matmul_n=args.matmul_n)
+    except NoGPUError as exc:
+        print(f"tileattn: {exc}", file=sys.stderr)
+        return EXIT_NO_GPU
+    except ValueError as exc:
+        return _err(str(exc))
+    bw = hw.measured["hbm_bandwidth"].value
+    pk = hw.measured["peak_flops.bf16"].value
+    print(f"{hw.display_name}: copy bandwidth {bw / 1e12:.3g} TB/s, bf16 matmul {pk / 1e12:.4g} TFLOP/s")
+    print(f"wrote {path} (use --hw {hw.name}, or --hw-file {path})")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------
+# registration
+# ---------------------------------------------------------------------------
+def register(subparsers) -> None:
+    """Add ``io``, ``roofline``, ``report`` and ``calibrate`` to an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "io", formatter_class=_Fmt,
+        help="FLOPs, HBM bytes, intensity, bound, predicted time: standard vs tiled",
+        description="Model one attention layer on a GPU: FLOPs, HBM bytes (standard vs tiled, forward and "
+                    "backward), arithmetic intensity, ridge point, bound, roofline time and memory.",
+        epilog="example:\n  tileattn io --hw nvidia-a100-80gb-sxm4 --batch 8 --heads 32 --seqlen 16384 "
+               "--head-dim 128 --dtype bf16\n  tileattn io --hw nvidia-h200 --seqlen 8192 --causal --json")
+    _add_shape_args(p)
+    p.add_argument("--json", action="store_true", help="print everything as JSON")
+    p.set_defaults(func=cmd_io)
+
+    p = subparsers.add_parser(
+        "roofline", formatter_class=_Fmt, help="plot both implementations on the hardware's roofline (PNG)",
+        description="Log-log roofline of the chosen hardware with standard and tiled attention (forward and "
+                    "forward+backward), and measured points from a benchmark results file.",
+        epilog="example:\n  tileattn roofline --hw nvidia-h200 --batch 64 --heads 16 --seqlen 1024 --head-dim 64 "
+               "-o roofline.png\n  tileattn roofline --hw nvidia-h200 ... --measured "
+               "src/tileattn/cost/data/measured_h200.json")
+    _add_shape_args(p)
+    p.add_argument("-o", "--output", default="roofline.png", help="PNG to write")
+    p.add_argument("--measured", default=None, help="results JSON of benchmarks/measure_bytes.py to overlay")
+    p.set_defaults(func=cmd_roofline)
+
+    p = subparsers.add_parser(
+        "report", formatter_class=_Fmt, help="self-contained HTML report for one hardware and shape",
+        description="One HTML page (plots embedded): why attention is bandwidth-bound, the exact rescaling "
+                    "identity, the bytes of both implementations, tile shapes, roofline, scaling and limits. "
+                    "Every number is computed for the given hardware and shape.",
+        epilog="example:\n  tileattn report --hw nvidia-h200 --batch 8 --heads 32 --seqlen 16384 --head-dim 128 "
+               "-o report.html")
+    _add_shape_args(p)
+    p.add_argument("-o", "--output", default="report.html", help="HTML file to write")
+    p.add_argument("--measured", default=None, help="results JSON of benchmarks/measure_bytes.py to overlay")
+    p.set_defaults(func=cmd_report)
+
+    p = subparsers.add_parser(
+        "calibrate", formatter_class=_Fmt, help="measure this GPU's copy bandwidth and bf16 matmul rate",
+        description="Time a device-to-device copy and a bf16 matmul (CUDA events, warm-up, median of repeats) "
+                    "and store them as a 'measured' hardware entry that --hw / --hw-file can load. "
+                    "Needs a CUDA GPU (exit code 3 without one).",
+        epilog="example:\n  tileattn calibrate --name my-h200\n  tileattn io --hw my-h200 --basis measured")
+    p.add_argument("--name", default=None, help="entry name (default: derived from the device name)")
+    p.add_argument("-o", "--output", default=None,
+                   help="JSON file to write (default: ~/.config/tileattn/hardware/<name>.json)")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--size-mb", type=int, default=1024, help="bytes copied per timing, in MiB")
+    p.add_argument("--matmul-n", type=int, default=8192, help="square bf16 matmul size")
+    p.set_defaults(func=cmd_calibrate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tileattn.cost.commands",
+                                     description="tileattn IO cost model commands")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

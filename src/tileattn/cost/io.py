@@ -1,0 +1,631 @@
+"""FLOPs, HBM bytes and resident memory of standard and tiled attention.
+
+Everything here is arithmetic on shapes: no GPU, no torch.  The counts are
+per call of one attention layer (all batches and heads).
+
+Conventions
+-----------
+* ``B`` batch, ``Hq`` query heads, ``Hkv`` key/value heads (GQA when
+  ``Hkv < Hq``), ``Nq``/``Nk`` sequence lengths, ``D`` head dim, ``e`` bytes
+  per element of the input dtype.
+* Causal masking is bottom-right aligned: query ``i`` sees key ``j`` iff
+  ``j <= i + Nk - Nq`` (the kernels' and the reference's convention).
+* "Bytes" are DRAM (HBM) bytes, reads and writes counted separately.  A
+  :class:`Pass` also records ``tile_read_bytes``, the bytes its programs load
+  into on-chip memory; for the tiled kernels that is the textbook
+  Theta(N^2 d^2 / M) traffic, and the DRAM figure is lower when L2 serves the
+  repeats (see :func:`tiled_traffic`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable
+
+from .. import configs as _configs
+from ..configs import KernelConfig
+
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+FUSION_LEVELS = ("textbook", "eager")
+FLOP_MODES = ("fwd", "bwd", "fwd_bwd")
+LSE_BYTES = 4  # lse, delta and lse2 are float32 rows
+
+# Share of L2 one streamed operand may occupy and still be served from L2 to
+# later programs: the rest holds the other operands, outputs in flight and
+# is lost to set conflicts.  A modelling constant, checked against Nsight
+# Compute measurements (docs/io-model.md).
+L2_USABLE_FRACTION = 0.5
+# Launch overhead per kernel used by the roofline time (seconds).
+LAUNCH_OVERHEAD_S = 4e-6
+
+
+def _check_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            if float(value) != int(value):
+                raise ValueError
+            value = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}={value!r} must be an integer") from None
+    if value < minimum:
+        raise ValueError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of ``dtype`` (``fp16``, ``bf16``, ``fp32``)."""
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype={dtype!r} is not one of {', '.join(DTYPE_BYTES)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionShape:
+    """The problem: ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)``."""
+
+    batch: int
+    heads: int
+    seqlen_q: int
+    head_dim: int
+    seqlen_k: int | None = None
+    kv_heads: int | None = None
+    causal: bool = False
+    dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
+        set_("batch", _check_int("batch", self.batch))
+        set_("heads", _check_int("heads", self.heads))
+        set_("seqlen_q", _check_int("seqlen_q", self.seqlen_q))
+        set_("head_dim", _check_int("head_dim", self.head_dim))
+        if self.head_dim > 256:
+            raise ValueError(f"head_dim={self.head_dim} exceeds 256, the largest the kernels support")
+        set_("seqlen_k", self.seqlen_q if self.seqlen_k is None else _check_int("seqlen_k", self.seqlen_k))
+        set_("kv_heads", self.heads if self.kv_heads is None else _check_int("kv_heads", self.kv_heads))
+        if self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads}")
+        dtype_bytes(self.dtype)
+        set_("causal", bool(self.causal))
+
+    @property
+    def elem_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head."""
+        return self.heads // self.kv_heads
+
+    @property
+    def score_elements(self) -> int:
+        """Entries of the full score matrix over all batches and heads."""
+        return self.batch * self.heads * self.seqlen_q * self.seqlen_k
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------
+# FLOPs
+# ---------------------------------------------------------------------------
+def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
+    """Number of (query, key) pairs that take part in attention for one head.
+
+    Causal: row ``i`` sees ``clamp(i + Nk - Nq + 1, 0, Nk)`` keys; the sum is
+    done in closed form (a triangle plus, for Nk > Nq, a full rectangle)."""
+    nq, nk = seqlen_q, seqlen_k
+    if not causal:
+        return nq * nk
+    c = nk - nq + 1  # keys seen by row 0 (may be <= 0)
+    # rows with 0 < i + c < nk see i + c keys; rows with i + c >= nk see nk
+    first = max(0, 1 - c)                # first row that sees >= 1 key
+    full_from = max(0, nk - c)           # first row that sees all nk keys
+    last_partial = min(nq, full_from)    # rows [first, last_partial) are partial
+    total = 0
+    if last_partial > first:
+        a, b = first + c, last_partial - 1 + c
+        total += (a + b) * (last_partial - first) // 2
+    if nq > full_from:
+        total += (nq - max(full_from, 0)) * nk
+    return total
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _fwd_keys_loaded(start_m: int, nq: int, nk: int, block_m: int, block_n: int, causal: bool) -> int:
+    """Key rows the program of the query block at ``start_m`` loads (causal_key_bounds)."""
+    if not causal:
+        return nk
+    hi = max(min(start_m + block_m + nk - nq, nk), 0)
+    return min(nk, _cdiv(hi, block_n) * block_n)
+
+
+def _dkdv_query_start(start_n: int, nq: int, nk: int, block_m: int, causal: bool) -> int:
+    """First query row the dK/dV program of the key block at ``start_n`` loads (causal_query_bounds)."""
+    if not causal:
+        return 0
+    lo = max(start_n - (nk - nq), 0)
+    return min(nq, (lo // block_m) * block_m)
+
+
+def executed_pairs(seqlen_q: int, seqlen_k: int, causal: bool, block_m: int, block_n: int) -> int:
+    """(query, key) pairs the tiled kernel computes for one head: whole
+    BLOCK_M x BLOCK_N tiles, including the masked part of diagonal tiles and
+    the padding of edge tiles; tiles hidden from every row are skipped."""
+    total = 0
+    for qb in range(_cdiv(seqlen_q, block_m)):
+        keys = _fwd_keys_loaded(qb * block_m, seqlen_q, seqlen_k, block_m, block_n, causal)
+        total += block_m * _cdiv(keys, block_n) * block_n
+    return total
+
+
+def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None = None, head_dim: int = 64, *,
+                    causal: bool = False, mode: str = "fwd",
+                    block_m: int | None = None, block_n: int | None = None) -> float:
+    """Matmul FLOPs of attention -- the one place the formula lives.
+
+    Forward: two matmuls (S = Q K^T and O = P V), each ``2 * D`` FLOPs per
+    (query, key) pair, so ``4 * B * H * pairs * D``; ``pairs = Nq * Nk``, or the
+    visible part when causal.  Backward: the conventional ``2.5 x`` forward --
+    four gradient matmuls (dV, dP, dQ, dK = 2x) plus recomputing S (0.5x).
+    ``mode`` is ``"fwd"``, ``"bwd"`` or ``"fwd_bwd"`` (3.5x).
+
+    With ``block_m``/``block_n`` the pairs are those the tiled kernel
+    *executes* (:func:`executed_pairs`) rather than the useful ones.
+    Softmax exponentials and other elementwise work are not counted (they
+    do not run on the tensor cores and are small next to ``D`` FLOPs/pair).
+    """
+    b = _check_int("batch", batch)
+    h = _check_int("heads", heads)
+    nq = _check_int("seqlen_q", seqlen_q)
+    nk = nq if seqlen_k is None else _check_int("seqlen_k", seqlen_k)
+    d = _check_int("head_dim", head_dim)
+    if mode not in FLOP_MODES:
+        raise ValueError(f"mode={mode!r} is not one of {', '.join(FLOP_MODES)}")
+    if (block_m is None) != (block_n is None):
+        raise ValueError("block_m and block_n must be given together")
+    if block_m is None:
+        pairs = visible_pairs(nq, nk, causal)
+    else:
+        pairs = executed_pairs(nq, nk, causal, _check_int("block_m", block_m), _check_int("block_n", block_n))
+    fwd = 4.0 * b * h * pairs * d
+    return {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode] * fwd
+
+
+@dataclasses.dataclass(frozen=True)
+class FlopBreakdown:
+    """FLOPs by term.  ``useful_*`` count visible pairs only; ``*_executed``
+    is what each implementation actually runs."""
+
+    useful_fwd: float
+    useful_bwd: float                 # conventional 2.5x forward, recompute included
+    standard_fwd_executed: float      # cuBLAS computes the full Nq x Nk product even when causal
+    standard_bwd_executed: float      # 4 matmuls on the stored P: 2x its forward
+    tiled_fwd_executed: float
+    tiled_bwd_gradients: float        # dV, dP, dK (dK/dV kernel) + dQ (dQ kernel): 4 matmuls
+    tiled_bwd_recompute: float        # S = Q K^T rebuilt from lse in the dK/dV kernel
+    tiled_bwd_split_recompute: float  # S and dP rebuilt again in the separate dQ kernel
+
+    @property
+    def tiled_bwd_executed(self) -> float:
+        return self.tiled_bwd_gradients + self.tiled_bwd_recompute + self.tiled_bwd_split_recompute
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["tiled_bwd_executed"] = self.tiled_bwd_executed
+        return d
+
+
+def flop_breakdown(shape: AttentionShape, fwd_config: KernelConfig | None = None,
+                   bwd_config: KernelConfig | None = None) -> FlopBreakdown:
+    """FLOPs of both implementations, term by term (see :class:`FlopBreakdown`).
+
+    Per executed tile of ``BM x BN`` pairs one matmul costs ``2*BM*BN*D``.
+    The dK/dV program runs 4 of them (S, dP, dV, dK), the dQ program 3 (S, dP,
+    dQ): 7 per tile, against the 5 (2.5x forward) of the usual count.
+    """
+    fwd_config, bwd_config = _resolve_configs(shape, fwd_config, bwd_config)
+    s = shape
+    args = (s.batch, s.heads, s.seqlen_q, s.seqlen_k, s.head_dim)
+    useful_fwd = attention_flops(*args, causal=s.causal, mode="fwd")
+    full_fwd = attention_flops(*args, causal=False, mode="fwd")
+    tiled_fwd = attention_flops(*args, causal=s.causal, mode="fwd",
+                                block_m=fwd_config.block_m, block_n=fwd_config.block_n)
+    bwd_tile = attention_flops(*args, causal=s.causal, mode="fwd",
+                               block_m=bwd_config.block_m, block_n=bwd_config.block_n)
+    one_matmul = bwd_tile / 2  # one matmul over the executed backward tiles
+    return FlopBreakdown(
+        useful_fwd=useful_fwd,
+        useful_bwd=attention_flops(*args, causal=s.causal, mode="bwd"),
+        standard_fwd_executed=full_fwd,
+        standard_bwd_executed=2.0 * full_fwd,
+        tiled_fwd_executed=tiled_fwd,
+        tiled_bwd_gradients=4 * one_matmul,
+        tiled_bwd_recompute=1 * one_matmul,
+        tiled_bwd_split_recompute=2 * one_matmul,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Passes and traffic estimates
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Pass:
+    """One kernel launch (or one elementwise pass over memory)."""
+
+    name: str
+    phase: str                 # "fwd" or "bwd"
+    read_bytes: float          # DRAM reads
+    write_bytes: float         # DRAM writes
+    flops: float = 0.0         # tensor-core FLOPs executed
+    tile_read_bytes: float | None = None  # bytes loaded on chip; None = read_bytes
+    note: str = ""
+
+    @property
+    def bytes(self) -> float:
+        return self.read_bytes + self.write_bytes
+
+    @property
+    def tile_reads(self) -> float:
+        return self.read_bytes if self.tile_read_bytes is None else self.tile_read_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class TrafficEstimate:
+    """The passes of one implementation for one shape, with totals by phase."""
+
+    impl: str                  # "standard" or "tiled"
+    shape: AttentionShape
+    passes: tuple[Pass, ...]
+    params: dict = dataclasses.field(default_factory=dict)
+
+    def _sel(self, phase: str | None) -> Iterable[Pass]:
+        if phase not in (None, "fwd", "bwd"):
+            raise ValueError(f"phase={phase!r} must be None, 'fwd' or 'bwd'")
+        return [p for p in self.passes if phase is None or p.phase == phase]
+
+    def reads(self, phase: str | None = None) -> float:
+        return float(sum(p.read_bytes for p in self._sel(phase)))
+
+    def writes(self, phase: str | None = None) -> float:
+        return float(sum(p.write_bytes for p in self._sel(phase)))
+
+    def bytes(self, phase: str | None = None) -> float:
+        return self.reads(phase) + self.writes(phase)
+
+    def tile_reads(self, phase: str | None = None) -> float:
+        return float(sum(p.tile_reads for p in self._sel(phase)))
+
+    def flops(self, phase: str | None = None) -> float:
+        return float(sum(p.flops for p in self._sel(phase)))
+
+    def kernels(self, phase: str | None = None) -> int:
+        return len(list(self._sel(phase)))
+
+    def phases(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p.phase for p in self.passes))
+
+    def as_dict(self) -> dict:
+        return {
+            "impl": self.impl, "shape": self.shape.as_dict(), "params": dict(self.params),
+            "passes": [dataclasses.asdict(p) for p in self.passes],
+            "totals": {ph or "all": {"read_bytes": self.reads(ph), "write_bytes": self.writes(ph),
+                                     "flops": self.flops(ph), "kernels": self.kernels(ph)}
+                       for ph in (None, *self.phases())},
+        }
+
+
+def _cached_broadcast(nbytes: float, repeats: int, l2_bytes: float | None) -> float:
+    """DRAM bytes to read a broadcast operand ``repeats`` times: once if it fits
+    in the usable part of L2, else every time."""
+    if l2_bytes is not None and nbytes <= L2_USABLE_FRACTION * l2_bytes:
+        return nbytes
+    return nbytes * repeats
+
+
+def standard_traffic(shape: AttentionShape, *, fusion: str = "eager", backward: bool = True,
+                     l2_bytes: float | None = None) -> TrafficEstimate:
+    """HBM traffic of materialized attention, pass by pass.
+
+    ``fusion="textbook"``: the algorithm as usually written (FlashAttention
+    paper, Algorithm 0): S = scale Q K^T is written, an optional causal mask
+    reads and rewrites it, softmax reads S and writes P, P V reads P.
+    Backward: dP = dO V^T, dV = P^T dO, dS = P o (dP - rowsum(dP o P)),
+    dQ = dS K, dK = dS^T Q, each reading its N^2 operands from HBM.
+
+    ``fusion="eager"``: what ``tileattn.reference.standard_attention`` runs in
+    PyTorch eager mode: the scale is its own pass, a causal call materializes
+    a boolean mask, fills it in twice (hidden keys, then empty rows) and masks
+    P once more, and GQA copies k/v with ``repeat_interleave``.  Autograd
+    replays each of those in the backward.  The broadcast (Nq, Nk) mask is
+    read once per (batch, head) unless it fits in ``l2_bytes``.
+
+    Matmuls are assumed to read each input once from DRAM (cuBLAS tiles are
+    served from L2) and to compute the full product even where masked.
+    """
+    if fusion not in FUSION_LEVELS:
+        raise ValueError(f"fusion={fusion!r} is not one of {', '.join(FUSION_LEVELS)}")
+    s = shape
+    e = s.elem_bytes
+    bh = s.batch * s.heads
+    q_b = bh * s.seqlen_q * s.head_dim * e            # Q, O, dO, dQ (all query heads)
+    kv_b = bh * s.seqlen_k * s.head_dim * e           # one of K/V as the matmul sees it
+    kv_own = s.batch * s.kv_heads * s.seqlen_k * s.head_dim * e
+    sb = float(s.score_elements * e)                  # one N x N tensor
+    mm = 2.0 * s.score_elements * s.head_dim          # one full N x N x D matmul
+    mask_b = float(s.seqlen_q * s.seqlen_k)           # bool (Nq, Nk)
+    mask_rd = _cached_broadcast(mask_b, bh, l2_bytes)
+    eager = fusion == "eager"
+    gqa = s.group > 1
+    P = Pass
+    f: list[Pass] = []
+    if gqa:
+        f.append(P("expand K, V to all query heads (repeat_interleave)", "fwd", 2 * kv_own, 2 * kv_b,
+                   note="GQA: the reference copies k/v per query head" if eager else
+                   "GQA: k/v broadcast per query head"))
+    if eager:
+        f.append(P("S = Q K^T", "fwd", q_b + kv_b, sb, mm))
+        f.append(P("S *= scale", "fwd", sb, sb))
+    else:
+        f.append(P("S = scale * Q K^T", "fwd", q_b + kv_b, sb, mm))
+    if s.causal:
+        if eager:
+            f.append(P("build causal mask (Nq x Nk bool, 3 small passes)", "fwd", 2 * mask_b, 2 * mask_b,
+                       note="independent of batch and heads"))
+            f.append(P("S.masked_fill(hidden, -inf)", "fwd", sb + mask_rd, sb))
+            f.append(P("S.masked_fill(empty rows, 0)", "fwd", sb, sb))
+        else:
+            f.append(P("mask S (causal)", "fwd", sb, sb))
+    f.append(P("P = softmax(S)", "fwd", sb, sb))
+    if s.causal and eager:
+        f.append(P("P.masked_fill(empty rows, 0)", "fwd", sb, sb))
+    f.append(P("O = P V", "fwd", sb + kv_b, q_b, mm))
+
+    bw: list[Pass] = []
+    if backward:
+        bw.append(P("dP = dO V^T", "bwd", q_b + kv_b, sb, mm))
+        bw.append(P("dV = P^T dO", "bwd", sb + q_b, kv_b, mm))
+        if s.causal and eager:
+            bw.append(P("dP.masked_fill(empty rows, 0)", "bwd", sb, sb))
+        bw.append(P("dS = P * (dP - rowsum(P * dP))", "bwd", 2 * sb, sb, note="softmax backward"))
+        if s.causal:
+            if eager:
+                bw.append(P("dS.masked_fill(empty rows, 0)", "bwd", sb, sb))
+                bw.append(P("dS.masked_fill(hidden, 0)", "bwd", sb + mask_rd, sb))
+            else:
+                bw.append(P("mask dS (causal)", "bwd", sb, sb))
+        if eager:
+            bw.append(P("dS *= scale", "bwd", sb, sb))
+        bw.append(P("dQ = dS K", "bwd", sb + kv_b, q_b, mm))
+        bw.append(P("dK = dS^T Q", "bwd", sb + q_b, kv_b, mm))
+        if gqa:
+            bw.append(P("sum dK, dV over the query heads of a group", "bwd", 2 * kv_b, 2 * kv_own))
+    return TrafficEstimate("standard", shape, tuple(f + bw),
+                           {"fusion": fusion, "l2_bytes": l2_bytes, "backward": backward})
+
+
+def parse_config_name(name: str, source: str = "parsed") -> KernelConfig:
+    """Inverse of :attr:`KernelConfig.name`: ``"M128-N64-w8-s3"`` -> KernelConfig."""
+    try:
+        m, n, w, st = name.split("-")
+        assert m[0] == "M" and n[0] == "N" and w[0] == "w" and st[0] == "s"
+        return KernelConfig(int(m[1:]), int(n[1:]), int(w[1:]), int(st[1:]), source)
+    except (ValueError, AssertionError, IndexError):
+        raise ValueError(f"config={name!r} is not of the form M<block_m>-N<block_n>-w<warps>-s<stages>") from None
+
+
+def default_configs(head_dim: int, elem_bytes: int = 2, smem_per_block: int | None = None
+                    ) -> tuple[KernelConfig, KernelConfig]:
+    """The (forward, backward) configs the kernels would start from: the first
+    entry of the table for the head-dim bucket, or, given the device's shared
+    memory per block, the first one whose estimate fits (the launcher drops
+    the others before autotuning)."""
+    fwd = _configs.fwd_candidates(head_dim)
+    bwd = _configs.bwd_candidates(head_dim)
+    if smem_per_block is not None:
+        fwd = _configs.fitting(fwd, head_dim, elem_bytes, smem_per_block)
+        bwd = _configs.fitting(bwd, head_dim, elem_bytes, smem_per_block, backward=True)
+    return fwd[0], bwd[0]
+
+
+def _resolve_configs(shape, fwd_config, bwd_config, smem_per_block=None):
+    dfwd, dbwd = default_configs(shape.head_dim, shape.elem_bytes, smem_per_block)
+    return fwd_config or dfwd, bwd_config or dbwd
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheModel:
+    """What the L2 reuse model needs to know about the device."""
+
+    l2_bytes: float
+    sm_count: int
+    smem_per_sm: int | None = None
+
+    def concurrent_programs(self, smem_estimate: int, num_warps: int) -> int:
+        """Programs resident at once: SMs x programs per SM, limited by shared
+        memory and, roughly, by registers (~128 per thread of 64K per SM)."""
+        per_sm = max(1, 65536 // (num_warps * 32 * 128))
+        if self.smem_per_sm:
+            per_sm = min(per_sm, max(1, self.smem_per_sm // max(1, smem_estimate)))
+        return self.sm_count * per_sm
+
+
+def cache_model(hw, basis: str = "datasheet") -> CacheModel | None:
+    """The :class:`CacheModel` of a :class:`~tileattn.cost.hardware.Hardware`
+    (None if it lacks an L2 size or SM count)."""
+    l2 = hw.get_int("l2_bytes", basis)
+    sms = hw.get_int("sm_count", basis)
+    if not l2 or not sms:
+        return None
+    return CacheModel(float(l2), sms, hw.get_int("smem_per_sm", basis))
+
+
+def _streamed_dram(unique: float, loads: float, programs_per_unit: int, concurrent: int | None,
+                   l2_bytes: float | None) -> float:
+    """DRAM bytes for an operand of size ``unique`` that ``programs_per_unit``
+    programs stream through (``loads`` bytes of tile loads in total).
+
+    Programs of one unit are launched next to each other and walk the operand
+    in step, so one wave of them reads it from DRAM once and the rest hit L2.
+    A unit spread over several waves reads it once per wave, unless the
+    operand fits in the usable part of L2 and survives to the next wave.
+    Without a cache model every tile load goes to DRAM."""
+    if l2_bytes is None or concurrent is None:
+        return loads
+    waves = _cdiv(programs_per_unit, concurrent)
+    if waves <= 1 or unique <= L2_USABLE_FRACTION * l2_bytes:
+        per_unit = unique
+    else:
+        per_unit = unique * waves
+    return min(loads, per_unit)
+
+
+def tiled_traffic(shape: AttentionShape, *, fwd_config: KernelConfig | None = None,
+                  bwd_config: KernelConfig | None = None, cache: CacheModel | None = None,
+                  gqa_reuse: bool = False, backward: bool = True,
+                  smem_per_block: int | None = None, dq_config: KernelConfig | None = None) -> TrafficEstimate:
+    """HBM traffic of the tiled kernels for the block sizes they use.
+
+    Forward, one program per (query block of BLOCK_M rows, batch, q-head):
+    Q read once; every visible K and V tile read once *per query block*, i.e.
+    ``ceil(Nq/BLOCK_M) * Nk * D`` elements each -- the Theta(N^2 d^2 / M) term,
+    since BLOCK_M is bounded by SRAM size M / d; O written once, lse (fp32)
+    written once.
+
+    Backward: (1) preprocess reads O, dO, lse, writes delta and lse2 (fp32);
+    (2) dK/dV, one program per (key block of BLOCK_N, batch, kv-head): K, V
+    once, Q, dO, lse2, delta once per key block for each q-head of the group,
+    writes dK, dV; (3) dQ, one program per (query block, batch, q-head): Q,
+    dO, lse2, delta once, K and V once per query block, writes dQ.
+
+    ``cache`` switches on the L2 reuse model (:func:`_streamed_dram`): the
+    repeated K/V (resp. Q/dO) tile loads of neighbouring programs are served
+    from L2 and DRAM sees roughly one read per wave.  Without it, every tile
+    load is counted as a DRAM read (the textbook bound); ``gqa_reuse`` then
+    still lets the q-heads of a group share one read of their k/v head.
+    Defaults for the configs: :func:`default_configs`, limited by
+    ``smem_per_block`` when given; ``dq_config`` (default ``bwd_config``)
+    when the autotuner picked a different tile for the dQ kernel.
+    """
+    s = shape
+    fwd_config, bwd_config = _resolve_configs(s, fwd_config, bwd_config, smem_per_block)
+    e, d = s.elem_bytes, s.head_dim
+    nq, nk, g = s.seqlen_q, s.seqlen_k, s.group
+    b, hq, hkv = s.batch, s.heads, s.kv_heads
+    row_q = d * e                     # one row of Q, O, dO, dQ, K, V
+    l2 = cache.l2_bytes if cache else None
+    flops = flop_breakdown(s, fwd_config, bwd_config)
+    bm, bn = fwd_config.block_m, fwd_config.block_n
+
+    # ---- forward ----
+    n_qb = _cdiv(nq, bm)
+    kv_rows_loaded = sum(_fwd_keys_loaded(i * bm, nq, nk, bm, bn, s.causal) for i in range(n_qb))
+    kv_tile_loads = 2.0 * kv_rows_loaded * row_q * b * hq          # K and V, every q-head program
+    kv_unique = 2.0 * nk * row_q                                     # one kv head's K and V
+    if cache:
+        conc = cache.concurrent_programs(
+            _configs.fwd_smem_bytes(bm, bn, d, e, fwd_config.num_stages), fwd_config.num_warps)
+        # unit = (batch, kv head): its g * n_qb programs are adjacent in launch order
+        kv_dram = b * hkv * _streamed_dram(kv_unique, 2.0 * kv_rows_loaded * row_q * g, g * n_qb, conc, l2)
+    else:
+        conc = None
+        kv_dram = kv_tile_loads / (g if gqa_reuse else 1)
+    q_bytes = float(b * hq * nq * row_q)
+    lse_bytes = float(b * hq * nq * LSE_BYTES)
+    passes = [Pass("attention forward (one kernel)", "fwd", q_bytes + kv_dram, q_bytes + lse_bytes,
+                   flops.tiled_fwd_executed, tile_read_bytes=q_bytes + kv_tile_loads,
+                   note=f"BLOCK_M={bm}, BLOCK_N={bn}: K/V loaded {kv_rows_loaded / max(nk, 1):.1f}x per head")]
+
+    # ---- backward ----
+    if backward:
+        bm2, bn2 = bwd_config.block_m, bwd_config.block_n
+        rows_aux = 2 * LSE_BYTES      # lse2 and delta per query row
+        passes.append(Pass("backward preprocess: delta = rowsum(dO * O)", "bwd",
+                           2 * q_bytes + lse_bytes, 2 * lse_bytes))
+        bwd_smem = _configs.bwd_smem_bytes(bm2, bn2, d, e, bwd_config.num_stages)
+        conc2 = cache.concurrent_programs(bwd_smem, bwd_config.num_warps) if cache else None
+        # dK/dV: per key block, the group's q-heads stream Q, dO, lse2, delta from the start row on
+        n_kb = _cdiv(nk, bn2)
+        q_rows_loaded = sum(nq - _dkdv_query_start(j * bn2, nq, nk, bm2, s.causal) for j in range(n_kb))
+        per_row = 2 * row_q + rows_aux
+        q_tile_loads = float(q_rows_loaded * per_row * g)            # per (batch, kv head)
+        q_unique = float(nq * per_row * g)
+        if cache:
+            q_dram = b * hkv * _streamed_dram(q_unique, q_tile_loads, n_kb, conc2, l2)
+        else:
+            q_dram = b * hkv * q_tile_loads
+        kv_own = float(b * hkv * nk * row_q)
+        passes.append(Pass("backward dK, dV (one program per key block)", "bwd",
+                           2 * kv_own + q_dram, 2 * kv_own,
+                           flops.tiled_bwd_gradients * 3 / 4 + flops.tiled_bwd_recompute,
+                           tile_read_bytes=2 * kv_own + b * hkv * q_tile_loads,
+                           note=f"BLOCK_M={bm2}, BLOCK_N={bn2}: Q/dO loaded "
+                                f"{q_rows_loaded / max(nq, 1):.1f}x per head"))
+        # dQ: like the forward with the backward's blocks
+        dqc = dq_config or bwd_config
+        bm2, bn2 = dqc.block_m, dqc.block_n
+        if dqc is not bwd_config:
+            conc2 = cache.concurrent_programs(_configs.bwd_smem_bytes(bm2, bn2, d, e, dqc.num_stages),
+                                              dqc.num_warps) if cache else None
+        n_qb2 = _cdiv(nq, bm2)
+        kv_rows2 = sum(_fwd_keys_loaded(i * bm2, nq, nk, bm2, bn2, s.causal) for i in range(n_qb2))
+        kv_loads2 = 2.0 * kv_rows2 * row_q * b * hq
+        if cache:
+            kv_dram2 = b * hkv * _streamed_dram(kv_unique, 2.0 * kv_rows2 * row_q * g, g * n_qb2, conc2, l2)
+        else:
+            kv_dram2 = kv_loads2 / (g if gqa_reuse else 1)
+        own_q = 2 * q_bytes + 2 * lse_bytes                          # Q, dO, lse2, delta
+        passes.append(Pass("backward dQ (one program per query block)", "bwd", own_q + kv_dram2, q_bytes,
+                           flops.tiled_bwd_gradients / 4 + flops.tiled_bwd_split_recompute,
+                           tile_read_bytes=own_q + kv_loads2,
+                           note=f"recomputes S and dP a second time; K/V loaded "
+                                f"{kv_rows2 / max(nk, 1):.1f}x per head"))
+    params = {"fwd_config": fwd_config.name, "bwd_config": bwd_config.name,
+              "dq_config": (dq_config or bwd_config).name,
+              "cache": dataclasses.asdict(cache) if cache else None, "gqa_reuse": gqa_reuse,
+              "concurrent_programs": conc}
+    return TrafficEstimate("tiled", shape, tuple(passes), params)
+
+
+# ---------------------------------------------------------------------------
+# Resident memory
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ResidentMemory:
+    """Bytes held by one attention call besides Q, K, V and O."""
+
+    impl: str
+    peak_extra_bytes: float        # largest N-dependent working set during the forward
+    saved_for_backward_bytes: float
+    detail: str
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def resident_memory(shape: AttentionShape, impl: str, fusion: str = "textbook") -> ResidentMemory:
+    """Memory beyond the inputs and output.
+
+    Standard: S and P are both live while softmax runs (``2 * B*H*Nq*Nk*e``:
+    the "scores and probabilities"), and P is kept for the backward.  The
+    eager causal reference also keeps the softmax output and the re-masked P
+    (two N^2 tensors) and, until it returns, S.  Tiled: only the fp32 lse,
+    ``B*H*Nq*4`` bytes, survives to the backward; the per-program tiles live
+    in SRAM and registers.
+    """
+    s = shape
+    sb = float(s.score_elements * s.elem_bytes)
+    if impl == "tiled":
+        lse = float(s.batch * s.heads * s.seqlen_q * LSE_BYTES)
+        return ResidentMemory("tiled", lse, lse, "lse (fp32) per query row")
+    if impl != "standard":
+        raise ValueError(f"impl={impl!r} must be 'standard' or 'tiled'")
+    if fusion not in FUSION_LEVELS:
+        raise ValueError(f"fusion={fusion!r} is not one of {', '.join(FUSION_LEVELS)}")
+    if fusion == "eager" and s.causal:
+        return ResidentMemory("standard", 3 * sb, 2 * sb,
+                              "S, softmax(S) and the re-masked P are live together; the latter two are saved")
+    return ResidentMemory("standard", 2 * sb, sb, "S and P live during softmax; P saved for the backward")

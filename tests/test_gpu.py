@@ -1,0 +1,67 @@
+"""Cases that only a GPU can run in reasonable time and memory: a tensor of
+more than 2^31 elements (64-bit offsets), N = 16384, and 100 repeated
+backward passes compared bitwise."""
+import pytest
+import torch
+
+import tileattn
+from tileattn.reference import standard_attention
+from tileattn.testing import check_accuracy
+
+from conftest import HAS_CUDA
+
+pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="GPU-only case: needs a CUDA device")
+
+
+def _grads(fn, q, k, v, do, causal):
+    out = fn(q, k, v, causal=causal)
+    return (out,) + torch.autograd.grad(out, (q, k, v), do)
+
+
+def _check_slice(name, q, k, v, do, got, causal):
+    """Compare a batch slice of a big call with float64 and low-precision
+    standard attention computed on that slice alone."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    low = _grads(standard_attention, *leaves, do, causal)
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = _grads(standard_attention, *leaves64, do.double(), causal)
+    for part, g, r, lo in zip(("out", "dq", "dk", "dv"), got, ref, low):
+        check_accuracy(f"{name} {part}", g, r, lo, q.dtype)
+
+
+def test_more_than_2_pow_31_elements():
+    b, h, n, d = 2100, 16, 512, 128  # 2.2e9 elements per tensor
+    assert b * h * n * d > 2**31
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
+    launch = tileattn.launch
+    launch.POISON_OUTPUTS = True
+    got = _grads(tileattn.attention, q, k, v, do, True)
+    for sl in (slice(0, 1), slice(b - 2, b)):  # first batch, and the last ones past 2^31
+        _check_slice(f"batch[{sl.start}:{sl.stop}]", q[sl], k[sl], v[sl], do[sl], [t[sl] for t in got], True)
+    del got
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_seqlen_16384(causal):
+    torch.manual_seed(1)
+    b, h, n, d = 1, 2, 16384, 128
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
+    got = _grads(tileattn.attention, q, k, v, do, causal)
+    _check_slice(f"N16384-{causal}", q, k, v, do, got, causal)
+
+
+def test_hundred_backward_passes_bitwise_equal():
+    torch.manual_seed(2)
+    q = torch.randn(4, 16, 1024, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(4, 4, 1024, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(4, 4, 1024, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    do = torch.randn_like(q)
+    out = tileattn.attention(q, k, v, causal=True)
+    first = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+    for i in range(100):
+        again = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b), f"{name} differs on repeat {i}"
