@@ -24,7 +24,7 @@ def _signature(kernel, ptr_ty, constexprs):
     for name in kernel.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
-        elif name.isupper() and len(name) <= 5 and not name.startswith("N_"):
+        elif name.isupper() and len(name) <= 5 and not name.startswith("N_") and name != "LSE2" or name == "LSE2":
             sig[name] = "*fp32" if name in ("LSE", "LSE2", "DELTA") else ptr_ty
         elif name in ("qk_scale", "sm_scale"):
             sig[name] = "fp32"
@@ -33,17 +33,34 @@ def _signature(kernel, ptr_ty, constexprs):
     return sig
 
 
-def compile_one(kernel, cfg, head_dim, dtype, causal, arch):
+def compile_one(kernel, cfg, head_dim, dtype, causal, arch, use_tma=True):
     constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim), "BLOCK_M": cfg.block_m,
                   "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal,
-                  "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32"}
+                  "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32", "USE_TMA": use_tma}
     sig = _signature(kernel, _TY[dtype], constexprs)
     src = ASTSource(fn=kernel, signature=sig, constexprs={(kernel.arg_names.index(k),): v
                                                           for k, v in constexprs.items()})
     target = GPUTarget("cuda", arch, 32)
     ck = triton.compile(src, target=target, options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
     ptx = ck.asm.get("ptx", "")
-    return ck.n_regs if hasattr(ck, "n_regs") else None, ck.metadata.shared, ck.n_spills if hasattr(ck, "n_spills") else None, ("wgmma" in ptx), ck
+    regs, spills = _ptxas_info(ptx, arch)
+    return regs, ck.metadata.shared, spills, ("wgmma" in ptx), ck
+
+
+def _ptxas_info(ptx: str, arch: int):
+    """Registers and spill bytes from the ptxas that ships with Triton."""
+    import os
+    import subprocess
+    import tempfile
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+    res = subprocess.run([ptxas, "-v", "--gpu-name", gpu, f.name, "-o", os.devnull], capture_output=True, text=True)
+    os.unlink(f.name)
+    regs = re.search(r"Used (\d+) registers", res.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", res.stderr)
+    return (int(regs.group(1)) if regs else None), (int(spill.group(1)) if spill else None)
 
 
 def main():
@@ -51,16 +68,18 @@ def main():
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--dtype", default="bf16", choices=sorted(_TY))
+    ap.add_argument("--pointer-path", action="store_true", help="the portable path instead of TMA")
     args = ap.parse_args()
     rows = []
     for d in args.head_dim:
-        for kind, kernel, cands in (("fwd", _attn_fwd_kernel, configs.fwd_candidates(d)),
-                                    ("dkdv", _attn_bwd_dkdv_kernel, configs.bwd_candidates(d)),
-                                    ("dq", _attn_bwd_dq_kernel, configs.bwd_candidates(d))):
+        for kind, kernel, cands in (("fwd", _attn_fwd_kernel, configs.candidates("fwd", d)),
+                                    ("dkdv", _attn_bwd_dkdv_kernel, configs.candidates("dkdv", d)),
+                                    ("dq", _attn_bwd_dq_kernel, configs.candidates("dq", d))):
             for cfg in cands:
                 for causal in (False, True):
                     try:
-                        regs, smem, spills, wgmma, _ = compile_one(kernel, cfg, d, args.dtype, causal, args.arch)
+                        regs, smem, spills, wgmma, _ = compile_one(kernel, cfg, d, args.dtype, causal, args.arch,
+                                                                              not args.pointer_path)
                         rows.append((kind, d, cfg.name, causal, regs, smem, spills, wgmma))
                     except Exception as e:  # report and go on
                         msg = re.sub(r"\s+", " ", str(e))[:120]

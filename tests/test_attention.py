@@ -153,3 +153,18 @@ def test_float64_cpu_path():
     for name, got, r in zip(("out", "lse", "dq", "dk", "dv"), mine, ref):
         tol = 1e-6 if name == "lse" else 1e-10  # the public lse is float32
         assert (got.double() - r).abs().nan_to_num(0).max() <= tol, name
+
+
+@pytest.fixture
+def pointer_path():
+    """The portable path (per-thread addresses) where tensor descriptors would run."""
+    from tileattn import launch
+    launch.FORCE_POINTER_PATH = True
+    with tileattn.use_backend("triton"):
+        yield
+    launch.FORCE_POINTER_PATH = False
+
+
+@pytest.mark.parametrize("case", _seq_cases()[::3] + _head_dim_cases()[1::4], ids=lambda c: c.id)
+def test_pointer_path(case, pointer_path):
+    assert_case(case)

@@ -39,32 +39,43 @@ def block_d(head_dim: int) -> int:
     return max(16, 1 << (int(head_dim) - 1).bit_length())
 
 
-def _buffers(num_stages: int) -> int:
-    # Triton's software pipeliner keeps num_stages - 1 tiles in flight per
-    # streamed operand (one when not pipelined)
-    return max(1, num_stages - 1)
+# mbarriers and bookkeeping the compiler adds to the tiles
+_SMEM_OVERHEAD = 2048
 
 
 def fwd_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
-    """Shared memory of a forward program: the Q tile plus the multi-buffered K
-    and V tiles.  P feeds the second matmul from registers.  Matches the
-    compiler's report for sm_90 (docs/perf-notes.md, compile report)."""
+    """Shared memory of a forward program: the Q tile plus K and V tiles
+    buffered ``num_stages`` deep (P feeds the second matmul from registers).
+    Matches the compiler's report for sm_90 with TMA loads within the
+    overhead term (docs/perf-notes.md, compile report)."""
     d = block_d(head_dim)
-    return elem_bytes * d * (block_m + 2 * _buffers(num_stages) * block_n)
+    return elem_bytes * d * (block_m + 2 * num_stages * block_n) + _SMEM_OVERHEAD
+
+
+def _bwd_program_bytes(stream_rows: int, resident_rows: int, head_dim: int, elem_bytes: int,
+                       num_stages: int) -> int:
+    return elem_bytes * block_d(head_dim) * (2 * num_stages * stream_rows + 2 * resident_rows) + _SMEM_OVERHEAD
+
+
+def dkdv_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
+    """dK/dV program: K and V tiles (BLOCK_N rows) resident, Q and dO tiles
+    (BLOCK_M rows) streamed ``num_stages`` deep."""
+    return _bwd_program_bytes(block_m, block_n, head_dim, elem_bytes, num_stages)
+
+
+def dq_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
+    """dQ program: Q and dO tiles (BLOCK_M rows) resident, K and V tiles
+    (BLOCK_N rows) streamed ``num_stages`` deep."""
+    return _bwd_program_bytes(block_n, block_m, head_dim, elem_bytes, num_stages)
 
 
 def bwd_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
-    """Shared memory of the larger backward program.  Each streams two tiles
-    (dQ kernel: K and V of BLOCK_N rows; dK/dV kernel: Q and dO of BLOCK_M
-    rows), holds two resident tiles, and stages P and dS (BLOCK_M x BLOCK_N)
-    for the transposed matmuls.  Exact for the dQ kernel of most sm_90
-    configs, an upper bound for the dK/dV kernel."""
-    d = block_d(head_dim)
-    stages = _buffers(num_stages)
-    p_ds = 2 * block_m * block_n * elem_bytes
-    dq = elem_bytes * d * (2 * stages * block_n + 2 * block_m) + p_ds
-    dkdv = elem_bytes * d * (2 * stages * block_m + 2 * block_n) + p_ds
-    return max(dq, dkdv)
+    """The larger of the two backward programs for one config."""
+    return max(dkdv_smem_bytes(block_m, block_n, head_dim, elem_bytes, num_stages),
+               dq_smem_bytes(block_m, block_n, head_dim, elem_bytes, num_stages))
+
+
+SMEM_ESTIMATORS = {"fwd": fwd_smem_bytes, "dkdv": dkdv_smem_bytes, "dq": dq_smem_bytes}
 
 
 def _head_dim_bucket(head_dim: int) -> int:
@@ -74,47 +85,64 @@ def _head_dim_bucket(head_dim: int) -> int:
     raise ValueError(f"head_dim={head_dim} exceeds 256")
 
 
-_H = "H200 sweep, triton 3.6 (docs/perf-notes.md)"
-_T = "Triton tutorial-like starting point, kept when not beaten on H200"
+_C = "sm_90 compile report, triton 3.6: no register spills (docs/perf-notes.md)"
+_T = "Triton tutorial-like starting point"
 
-# Candidates for autotuning on a GPU, by head-dim bucket.
+# Candidates for autotuning on a GPU, by head-dim bucket; the first one that
+# fits is also the choice when autotuning is off (TILEATTN_AUTOTUNE=0).
 FWD_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     64: (
-        KernelConfig(128, 128, 8, 3, _H),
-        KernelConfig(128, 64, 4, 3, _T),
-        KernelConfig(128, 128, 4, 3, _T),
-        KernelConfig(64, 64, 4, 3, _T),
+        KernelConfig(128, 128, 8, 3, _C),
+        KernelConfig(128, 64, 4, 3, _C),
+        KernelConfig(64, 64, 4, 3, _C),
     ),
     128: (
-        KernelConfig(128, 128, 8, 3, _H),
-        KernelConfig(128, 64, 8, 3, _T),
-        KernelConfig(128, 64, 4, 3, _T),
-        KernelConfig(64, 64, 4, 3, _T),
+        KernelConfig(128, 128, 8, 3, _C),
+        KernelConfig(128, 64, 8, 3, _C),
+        KernelConfig(64, 64, 4, 3, _C),
     ),
     256: (
-        KernelConfig(128, 64, 8, 2, _H),
+        KernelConfig(128, 64, 8, 2, _T),
         KernelConfig(64, 64, 4, 2, _T),
         KernelConfig(64, 32, 4, 2, _T),
     ),
 }
 
-BWD_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
+# dK/dV keeps two fp32 accumulators and the K, V tiles in registers: small
+# BLOCK_M and 8 warps keep it under 255 registers without spills.
+DKDV_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     64: (
-        KernelConfig(64, 128, 8, 3, _H),
-        KernelConfig(32, 128, 4, 3, _T),
-        KernelConfig(64, 64, 4, 3, _T),
+        KernelConfig(32, 128, 8, 3, _C),
+        KernelConfig(64, 128, 8, 2, _C),
+        KernelConfig(32, 64, 4, 3, _C),
     ),
     128: (
-        KernelConfig(64, 128, 8, 3, _H),
-        KernelConfig(32, 128, 4, 3, _T),
-        KernelConfig(64, 64, 4, 3, _T),
+        KernelConfig(32, 128, 8, 3, _C),
+        KernelConfig(64, 64, 8, 2, _C),
+        KernelConfig(32, 64, 4, 3, _C),
     ),
     256: (
-        KernelConfig(32, 64, 4, 2, _T),
-        KernelConfig(64, 64, 8, 2, _H),
+        KernelConfig(32, 64, 8, 2, _T),
         KernelConfig(32, 32, 4, 2, _T),
     ),
 }
+
+DQ_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
+    64: (
+        KernelConfig(64, 128, 8, 3, _C),
+        KernelConfig(64, 64, 4, 3, _C),
+    ),
+    128: (
+        KernelConfig(64, 128, 8, 3, _C),
+        KernelConfig(64, 64, 4, 3, _C),
+    ),
+    256: (
+        KernelConfig(64, 64, 8, 2, _T),
+        KernelConfig(32, 64, 4, 2, _T),
+    ),
+}
+
+TABLES = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}
 
 # One small config for the Triton interpreter (no GPU timer to autotune with).
 # Small tiles keep the interpreter fast and still exercise multi-tile loops.
@@ -126,19 +154,25 @@ def interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def candidates(kind: str, head_dim: int) -> tuple[KernelConfig, ...]:
+    """The table's configs for a kernel kind ("fwd", "dkdv", "dq") and head dim."""
+    return TABLES[kind][_head_dim_bucket(head_dim)]
+
+
 def fwd_candidates(head_dim: int) -> tuple[KernelConfig, ...]:
-    return FWD_CONFIGS[_head_dim_bucket(head_dim)]
+    return candidates("fwd", head_dim)
 
 
 def bwd_candidates(head_dim: int) -> tuple[KernelConfig, ...]:
-    return BWD_CONFIGS[_head_dim_bucket(head_dim)]
+    """dK/dV candidates (the backward kernel that bounds the tile shape)."""
+    return candidates("dkdv", head_dim)
 
 
 def fitting(configs: Iterable[KernelConfig], head_dim: int, elem_bytes: int, smem_limit: int,
-            backward: bool = False) -> list[KernelConfig]:
+            backward: bool = False, kind: str | None = None) -> list[KernelConfig]:
     """The configs whose shared-memory estimate fits ``smem_limit`` bytes; if none
     fits, the smallest one (the compiler then reports the real requirement)."""
-    est = bwd_smem_bytes if backward else fwd_smem_bytes
+    est = SMEM_ESTIMATORS[kind or ("dkdv" if backward else "fwd")]
     configs = list(configs)
     ok = [c for c in configs if est(c.block_m, c.block_n, head_dim, elem_bytes, c.num_stages) <= smem_limit]
     if ok:
@@ -148,9 +182,4 @@ def fitting(configs: Iterable[KernelConfig], head_dim: int, elem_bytes: int, sme
 
 def all_configs() -> list[tuple[str, int, KernelConfig]]:
     """Every (kind, head-dim bucket, config) in the tables, for tests that force each once."""
-    out = []
-    for bucket, cfgs in FWD_CONFIGS.items():
-        out += [("fwd", bucket, c) for c in cfgs]
-    for bucket, cfgs in BWD_CONFIGS.items():
-        out += [("bwd", bucket, c) for c in cfgs]
-    return out
+    return [(kind, bucket, c) for kind, table in TABLES.items() for bucket, cfgs in table.items() for c in cfgs]

@@ -24,6 +24,41 @@ POISON_OUTPUTS = False
 # Grid axes 1 and 2 (heads, batch) hold at most this many programs.
 MAX_GRID_YZ = 65535
 
+# Tests set this to run the portable pointer path where TMA would be used.
+FORCE_POINTER_PATH = False
+_scratch_device = None
+
+
+def _tma_scratch(size: int, alignment: int, stream):
+    """Global scratch the kernels' in-kernel tensor descriptors live in."""
+    return torch.empty(size, dtype=torch.int8, device=_scratch_device)
+
+
+def use_tma(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels load tiles through tensor descriptors (the Hopper
+    copy engine; also runs under the interpreter).  Needs unit stride on the
+    head dim and 16-byte aligned base and strides; otherwise the portable
+    pointer path runs."""
+    global _scratch_device
+    if FORCE_POINTER_PATH:
+        return False
+    if not configs.interpreter_active():
+        if not tensors[0].is_cuda or torch.version.hip is not None:
+            return False
+        if torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+            return False
+    for t in tensors:
+        elem = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        # dims of size 1 are never stepped over (the row stride is always used)
+        if any((st * elem) % 16 for i, (st, n) in enumerate(zip(t.stride()[:-1], t.shape[:-1]))
+               if n > 1 or i == t.dim() - 2):
+            return False
+    _scratch_device = tensors[0].device
+    triton.set_allocator(_tma_scratch)
+    return True
+
 
 def _empty_like(t: torch.Tensor, dtype=None) -> torch.Tensor:
     out = torch.empty_like(t, dtype=dtype)
@@ -59,13 +94,14 @@ def _smem_limit(device: torch.device) -> int:
         return 96 * 1024
 
 
-def _prune(candidates, backward):
+def _prune(kind: str):
     def prune(cfgs, named_args, **kwargs):
         args = {**named_args, **kwargs}
         head_dim = args["HEAD_DIM"]
         elem = args["Q"].element_size()
         limit = _smem_limit(args["Q"].device)
-        allowed = {c.name for c in configs.fitting(candidates(head_dim), head_dim, elem, limit, backward)}
+        allowed = {c.name for c in configs.fitting(configs.candidates(kind, head_dim), head_dim, elem, limit,
+                                                   kind=kind)}
         kept = [c for c in cfgs if _name(c) in allowed]
         return kept or cfgs[:1]
     return prune
@@ -85,20 +121,15 @@ def _triton_configs(table) -> list:
     return out
 
 
-_TUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "HEAD_DIM", "IS_CAUSAL", "DOT_PRECISION"]
+_TUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "HEAD_DIM", "IS_CAUSAL", "DOT_PRECISION", "USE_TMA"]
+_KERNELS = {"fwd": _attn_fwd_kernel, "dkdv": _attn_bwd_dkdv_kernel, "dq": _attn_bwd_dq_kernel}
 
 
 @functools.lru_cache(maxsize=None)
 def _tuned(kind: str):
     """The autotuned kernel of each kind (built on first use, GPU only)."""
-    if kind == "fwd":
-        kernel, table, backward, cand = _attn_fwd_kernel, configs.FWD_CONFIGS, False, configs.fwd_candidates
-    elif kind == "dkdv":
-        kernel, table, backward, cand = _attn_bwd_dkdv_kernel, configs.BWD_CONFIGS, True, configs.bwd_candidates
-    else:
-        kernel, table, backward, cand = _attn_bwd_dq_kernel, configs.BWD_CONFIGS, True, configs.bwd_candidates
-    return triton.autotune(configs=_triton_configs(table), key=_TUNE_KEY,
-                           prune_configs_by={"early_config_prune": _prune(cand, backward)})(kernel)
+    return triton.autotune(configs=_triton_configs(configs.TABLES[kind]), key=_TUNE_KEY,
+                           prune_configs_by={"early_config_prune": _prune(kind)})(_KERNELS[kind])
 
 
 def _autotune_enabled() -> bool:
@@ -114,9 +145,8 @@ def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter
         config = interpreter_cfg
     if config is None and not _autotune_enabled():
         head_dim, q = args["HEAD_DIM"], args["Q"]
-        backward = kind != "fwd"
-        cands = configs.bwd_candidates(head_dim) if backward else configs.fwd_candidates(head_dim)
-        config = configs.fitting(cands, head_dim, q.element_size(), _smem_limit(q.device), backward)[0]
+        config = configs.fitting(configs.candidates(kind, head_dim), head_dim, q.element_size(),
+                                 _smem_limit(q.device), kind=kind)[0]
     if config is not None:
         meta = config.as_meta()
         kernel[grid_of(meta)](**args, **meta, num_warps=config.num_warps, num_stages=config.num_stages)
@@ -149,13 +179,15 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
             GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
             N_Q_BUCKET=_bucket(n_q), N_K_BUCKET=_bucket(n_k),
             HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=bool(causal),
-            DOT_PRECISION=_dot_precision(q.dtype))
+            DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=use_tma(q, k, v, o))
     return o, lse
 
 
 def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
-             config: KernelConfig | None = None):
-    """Backward launch. Returns (dq like q, dk like k, dv like v)."""
+             config: KernelConfig | dict | None = None):
+    """Backward launch. Returns (dq like q, dk like k, dv like v).  ``config``
+    forces both kernels' config, or {"dkdv": ..., "dq": ...} each."""
+    per_kind = config if isinstance(config, dict) else {"dkdv": config, "dq": config}
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
@@ -178,7 +210,7 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
                   sm_scale=scale, qk_scale=scale * LOG2E,
                   N_Q_BUCKET=_bucket(n_q), N_K_BUCKET=_bucket(n_k),
                   HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=bool(causal),
-                  DOT_PRECISION=_dot_precision(q.dtype))
+                  DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=use_tma(q, k, v, do, dq, dk, dv))
 
     def grid_kv(meta):
         return (triton.cdiv(n_k, meta["BLOCK_N"]), hkv, b)
@@ -186,9 +218,9 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     def grid_q(meta):
         return (triton.cdiv(n_q, meta["BLOCK_M"]), hq, b)
 
-    _launch("dkdv", _attn_bwd_dkdv_kernel, grid_kv, config, configs.INTERPRETER_BWD,
+    _launch("dkdv", _attn_bwd_dkdv_kernel, grid_kv, per_kind.get("dkdv"), configs.INTERPRETER_BWD,
             DK=dk, DV=dv, **_strides4(dk, "dk"), **_strides4(dv, "dv"), **common)
-    _launch("dq", _attn_bwd_dq_kernel, grid_q, config, configs.INTERPRETER_BWD,
+    _launch("dq", _attn_bwd_dq_kernel, grid_q, per_kind.get("dq"), configs.INTERPRETER_BWD,
             DQ=dq, **_strides4(dq, "dq"), **common)
     return dq, dk, dv
 

@@ -16,7 +16,7 @@ Three launches, no atomics, so the result is bitwise reproducible:
 import triton
 import triton.language as tl
 
-from .common import causal_key_bounds, causal_query_bounds, load_tile, store_tile
+from .common import causal_key_bounds, causal_query_bounds, load_rows, load_tile, store_rows, tile_source
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -56,33 +56,27 @@ def _attn_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, offs_n, d_ok,
-                lo, hi, N_Q, N_K, qk_scale, stride_qn, stride_don,
+def _dkdv_inner(dk, dv, k, v, q_src, do_src, lse2_ptrs, delta_ptrs, offs_n,
+                lo, hi, N_Q, N_K, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    CHECK_D: tl.constexpr = HEAD_DIM != BLOCK_D
+                MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
     rows = tl.arange(0, BLOCK_M)
-    # lo may be a compile-time 0: tl.cast makes it a tensor before widening
-    q_ptrs += tl.cast(lo, tl.int64) * stride_qn
-    do_ptrs += tl.cast(lo, tl.int64) * stride_don
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + rows
         m_ok = offs_m < N_Q
-        q = load_tile(q_ptrs, m_ok, d_ok, True, CHECK_D)
+        q = load_rows(q_src, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
         lse2 = tl.load(lse2_ptrs + offs_m, mask=m_ok, other=float("inf"))
         qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
         p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
         if MASKED:
             visible = offs_n[:, None] <= offs_m[None, :] + (N_K - N_Q)
             p_t = tl.where(visible, p_t, 0.0)
-        do = load_tile(do_ptrs, m_ok, d_ok, True, CHECK_D)
+        do = load_rows(do_src, start_m, N_Q, stride_don, stride_dod, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         delta = tl.load(delta_ptrs + offs_m, mask=m_ok, other=0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
-        q_ptrs += BLOCK_M * stride_qn
-        do_ptrs += BLOCK_M * stride_don
     return dk, dv
 
 
@@ -99,81 +93,75 @@ def _attn_bwd_dkdv_kernel(
     N_Q_BUCKET, N_K_BUCKET,  # autotune keys only
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     off_hk = tl.program_id(1)
     off_b = tl.program_id(2)
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    n_ok = offs_n < N_K
-    d_ok = offs_d < HEAD_DIM
-    CHECK_D: tl.constexpr = HEAD_DIM != BLOCK_D
 
-    k_ptrs = (K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh
-              + offs_n[:, None].to(tl.int64) * stride_kn + offs_d[None, :] * stride_kd)
-    v_ptrs = (V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh
-              + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :] * stride_vd)
-    k = load_tile(k_ptrs, n_ok, d_ok, True, CHECK_D)
-    v = load_tile(v_ptrs, n_ok, d_ok, True, CHECK_D)
+    k_src = tile_source(K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh,
+                        N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
+    v_src = tile_source(V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh,
+                        N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
+    k = load_rows(k_src, start_n, N_K, stride_kn, stride_kd, BLOCK_N, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    v = load_rows(v_src, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D, True, USE_TMA)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
     lo, full_start = causal_query_bounds(start_n, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    rows = tl.arange(0, BLOCK_M)
     for g in range(GROUP_SIZE):
         off_h = off_hk * GROUP_SIZE + g
-        q_ptrs = (Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-                  + rows[:, None] * stride_qn + offs_d[None, :] * stride_qd)
-        do_ptrs = (DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
-                   + rows[:, None] * stride_don + offs_d[None, :] * stride_dod)
+        q_src = tile_source(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh,
+                            N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
+        do_src = tile_source(DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh,
+                             N_Q, stride_don, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
         row0 = (off_b.to(tl.int64) * N_HEADS + off_h) * N_Q
         if IS_CAUSAL:
             dk, dv = _dkdv_inner(
-                dk, dv, k, v, q_ptrs, do_ptrs, LSE2 + row0, DELTA + row0, offs_n, d_ok,
-                lo, full_start, N_Q, N_K, qk_scale, stride_qn, stride_don,
+                dk, dv, k, v, q_src, do_src, LSE2 + row0, DELTA + row0, offs_n,
+                lo, full_start, N_Q, N_K, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
-                MASKED=True, DOT_PRECISION=DOT_PRECISION)
+                MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
         dk, dv = _dkdv_inner(
-            dk, dv, k, v, q_ptrs, do_ptrs, LSE2 + row0, DELTA + row0, offs_n, d_ok,
-            full_start, N_Q, N_Q, N_K, qk_scale, stride_qn, stride_don,
+            dk, dv, k, v, q_src, do_src, LSE2 + row0, DELTA + row0, offs_n,
+            full_start, N_Q, N_Q, N_K, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
             HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
-            MASKED=False, DOT_PRECISION=DOT_PRECISION)
+            MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
 
     dk = dk * sm_scale
-    dk_ptrs = (DK + off_b.to(tl.int64) * stride_dkb + off_hk.to(tl.int64) * stride_dkh
-               + offs_n[:, None].to(tl.int64) * stride_dkn + offs_d[None, :] * stride_dkd)
-    dv_ptrs = (DV + off_b.to(tl.int64) * stride_dvb + off_hk.to(tl.int64) * stride_dvh
-               + offs_n[:, None].to(tl.int64) * stride_dvn + offs_d[None, :] * stride_dvd)
-    store_tile(dk_ptrs, dk.to(DK.dtype.element_ty), n_ok, d_ok, CHECK_D)
-    store_tile(dv_ptrs, dv.to(DV.dtype.element_ty), n_ok, d_ok, CHECK_D)
+    dk_dst = tile_source(DK + off_b.to(tl.int64) * stride_dkb + off_hk.to(tl.int64) * stride_dkh,
+                         N_K, stride_dkn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
+    dv_dst = tile_source(DV + off_b.to(tl.int64) * stride_dvb + off_hk.to(tl.int64) * stride_dvh,
+                         N_K, stride_dvn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
+    store_rows(dk_dst, start_n, dk.to(DK.dtype.element_ty), N_K, stride_dkn, stride_dkd,
+               BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
+    store_rows(dv_dst, start_n, dv.to(DV.dtype.element_ty), N_K, stride_dvn, stride_dvd,
+               BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, offs_m, offs_n, d_ok,
-              lo, hi, N_Q, N_K, qk_scale, stride_kn, stride_vn,
+def _dq_inner(dq, q, do, lse2, delta, k_src, v_src, offs_m, offs_n,
+              lo, hi, N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-              IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    CHECK_D: tl.constexpr = HEAD_DIM != BLOCK_D
+              IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              USE_TMA: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
-        n_idx = start_n + offs_n
-        n_ok = n_idx < N_K
-        k = load_tile(k_ptrs, n_ok, d_ok, MASKED, CHECK_D)
-        v = load_tile(v_ptrs, n_ok, d_ok, MASKED, CHECK_D)
+        k = load_rows(k_src, start_n, N_K, stride_kn, stride_kd, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        v = load_rows(v_src, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         p = tl.math.exp2(qk * qk_scale - lse2[:, None])
         if MASKED:
-            visible = n_ok[None, :]
+            n_idx = start_n + offs_n
+            visible = (n_idx < N_K)[None, :]
             if IS_CAUSAL:
                 visible = visible & (n_idx[None, :] <= offs_m[:, None] + (N_K - N_Q))
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
-        k_ptrs += BLOCK_N * stride_kn
-        v_ptrs += BLOCK_N * stride_vn
-    return dq, k_ptrs, v_ptrs
+    return dq
 
 
 @triton.jit
@@ -188,48 +176,45 @@ def _attn_bwd_dq_kernel(
     N_Q_BUCKET, N_K_BUCKET,  # autotune keys only
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
     off_hk = off_h // GROUP_SIZE
     start_m = pid_m * BLOCK_M
-    rows = tl.arange(0, BLOCK_M)
-    offs_m = start_m + rows
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < N_Q
-    d_ok = offs_d < HEAD_DIM
-    CHECK_D: tl.constexpr = HEAD_DIM != BLOCK_D
 
-    q_ptrs = (Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-              + start_m.to(tl.int64) * stride_qn + rows[:, None] * stride_qn + offs_d[None, :] * stride_qd)
-    do_ptrs = (DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
-               + start_m.to(tl.int64) * stride_don + rows[:, None] * stride_don + offs_d[None, :] * stride_dod)
-    q = load_tile(q_ptrs, m_ok, d_ok, True, CHECK_D)
-    do = load_tile(do_ptrs, m_ok, d_ok, True, CHECK_D)
+    q_src = tile_source(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh,
+                        N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
+    do_src = tile_source(DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh,
+                         N_Q, stride_don, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
+    k_src = tile_source(K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh,
+                        N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
+    v_src = tile_source(V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh,
+                        N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
+    q = load_rows(q_src, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    do = load_rows(do_src, start_m, N_Q, stride_don, stride_dod, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
     row0 = (off_b.to(tl.int64) * N_HEADS + off_h) * N_Q
     lse2 = tl.load(LSE2 + row0 + offs_m, mask=m_ok, other=float("inf"))
     delta = tl.load(DELTA + row0 + offs_m, mask=m_ok, other=0.0)
 
-    k_ptrs = (K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh
-              + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
-    v_ptrs = (V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh
-              + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full_end, hi = causal_key_bounds(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    dq, k_ptrs, v_ptrs = _dq_inner(
-        dq, q, do, lse2, delta, k_ptrs, v_ptrs, offs_m, offs_n, d_ok,
-        0, full_end, N_Q, N_K, qk_scale, stride_kn, stride_vn,
+    dq = _dq_inner(
+        dq, q, do, lse2, delta, k_src, v_src, offs_m, offs_n,
+        0, full_end, N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
         HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-        IS_CAUSAL=IS_CAUSAL, MASKED=False, DOT_PRECISION=DOT_PRECISION)
-    dq, k_ptrs, v_ptrs = _dq_inner(
-        dq, q, do, lse2, delta, k_ptrs, v_ptrs, offs_m, offs_n, d_ok,
-        full_end, hi, N_Q, N_K, qk_scale, stride_kn, stride_vn,
+        IS_CAUSAL=IS_CAUSAL, MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
+    dq = _dq_inner(
+        dq, q, do, lse2, delta, k_src, v_src, offs_m, offs_n,
+        full_end, hi, N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
         HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-        IS_CAUSAL=IS_CAUSAL, MASKED=True, DOT_PRECISION=DOT_PRECISION)
+        IS_CAUSAL=IS_CAUSAL, MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
     dq = dq * sm_scale
-    dq_ptrs = (DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
-               + start_m.to(tl.int64) * stride_dqn + rows[:, None] * stride_dqn + offs_d[None, :] * stride_dqd)
-    store_tile(dq_ptrs, dq.to(DQ.dtype.element_ty), m_ok, d_ok, CHECK_D)
+    dq_dst = tile_source(DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh,
+                         N_Q, stride_dqn, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
+    store_rows(dq_dst, start_m, dq.to(DQ.dtype.element_ty), N_Q, stride_dqn, stride_dqd,
+               BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)

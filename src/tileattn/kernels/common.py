@@ -80,3 +80,45 @@ def causal_query_bounds(start_n, N_Q, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
         lo = 0
         full_start = 0
     return lo, full_start
+
+
+@triton.jit
+def tile_source(base, n_rows, stride_n, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr,
+                BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
+    """Where (BLOCK_R, BLOCK_D) tiles of the (n_rows, HEAD_DIM) matrix at ``base``
+    come from: a tensor descriptor (TMA on Hopper: the copy engine moves whole
+    tiles, zero-fills rows/columns past the edge, and no thread holds
+    addresses) or, on the portable path, the base pointer itself."""
+    if USE_TMA:
+        src = tl.make_tensor_descriptor(base, shape=[n_rows, HEAD_DIM], strides=[stride_n, 1],
+                                        block_shape=[BLOCK_R, BLOCK_D])
+    else:
+        src = base
+    return src
+
+
+@triton.jit
+def load_rows(src, start, n_rows, stride_n, stride_d, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr,
+              BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, USE_TMA: tl.constexpr):
+    """Rows [start, start + BLOCK_R) of a tile source, zero past the edges."""
+    if USE_TMA:
+        x = src.load([start, 0])
+    else:
+        rows = tl.arange(0, BLOCK_R)
+        offs_d = tl.arange(0, BLOCK_D)
+        ptrs = src + tl.cast(start, tl.int64) * stride_n + (rows[:, None] * stride_n + offs_d[None, :] * stride_d)
+        x = load_tile(ptrs, start + rows < n_rows, offs_d < HEAD_DIM, CHECK_ROWS, HEAD_DIM != BLOCK_D)
+    return x
+
+
+@triton.jit
+def store_rows(dst, start, x, n_rows, stride_n, stride_d, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
+    """Store rows [start, start + BLOCK_R) of x, clipped at the edges."""
+    if USE_TMA:
+        dst.store([start, 0], x)
+    else:
+        rows = tl.arange(0, BLOCK_R)
+        offs_d = tl.arange(0, BLOCK_D)
+        ptrs = dst + tl.cast(start, tl.int64) * stride_n + (rows[:, None] * stride_n + offs_d[None, :] * stride_d)
+        store_tile(ptrs, x, start + rows < n_rows, offs_d < HEAD_DIM, HEAD_DIM != BLOCK_D)
