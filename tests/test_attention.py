@@ -37,22 +37,22 @@ class Case:
                 f"{'causal' if self.causal else 'full'}-{DT_NAME[self.dtype]}-{self.layout}")
 
 
-def make_tensor(b, h, n, d, dtype, layout, scale=1.0):
+def make_tensor(b, h, n, d, dtype, layout, scale=1.0, device=DEVICE):
     if layout == "bnhd":
-        x = torch.randn(b, n, h, d, device=DEVICE).mul_(scale).to(dtype).transpose(1, 2)
+        x = torch.randn(b, n, h, d, device=device).mul_(scale).to(dtype).transpose(1, 2)
     else:
-        x = torch.randn(b, h, n, d, device=DEVICE).mul_(scale).to(dtype)
+        x = torch.randn(b, h, n, d, device=device).mul_(scale).to(dtype)
     return x.detach().requires_grad_()
 
 
-def run_case(c: Case, input_scale=1.0, with_lse_grad=True):
+def run_case(c: Case, input_scale=1.0, with_lse_grad=True, device=DEVICE):
     """Forward + backward of tileattn, standard attention in c.dtype and in float64."""
     torch.manual_seed(zlib.crc32(c.id.encode()) + SEED_OFFSET)
-    q = make_tensor(c.b, c.hq, c.nq, c.d, c.dtype, c.layout, input_scale)
-    k = make_tensor(c.b, c.hkv, c.nk, c.d, c.dtype, c.layout, input_scale)
-    v = make_tensor(c.b, c.hkv, c.nk, c.d, c.dtype, c.layout)
-    do = torch.randn(c.b, c.hq, c.nq, c.d, device=DEVICE).to(c.dtype)
-    dlse = torch.randn(c.b, c.hq, c.nq, device=DEVICE) if with_lse_grad else None
+    q = make_tensor(c.b, c.hq, c.nq, c.d, c.dtype, c.layout, input_scale, device)
+    k = make_tensor(c.b, c.hkv, c.nk, c.d, c.dtype, c.layout, input_scale, device)
+    v = make_tensor(c.b, c.hkv, c.nk, c.d, c.dtype, c.layout, device=device)
+    do = torch.randn(c.b, c.hq, c.nq, c.d, device=device).to(c.dtype)
+    dlse = torch.randn(c.b, c.hq, c.nq, device=device) if with_lse_grad else None
 
     def fwd_bwd(fn, qq, kk, vv, g):
         out, lse = fn(qq, kk, vv, causal=c.causal, return_lse=True)
@@ -149,7 +149,7 @@ def test_large_logits(case, path):
 def test_float64_cpu_path():
     """float64 runs the PyTorch tiled path on CPU tensors, float64-exact."""
     c = Case(1, 4, 2, 70, 90, 48, True, torch.float64)
-    mine, _, ref = run_case(c)
+    mine, _, ref = run_case(c, device="cpu")
     for name, got, r in zip(("out", "lse", "dq", "dk", "dv"), mine, ref):
         tol = 1e-6 if name == "lse" else 1e-10  # the public lse is float32
         assert (got.double() - r).abs().nan_to_num(0).max() <= tol, name

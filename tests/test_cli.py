@@ -23,12 +23,12 @@ def test_no_subcommand_exit_2(capsys):
 
 def test_demo_json_runs_and_agrees():
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    res = subprocess.run([sys.executable, "-m", "tileattn", "demo", "--device", "cpu", "--seqlen", "256",
+    res = subprocess.run([sys.executable, "-m", "tileattn", "demo", "--device", "cpu", "--seqlen", "1024",
                           "--heads", "2", "--repeats", "1", "--json"], capture_output=True, text=True, env=env,
                          timeout=300)
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout)
-    assert d["shape"]["seqlen"] == 256
+    assert d["shape"]["seqlen"] == 1024
     assert d["tileattn_vs_fp64"] <= 2 * d["standard_vs_fp64"] + 1e-5
     assert d["standard"]["peak_extra_bytes"] > d["tileattn"]["peak_extra_bytes"]
 

@@ -105,6 +105,7 @@ FWD_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
         KernelConfig(128, 64, 8, 2, _T),
         KernelConfig(64, 64, 4, 2, _T),
         KernelConfig(64, 32, 4, 2, _T),
+        KernelConfig(32, 32, 4, 1, "float32 head dims > 128: the only tile under 227 KB"),
     ),
 }
 
@@ -124,6 +125,7 @@ DKDV_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     256: (
         KernelConfig(32, 64, 8, 2, _T),
         KernelConfig(32, 32, 4, 2, _T),
+        KernelConfig(32, 32, 4, 1, "float32 head dims > 128: the only tile under 227 KB"),
     ),
 }
 
@@ -139,6 +141,7 @@ DQ_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     256: (
         KernelConfig(64, 64, 8, 2, _T),
         KernelConfig(32, 64, 4, 2, _T),
+        KernelConfig(32, 32, 4, 1, "float32 head dims > 128: the only tile under 227 KB"),
     ),
 }
 

@@ -47,6 +47,10 @@ def use_tma(*tensors: torch.Tensor) -> bool:
             return False
         if torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
             return False
+        # fp32 runs IEEE products on CUDA cores, where the compiler's pipeliner
+        # rejected descriptor loads (triton 3.6, sm_90): keep fp32 on pointers
+        if tensors[0].dtype == torch.float32:
+            return False
     for t in tensors:
         elem = t.element_size()
         if t.stride(-1) != 1 or t.data_ptr() % 16:
