@@ -86,7 +86,6 @@ def _head_dim_bucket(head_dim: int) -> int:
 
 
 _C = "sm_90 compile report, triton 3.6: no register spills (docs/perf-notes.md)"
-_T = "Triton tutorial-like starting point"
 
 # Candidates for autotuning on a GPU, by head-dim bucket; the first one that
 # fits is also the choice when autotuning is off (TILEATTN_AUTOTUNE=0).
@@ -102,9 +101,9 @@ FWD_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
         KernelConfig(64, 64, 4, 3, _C),
     ),
     256: (
-        KernelConfig(128, 64, 8, 2, _T),
-        KernelConfig(64, 64, 4, 2, _T),
-        KernelConfig(64, 32, 4, 2, _T),
+        KernelConfig(128, 64, 8, 2, _C),
+        KernelConfig(64, 64, 4, 2, _C),
+        KernelConfig(64, 32, 4, 2, _C),
         KernelConfig(32, 32, 4, 1, "float32 head dims > 128: the only tile under 227 KB"),
     ),
 }
@@ -123,8 +122,7 @@ DKDV_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
         KernelConfig(32, 64, 4, 3, _C),
     ),
     256: (
-        KernelConfig(32, 64, 8, 2, _T),
-        KernelConfig(32, 32, 4, 2, _T),
+        KernelConfig(32, 64, 8, 2, _C),
         KernelConfig(32, 32, 4, 1, "float32 head dims > 128: the only tile under 227 KB"),
     ),
 }
@@ -139,8 +137,7 @@ DQ_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
         KernelConfig(64, 64, 4, 3, _C),
     ),
     256: (
-        KernelConfig(64, 64, 8, 2, _T),
-        KernelConfig(32, 64, 4, 2, _T),
+        KernelConfig(64, 64, 8, 2, _C),
         KernelConfig(32, 32, 4, 1, "float32 head dims > 128: the only tile under 227 KB"),
     ),
 }
