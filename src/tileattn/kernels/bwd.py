@@ -16,7 +16,8 @@ Three launches, no atomics, so the result is bitwise reproducible:
 import triton
 import triton.language as tl
 
-from .common import causal_key_bounds, causal_query_bounds, load_rows, load_tile, store_rows, tile_source
+from .common import (causal_key_bounds, causal_query_bounds, head_base, load_rows, load_tile, store_rows,
+                     tile_source)
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -37,9 +38,9 @@ def _attn_bwd_preprocess_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < N_Q
     d_ok = offs_d < HEAD_DIM
-    o_ptrs = (O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+    o_ptrs = (head_base(O, off_b, off_h, stride_ob, stride_oh)
               + offs_m[:, None].to(tl.int64) * stride_on + offs_d[None, :] * stride_od)
-    do_ptrs = (DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+    do_ptrs = (head_base(DO, off_b, off_h, stride_dob, stride_doh)
                + offs_m[:, None].to(tl.int64) * stride_don + offs_d[None, :] * stride_dod)
     o = load_tile(o_ptrs, m_ok, d_ok, True, HEAD_DIM != BLOCK_D).to(tl.float32)
     do = load_tile(do_ptrs, m_ok, d_ok, True, HEAD_DIM != BLOCK_D).to(tl.float32)
@@ -101,9 +102,9 @@ def _attn_bwd_dkdv_kernel(
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
 
-    k_src = tile_source(K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh,
+    k_src = tile_source(head_base(K, off_b, off_hk, stride_kb, stride_kh),
                         N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-    v_src = tile_source(V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh,
+    v_src = tile_source(head_base(V, off_b, off_hk, stride_vb, stride_vh),
                         N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
     k = load_rows(k_src, start_n, N_K, stride_kn, stride_kd, BLOCK_N, HEAD_DIM, BLOCK_D, True, USE_TMA)
     v = load_rows(v_src, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D, True, USE_TMA)
@@ -113,9 +114,9 @@ def _attn_bwd_dkdv_kernel(
     lo, full_start = causal_query_bounds(start_n, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
     for g in range(GROUP_SIZE):
         off_h = off_hk * GROUP_SIZE + g
-        q_src = tile_source(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh,
+        q_src = tile_source(head_base(Q, off_b, off_h, stride_qb, stride_qh),
                             N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
-        do_src = tile_source(DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh,
+        do_src = tile_source(head_base(DO, off_b, off_h, stride_dob, stride_doh),
                              N_Q, stride_don, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
         row0 = (off_b.to(tl.int64) * N_HEADS + off_h) * N_Q
         if IS_CAUSAL:
@@ -131,9 +132,9 @@ def _attn_bwd_dkdv_kernel(
             MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
 
     dk = dk * sm_scale
-    dk_dst = tile_source(DK + off_b.to(tl.int64) * stride_dkb + off_hk.to(tl.int64) * stride_dkh,
+    dk_dst = tile_source(head_base(DK, off_b, off_hk, stride_dkb, stride_dkh),
                          N_K, stride_dkn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-    dv_dst = tile_source(DV + off_b.to(tl.int64) * stride_dvb + off_hk.to(tl.int64) * stride_dvh,
+    dv_dst = tile_source(head_base(DV, off_b, off_hk, stride_dvb, stride_dvh),
                          N_K, stride_dvn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
     store_rows(dk_dst, start_n, dk.to(DK.dtype.element_ty), N_K, stride_dkn, stride_dkd,
                BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
@@ -187,13 +188,13 @@ def _attn_bwd_dq_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     m_ok = offs_m < N_Q
 
-    q_src = tile_source(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh,
+    q_src = tile_source(head_base(Q, off_b, off_h, stride_qb, stride_qh),
                         N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
-    do_src = tile_source(DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh,
+    do_src = tile_source(head_base(DO, off_b, off_h, stride_dob, stride_doh),
                          N_Q, stride_don, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
-    k_src = tile_source(K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh,
+    k_src = tile_source(head_base(K, off_b, off_hk, stride_kb, stride_kh),
                         N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-    v_src = tile_source(V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh,
+    v_src = tile_source(head_base(V, off_b, off_hk, stride_vb, stride_vh),
                         N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
     q = load_rows(q_src, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
     do = load_rows(do_src, start_m, N_Q, stride_don, stride_dod, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
@@ -214,7 +215,7 @@ def _attn_bwd_dq_kernel(
         HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
         IS_CAUSAL=IS_CAUSAL, MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
     dq = dq * sm_scale
-    dq_dst = tile_source(DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh,
+    dq_dst = tile_source(head_base(DQ, off_b, off_h, stride_dqb, stride_dqh),
                          N_Q, stride_dqn, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
     store_rows(dq_dst, start_m, dq.to(DQ.dtype.element_ty), N_Q, stride_dqn, stride_dqd,
                BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)

@@ -122,3 +122,10 @@ def store_rows(dst, start, x, n_rows, stride_n, stride_d, BLOCK_R: tl.constexpr,
         offs_d = tl.arange(0, BLOCK_D)
         ptrs = dst + tl.cast(start, tl.int64) * stride_n + (rows[:, None] * stride_n + offs_d[None, :] * stride_d)
         store_tile(ptrs, x, start + rows < n_rows, offs_d < HEAD_DIM, HEAD_DIM != BLOCK_D)
+
+
+@triton.jit
+def head_base(ptr, off_b, off_h, stride_b, stride_h):
+    """Pointer to the (off_b, off_h) slice of a (B, H, N, D) tensor.  The
+    offset is 64-bit: B*H*N*D may exceed 2**31 elements."""
+    return ptr + off_b.to(tl.int64) * stride_b + off_h.to(tl.int64) * stride_h

@@ -11,7 +11,7 @@ The rescaling identity is derived in docs/design.md.
 import triton
 import triton.language as tl
 
-from .common import causal_key_bounds, load_rows, store_rows, tile_source
+from .common import causal_key_bounds, head_base, load_rows, store_rows, tile_source
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -72,14 +72,13 @@ def _attn_fwd_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
 
-    # 64-bit base offsets: B*H*N*D may exceed 2**31 elements
-    q_src = tile_source(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh,
+    q_src = tile_source(head_base(Q, off_b, off_h, stride_qb, stride_qh),
                         N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
-    k_src = tile_source(K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh,
+    k_src = tile_source(head_base(K, off_b, off_hk, stride_kb, stride_kh),
                         N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-    v_src = tile_source(V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh,
+    v_src = tile_source(head_base(V, off_b, off_hk, stride_vb, stride_vh),
                         N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-    o_dst = tile_source(O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh,
+    o_dst = tile_source(head_base(O, off_b, off_h, stride_ob, stride_oh),
                         N_Q, stride_on, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
 
     q = load_rows(q_src, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
@@ -107,5 +106,5 @@ def _attn_fwd_kernel(
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
     store_rows(o_dst, start_m, out.to(O.dtype.element_ty), N_Q, stride_on, stride_od,
                BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
-    lse_ptrs = LSE + off_b.to(tl.int64) * stride_lb + off_h.to(tl.int64) * stride_lh + offs_m
+    lse_ptrs = head_base(LSE, off_b, off_h, stride_lb, stride_lh) + offs_m
     tl.store(lse_ptrs, lse, mask=offs_m < N_Q)
