@@ -5,18 +5,20 @@ formulas; ``benchmarks/measure_bytes.py`` checks them against Nsight Compute.
 """
 from .hardware import (CATALOGUE, Hardware, UnknownHardwareError, Value, get_hardware, hardware_from_dict,
                        hardware_names, load_hardware_file, user_hardware_dir)
-from .io import (AttentionShape, CacheModel, FlopBreakdown, Pass, ResidentMemory, TrafficEstimate,
+from .io import (AttentionShape, CacheModel, DefaultConfigs, FlopBreakdown, Pass, ResidentMemory, TrafficEstimate,
                  attention_flops, cache_model, default_configs, dtype_bytes, executed_pairs, flop_breakdown,
                  parse_config_name, resident_memory, standard_traffic, tiled_traffic, visible_pairs)
 from .roofline import Comparison, PhasePrediction, compare, peak_dtype, predict
-from .tiles import TileOption, feasible_tiles, max_block_n, paper_block_sizes, table_configs_check
+from .tiles import (TileOption, chosen_configs, feasible_tiles, kernel_bytes, max_block_n, paper_block_sizes,
+                    table_configs_check)
 
 __all__ = [
     "CATALOGUE", "Hardware", "UnknownHardwareError", "Value", "get_hardware", "hardware_from_dict",
     "hardware_names", "load_hardware_file", "user_hardware_dir",
-    "AttentionShape", "CacheModel", "FlopBreakdown", "Pass", "ResidentMemory", "TrafficEstimate",
+    "AttentionShape", "CacheModel", "DefaultConfigs", "FlopBreakdown", "Pass", "ResidentMemory", "TrafficEstimate",
     "attention_flops", "cache_model", "default_configs", "dtype_bytes", "executed_pairs", "flop_breakdown",
     "parse_config_name", "resident_memory", "standard_traffic", "tiled_traffic", "visible_pairs",
     "Comparison", "PhasePrediction", "compare", "peak_dtype", "predict",
-    "TileOption", "feasible_tiles", "max_block_n", "paper_block_sizes", "table_configs_check",
+    "TileOption", "chosen_configs", "feasible_tiles", "kernel_bytes", "max_block_n", "paper_block_sizes",
+    "table_configs_check",
 ]

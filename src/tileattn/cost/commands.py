@@ -136,7 +136,8 @@ def header_lines(c: Comparison) -> list[str]:
              f"{bw / 1e12:.3g} TB/s, ridge {c.ridge:.0f} FLOP/byte",
              f"shape: batch={s.batch} heads={s.heads}{kv} N={s.seqlen_q}{nk} d={s.head_dim} {s.dtype}"
              f"{' causal' if s.causal else ''}; standard = {c.fusion}; tiled configs fwd "
-             f"{c.tiled.params['fwd_config']}, bwd {c.tiled.params['bwd_config']}"]
+             f"{c.tiled.params['fwd_config']}, dK/dV {c.tiled.params['dkdv_config']}, "
+             f"dQ {c.tiled.params['dq_config']}"]
     cap = hw.value("memory_capacity")
     if cap is not None:
         need = c.standard_memory.peak_extra_bytes
@@ -201,7 +202,7 @@ def load_measured(path) -> list[dict]:
 
 def measured_points(rows, shape: AttentionShape) -> list[dict]:
     """Measured rows of ``shape`` as roofline points (model FLOPs over measured bytes and time)."""
-    from .validation import row_shape, model_flops
+    from .validation import measured_bytes, model_flops, row_shape
     pts = []
     for r in rows:
         try:
@@ -212,7 +213,10 @@ def measured_points(rows, shape: AttentionShape) -> list[dict]:
                 shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_k, shape.head_dim,
                 shape.causal):
             continue
-        byt = r.get("measured_read_bytes", 0) + r.get("measured_write_bytes", 0)
+        try:
+            byt = measured_bytes(r)
+        except (KeyError, TypeError, ValueError):
+            continue
         t = r.get("time_ms")
         pts.append({"impl": r.get("impl"), "mode": r.get("mode"), "bytes": byt,
                     "time_s": t / 1e3 if t else None, "flops": model_flops(r)})

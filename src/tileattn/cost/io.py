@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from .. import configs as _configs
 from ..configs import KernelConfig
@@ -151,11 +151,24 @@ def _dkdv_query_start(start_n: int, nq: int, nk: int, block_m: int, causal: bool
     return min(nq, (lo // block_m) * block_m)
 
 
-def executed_pairs(seqlen_q: int, seqlen_k: int, causal: bool, block_m: int, block_n: int) -> int:
-    """(query, key) pairs the tiled kernel computes for one head: whole
+def executed_pairs(seqlen_q: int, seqlen_k: int, causal: bool, block_m: int, block_n: int,
+                   kernel: str = "fwd") -> int:
+    """(query, key) pairs a tiled kernel computes for one head: whole
     BLOCK_M x BLOCK_N tiles, including the masked part of diagonal tiles and
-    the padding of edge tiles; tiles hidden from every row are skipped."""
+    the padding of edge tiles; tiles hidden from every row are skipped.
+
+    ``kernel="fwd"`` (also the dQ kernel) walks key tiles per query block;
+    ``kernel="dkdv"`` walks query tiles per key block, from the first query
+    tile that sees the key block (the two orders skip slightly different
+    tiles on the diagonal when BLOCK_M != BLOCK_N)."""
+    if kernel not in ("fwd", "dq", "dkdv"):
+        raise ValueError(f"kernel={kernel!r} must be 'fwd', 'dq' or 'dkdv'")
     total = 0
+    if kernel == "dkdv":
+        for kb in range(_cdiv(seqlen_k, block_n)):
+            start = _dkdv_query_start(kb * block_n, seqlen_q, seqlen_k, block_m, causal)
+            total += block_n * _cdiv(seqlen_q - start, block_m) * block_m
+        return total
     for qb in range(_cdiv(seqlen_q, block_m)):
         keys = _fwd_keys_loaded(qb * block_m, seqlen_q, seqlen_k, block_m, block_n, causal)
         total += block_m * _cdiv(keys, block_n) * block_n
@@ -219,33 +232,42 @@ class FlopBreakdown:
         return d
 
 
+def _tile_matmul_flops(shape: AttentionShape, config: KernelConfig, kernel: str) -> float:
+    """FLOPs of one ``BM x BN x D`` matmul per executed tile of ``kernel``, over all batches and heads."""
+    s = shape
+    pairs = executed_pairs(s.seqlen_q, s.seqlen_k, s.causal, config.block_m, config.block_n, kernel)
+    return 2.0 * s.batch * s.heads * pairs * s.head_dim
+
+
 def flop_breakdown(shape: AttentionShape, fwd_config: KernelConfig | None = None,
-                   bwd_config: KernelConfig | None = None) -> FlopBreakdown:
+                   bwd_config: KernelConfig | None = None,
+                   dq_config: KernelConfig | None = None) -> FlopBreakdown:
     """FLOPs of both implementations, term by term (see :class:`FlopBreakdown`).
 
     Per executed tile of ``BM x BN`` pairs one matmul costs ``2*BM*BN*D``.
-    The dK/dV program runs 4 of them (S, dP, dV, dK), the dQ program 3 (S, dP,
-    dQ): 7 per tile, against the 5 (2.5x forward) of the usual count.
+    The dK/dV program (tiles of ``bwd_config``) runs 4 of them (S, dP, dV,
+    dK), the dQ program (tiles of ``dq_config``) 3 (S, dP, dQ): 7 per tile,
+    against the 5 (2.5x forward) of the usual count.  Configs default to
+    :func:`default_configs`.
     """
-    fwd_config, bwd_config = _resolve_configs(shape, fwd_config, bwd_config)
+    fwd_config, bwd_config, dq_config = _resolve_configs(shape, fwd_config, bwd_config, dq_config=dq_config)
     s = shape
     args = (s.batch, s.heads, s.seqlen_q, s.seqlen_k, s.head_dim)
     useful_fwd = attention_flops(*args, causal=s.causal, mode="fwd")
     full_fwd = attention_flops(*args, causal=False, mode="fwd")
     tiled_fwd = attention_flops(*args, causal=s.causal, mode="fwd",
                                 block_m=fwd_config.block_m, block_n=fwd_config.block_n)
-    bwd_tile = attention_flops(*args, causal=s.causal, mode="fwd",
-                               block_m=bwd_config.block_m, block_n=bwd_config.block_n)
-    one_matmul = bwd_tile / 2  # one matmul over the executed backward tiles
+    mm_dkdv = _tile_matmul_flops(s, bwd_config, "dkdv")   # one matmul over the dK/dV kernel's tiles
+    mm_dq = _tile_matmul_flops(s, dq_config, "dq")        # one matmul over the dQ kernel's tiles
     return FlopBreakdown(
         useful_fwd=useful_fwd,
         useful_bwd=attention_flops(*args, causal=s.causal, mode="bwd"),
         standard_fwd_executed=full_fwd,
         standard_bwd_executed=2.0 * full_fwd,
         tiled_fwd_executed=tiled_fwd,
-        tiled_bwd_gradients=4 * one_matmul,
-        tiled_bwd_recompute=1 * one_matmul,
-        tiled_bwd_split_recompute=2 * one_matmul,
+        tiled_bwd_gradients=3 * mm_dkdv + mm_dq,           # dP, dV, dK | dQ
+        tiled_bwd_recompute=mm_dkdv,                       # S in the dK/dV kernel
+        tiled_bwd_split_recompute=2 * mm_dq,               # S and dP again in the dQ kernel
     )
 
 
@@ -263,6 +285,8 @@ class Pass:
     flops: float = 0.0         # tensor-core FLOPs executed
     tile_read_bytes: float | None = None  # bytes loaded on chip; None = read_bytes
     note: str = ""
+    kernel: str = ""           # tiled: "fwd", "preprocess", "dkdv", "dq"; standard: "matmul",
+    #                            "elementwise", "softmax", "copy", "reduce" or "mask"
 
     @property
     def bytes(self) -> float:
@@ -341,7 +365,14 @@ def standard_traffic(shape: AttentionShape, *, fusion: str = "eager", backward: 
     a boolean mask, fills it in twice (hidden keys, then empty rows) and masks
     P once more, and GQA copies k/v with ``repeat_interleave``.  Autograd
     replays each of those in the backward.  The broadcast (Nq, Nk) mask is
-    read once per (batch, head) unless it fits in ``l2_bytes``.
+    read once per (batch, head) unless it fits in ``l2_bytes``.  Two more
+    passes come from PyTorch itself: the CUDA softmax backward first forms
+    ``dP * P`` with a separate elementwise kernel (read 2, write 1 N^2
+    tensor) before its row-reduction kernel, and ``backward()`` copies dK,
+    which the score matmul's backward produces transposed, into k's layout.
+    Forward + backward non-causal then reads or writes an N^2 tensor 18
+    times against the textbook's 11 (causal: 30 against 15); the kernel
+    list of an Nsight Compute run shows each of them (``docs/io-model.md``).
 
     Matmuls are assumed to read each input once from DRAM (cuBLAS tiles are
     served from L2) and to compute the full product even where masked.
@@ -360,49 +391,75 @@ def standard_traffic(shape: AttentionShape, *, fusion: str = "eager", backward: 
     mask_rd = _cached_broadcast(mask_b, bh, l2_bytes)
     eager = fusion == "eager"
     gqa = s.group > 1
-    P = Pass
+    # kernel kinds: "matmul" (cuBLAS), "elementwise" (one aten elementwise kernel over
+    # the N^2 tensor), "softmax" (a row kernel), "copy"/"reduce" (N*d-sized), "mask"
+    mat = lambda *a, **k: Pass(*a, kernel="matmul", **k)        # noqa: E731
+    ew = lambda *a, **k: Pass(*a, kernel="elementwise", **k)    # noqa: E731
+    rows = lambda *a, **k: Pass(*a, kernel="softmax", **k)      # noqa: E731
     f: list[Pass] = []
     if gqa:
-        f.append(P("expand K, V to all query heads (repeat_interleave)", "fwd", 2 * kv_own, 2 * kv_b,
-                   note="GQA: the reference copies k/v per query head" if eager else
-                   "GQA: k/v broadcast per query head"))
+        f.append(Pass("expand K, V to all query heads (repeat_interleave)", "fwd", 2 * kv_own, 2 * kv_b,
+                      note="GQA: the reference copies k/v per query head" if eager else
+                      "GQA: k/v broadcast per query head", kernel="copy"))
     if eager:
-        f.append(P("S = Q K^T", "fwd", q_b + kv_b, sb, mm))
-        f.append(P("S *= scale", "fwd", sb, sb))
+        f.append(mat("S = Q K^T", "fwd", q_b + kv_b, sb, mm))
+        f.append(ew("S *= scale", "fwd", sb, sb))                         # `* scale`: its own kernel
     else:
-        f.append(P("S = scale * Q K^T", "fwd", q_b + kv_b, sb, mm))
+        f.append(mat("S = scale * Q K^T", "fwd", q_b + kv_b, sb, mm))
     if s.causal:
         if eager:
-            f.append(P("build causal mask (Nq x Nk bool, 3 small passes)", "fwd", 2 * mask_b, 2 * mask_b,
-                       note="independent of batch and heads"))
-            f.append(P("S.masked_fill(hidden, -inf)", "fwd", sb + mask_rd, sb))
-            f.append(P("S.masked_fill(empty rows, 0)", "fwd", sb, sb))
+            f.append(Pass("build causal mask (Nq x Nk bool, 3 small passes)", "fwd", 2 * mask_b, 2 * mask_b,
+                          note="independent of batch and heads", kernel="mask"))
+            f.append(ew("S.masked_fill(hidden, -inf)", "fwd", sb + mask_rd, sb))
+            f.append(ew("S.masked_fill(empty rows, 0)", "fwd", sb, sb))
         else:
-            f.append(P("mask S (causal)", "fwd", sb, sb))
-    f.append(P("P = softmax(S)", "fwd", sb, sb))
+            f.append(ew("mask S (causal)", "fwd", sb, sb))
+    f.append(rows("P = softmax(S)", "fwd", sb, sb))
     if s.causal and eager:
-        f.append(P("P.masked_fill(empty rows, 0)", "fwd", sb, sb))
-    f.append(P("O = P V", "fwd", sb + kv_b, q_b, mm))
+        f.append(ew("P.masked_fill(empty rows, 0)", "fwd", sb, sb))
+    f.append(mat("O = P V", "fwd", sb + kv_b, q_b, mm))
 
+    # Backward, in the order autograd replays the forward (eager):
+    #   O = P V          -> dP = dO V^T (writes dP), dV = P^T dO (reads P)      2 N^2
+    #   masked_fill (P)  -> dP.masked_fill                                      2 N^2, causal
+    #   softmax          -> T = dP * P (elementwise kernel: reads dP, P; writes T),
+    #                       dS = T - P * rowsum(T) (row kernel: reads T, P; writes dS)  6 N^2
+    #   masked_fill x2   -> dS.masked_fill twice                                4 N^2, causal
+    #   * scale          -> dS *= scale                                         2 N^2
+    #   S = Q K^T        -> dQ = dS K and dK = dS^T Q, each reading dS           2 N^2
+    # Non-causal: 12 N^2 (textbook 7); causal: 18 (textbook 9).
     bw: list[Pass] = []
     if backward:
-        bw.append(P("dP = dO V^T", "bwd", q_b + kv_b, sb, mm))
-        bw.append(P("dV = P^T dO", "bwd", sb + q_b, kv_b, mm))
+        bw.append(mat("dP = dO V^T", "bwd", q_b + kv_b, sb, mm))
+        bw.append(mat("dV = P^T dO", "bwd", sb + q_b, kv_b, mm))
         if s.causal and eager:
-            bw.append(P("dP.masked_fill(empty rows, 0)", "bwd", sb, sb))
-        bw.append(P("dS = P * (dP - rowsum(P * dP))", "bwd", 2 * sb, sb, note="softmax backward"))
+            bw.append(ew("dP.masked_fill(empty rows, 0)", "bwd", sb, sb))
+        if eager:
+            # aten's CUDA softmax backward forms `grad * output` with its own
+            # elementwise kernel, then runs a row kernel dS = T - P * rowsum(T)
+            # that reads T and P again: 6 N^2 passes instead of the textbook's 3
+            bw.append(ew("T = dP * P (softmax backward, elementwise)", "bwd", 2 * sb, sb))
+            bw.append(rows("dS = T - P * rowsum(T) (softmax backward, rows)", "bwd", 2 * sb, sb))
+        else:
+            bw.append(rows("dS = P * (dP - rowsum(P * dP))", "bwd", 2 * sb, sb, note="softmax backward"))
         if s.causal:
             if eager:
-                bw.append(P("dS.masked_fill(empty rows, 0)", "bwd", sb, sb))
-                bw.append(P("dS.masked_fill(hidden, 0)", "bwd", sb + mask_rd, sb))
+                bw.append(ew("dS.masked_fill(empty rows, 0)", "bwd", sb, sb))
+                bw.append(ew("dS.masked_fill(hidden, 0)", "bwd", sb + mask_rd, sb))
             else:
-                bw.append(P("mask dS (causal)", "bwd", sb, sb))
+                bw.append(ew("mask dS (causal)", "bwd", sb, sb))
         if eager:
-            bw.append(P("dS *= scale", "bwd", sb, sb))
-        bw.append(P("dQ = dS K", "bwd", sb + kv_b, q_b, mm))
-        bw.append(P("dK = dS^T Q", "bwd", sb + q_b, kv_b, mm))
+            bw.append(ew("dS *= scale", "bwd", sb, sb))
+        # the score matmul's backward: two matmuls, each reading dS in full
+        bw.append(mat("dQ = dS K", "bwd", sb + kv_b, q_b, mm))
+        bw.append(mat("dK = dS^T Q", "bwd", sb + q_b, kv_b, mm))
         if gqa:
-            bw.append(P("sum dK, dV over the query heads of a group", "bwd", 2 * kv_b, 2 * kv_own))
+            bw.append(Pass("sum dK, dV over the query heads of a group", "bwd", 2 * kv_b, 2 * kv_own,
+                           kernel="reduce"))
+        elif eager:
+            # dK comes out of the matmul as the transpose of a contiguous (D, Nk)
+            # product; backward() stores k.grad in k's own layout with a copy
+            bw.append(Pass("copy dK into k's layout (accumulate grad)", "bwd", kv_b, kv_b, kernel="copy"))
     return TrafficEstimate("standard", shape, tuple(f + bw),
                            {"fusion": fusion, "l2_bytes": l2_bytes, "backward": backward})
 
@@ -417,23 +474,35 @@ def parse_config_name(name: str, source: str = "parsed") -> KernelConfig:
         raise ValueError(f"config={name!r} is not of the form M<block_m>-N<block_n>-w<warps>-s<stages>") from None
 
 
-def default_configs(head_dim: int, elem_bytes: int = 2, smem_per_block: int | None = None
-                    ) -> tuple[KernelConfig, KernelConfig]:
-    """The (forward, backward) configs the kernels would start from: the first
-    entry of the table for the head-dim bucket, or, given the device's shared
-    memory per block, the first one whose estimate fits (the launcher drops
-    the others before autotuning)."""
-    fwd = _configs.fwd_candidates(head_dim)
-    bwd = _configs.bwd_candidates(head_dim)
-    if smem_per_block is not None:
-        fwd = _configs.fitting(fwd, head_dim, elem_bytes, smem_per_block)
-        bwd = _configs.fitting(bwd, head_dim, elem_bytes, smem_per_block, backward=True)
-    return fwd[0], bwd[0]
+class DefaultConfigs(NamedTuple):
+    """One config per tiled kernel: forward, backward dK/dV, backward dQ."""
+
+    fwd: KernelConfig
+    dkdv: KernelConfig
+    dq: KernelConfig
 
 
-def _resolve_configs(shape, fwd_config, bwd_config, smem_per_block=None):
-    dfwd, dbwd = default_configs(shape.head_dim, shape.elem_bytes, smem_per_block)
-    return fwd_config or dfwd, bwd_config or dbwd
+def default_configs(head_dim: int, elem_bytes: int = 2, smem_per_block: int | None = None) -> DefaultConfigs:
+    """The (forward, dK/dV, dQ) configs the kernels would start from: the first
+    entry of each kernel's table (``FWD_CONFIGS``, ``DKDV_CONFIGS``,
+    ``DQ_CONFIGS``) for the head-dim bucket, or, given the device's shared
+    memory per block, the first one whose estimate under that kernel's own
+    estimator fits (the launcher drops the others before autotuning, and
+    takes exactly this one when autotuning is off)."""
+    out = []
+    for kind in ("fwd", "dkdv", "dq"):
+        cands = _configs.candidates(kind, head_dim)
+        if smem_per_block is not None:
+            cands = _configs.fitting(cands, head_dim, elem_bytes, smem_per_block, kind=kind)
+        out.append(cands[0])
+    return DefaultConfigs(*out)
+
+
+def _resolve_configs(shape, fwd_config=None, bwd_config=None, smem_per_block=None, dq_config=None
+                     ) -> DefaultConfigs:
+    """Given configs, with the defaults of :func:`default_configs` for those left out."""
+    d = default_configs(shape.head_dim, shape.elem_bytes, smem_per_block)
+    return DefaultConfigs(fwd_config or d.fwd, bwd_config or d.dkdv, dq_config or d.dq)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -506,18 +575,21 @@ def tiled_traffic(shape: AttentionShape, *, fwd_config: KernelConfig | None = No
     from L2 and DRAM sees roughly one read per wave.  Without it, every tile
     load is counted as a DRAM read (the textbook bound); ``gqa_reuse`` then
     still lets the q-heads of a group share one read of their k/v head.
-    Defaults for the configs: :func:`default_configs`, limited by
-    ``smem_per_block`` when given; ``dq_config`` (default ``bwd_config``)
-    when the autotuner picked a different tile for the dQ kernel.
+
+    Configs: ``fwd_config`` for the forward kernel, ``bwd_config`` for the
+    dK/dV kernel and ``dq_config`` for the dQ kernel, each defaulting to the
+    first entry of its own table (``FWD_CONFIGS``, ``DKDV_CONFIGS``,
+    ``DQ_CONFIGS``) that fits ``smem_per_block`` under its own estimator
+    (:func:`default_configs`).
     """
     s = shape
-    fwd_config, bwd_config = _resolve_configs(s, fwd_config, bwd_config, smem_per_block)
+    fwd_config, bwd_config, dq_config = _resolve_configs(s, fwd_config, bwd_config, smem_per_block, dq_config)
     e, d = s.elem_bytes, s.head_dim
     nq, nk, g = s.seqlen_q, s.seqlen_k, s.group
     b, hq, hkv = s.batch, s.heads, s.kv_heads
     row_q = d * e                     # one row of Q, O, dO, dQ, K, V
     l2 = cache.l2_bytes if cache else None
-    flops = flop_breakdown(s, fwd_config, bwd_config)
+    flops = flop_breakdown(s, fwd_config, bwd_config, dq_config)
     bm, bn = fwd_config.block_m, fwd_config.block_n
 
     # ---- forward ----
@@ -537,54 +609,55 @@ def tiled_traffic(shape: AttentionShape, *, fwd_config: KernelConfig | None = No
     lse_bytes = float(b * hq * nq * LSE_BYTES)
     passes = [Pass("attention forward (one kernel)", "fwd", q_bytes + kv_dram, q_bytes + lse_bytes,
                    flops.tiled_fwd_executed, tile_read_bytes=q_bytes + kv_tile_loads,
-                   note=f"BLOCK_M={bm}, BLOCK_N={bn}: K/V loaded {kv_rows_loaded / max(nk, 1):.1f}x per head")]
+                   note=f"{fwd_config.name}: K/V loaded {kv_rows_loaded / max(nk, 1):.1f}x per head",
+                   kernel="fwd")]
 
     # ---- backward ----
     if backward:
-        bm2, bn2 = bwd_config.block_m, bwd_config.block_n
         rows_aux = 2 * LSE_BYTES      # lse2 and delta per query row
         passes.append(Pass("backward preprocess: delta = rowsum(dO * O)", "bwd",
-                           2 * q_bytes + lse_bytes, 2 * lse_bytes))
-        bwd_smem = _configs.bwd_smem_bytes(bm2, bn2, d, e, bwd_config.num_stages)
-        conc2 = cache.concurrent_programs(bwd_smem, bwd_config.num_warps) if cache else None
-        # dK/dV: per key block, the group's q-heads stream Q, dO, lse2, delta from the start row on
+                           2 * q_bytes + lse_bytes, 2 * lse_bytes, kernel="preprocess"))
+        # dK/dV (DKDV_CONFIGS tile): per key block, the group's q-heads stream
+        # Q, dO, lse2, delta from the first query block that sees the key block
+        bm2, bn2 = bwd_config.block_m, bwd_config.block_n
+        conc_kv = cache.concurrent_programs(
+            _configs.dkdv_smem_bytes(bm2, bn2, d, e, bwd_config.num_stages), bwd_config.num_warps) if cache else None
         n_kb = _cdiv(nk, bn2)
         q_rows_loaded = sum(nq - _dkdv_query_start(j * bn2, nq, nk, bm2, s.causal) for j in range(n_kb))
         per_row = 2 * row_q + rows_aux
         q_tile_loads = float(q_rows_loaded * per_row * g)            # per (batch, kv head)
         q_unique = float(nq * per_row * g)
         if cache:
-            q_dram = b * hkv * _streamed_dram(q_unique, q_tile_loads, n_kb, conc2, l2)
+            q_dram = b * hkv * _streamed_dram(q_unique, q_tile_loads, n_kb, conc_kv, l2)
         else:
             q_dram = b * hkv * q_tile_loads
         kv_own = float(b * hkv * nk * row_q)
         passes.append(Pass("backward dK, dV (one program per key block)", "bwd",
                            2 * kv_own + q_dram, 2 * kv_own,
-                           flops.tiled_bwd_gradients * 3 / 4 + flops.tiled_bwd_recompute,
+                           4 * _tile_matmul_flops(s, bwd_config, "dkdv"),   # S, dP, dV, dK
                            tile_read_bytes=2 * kv_own + b * hkv * q_tile_loads,
-                           note=f"BLOCK_M={bm2}, BLOCK_N={bn2}: Q/dO loaded "
-                                f"{q_rows_loaded / max(nq, 1):.1f}x per head"))
-        # dQ: like the forward with the backward's blocks
-        dqc = dq_config or bwd_config
-        bm2, bn2 = dqc.block_m, dqc.block_n
-        if dqc is not bwd_config:
-            conc2 = cache.concurrent_programs(_configs.bwd_smem_bytes(bm2, bn2, d, e, dqc.num_stages),
-                                              dqc.num_warps) if cache else None
-        n_qb2 = _cdiv(nq, bm2)
-        kv_rows2 = sum(_fwd_keys_loaded(i * bm2, nq, nk, bm2, bn2, s.causal) for i in range(n_qb2))
-        kv_loads2 = 2.0 * kv_rows2 * row_q * b * hq
+                           note=f"{bwd_config.name}: Q/dO loaded {q_rows_loaded / max(nq, 1):.1f}x per head",
+                           kernel="dkdv"))
+        # dQ (DQ_CONFIGS tile): like the forward, K and V streamed per query block
+        bm3, bn3 = dq_config.block_m, dq_config.block_n
+        conc_q = cache.concurrent_programs(
+            _configs.dq_smem_bytes(bm3, bn3, d, e, dq_config.num_stages), dq_config.num_warps) if cache else None
+        n_qb3 = _cdiv(nq, bm3)
+        kv_rows3 = sum(_fwd_keys_loaded(i * bm3, nq, nk, bm3, bn3, s.causal) for i in range(n_qb3))
+        kv_loads3 = 2.0 * kv_rows3 * row_q * b * hq
         if cache:
-            kv_dram2 = b * hkv * _streamed_dram(kv_unique, 2.0 * kv_rows2 * row_q * g, g * n_qb2, conc2, l2)
+            kv_dram3 = b * hkv * _streamed_dram(kv_unique, 2.0 * kv_rows3 * row_q * g, g * n_qb3, conc_q, l2)
         else:
-            kv_dram2 = kv_loads2 / (g if gqa_reuse else 1)
+            kv_dram3 = kv_loads3 / (g if gqa_reuse else 1)
         own_q = 2 * q_bytes + 2 * lse_bytes                          # Q, dO, lse2, delta
-        passes.append(Pass("backward dQ (one program per query block)", "bwd", own_q + kv_dram2, q_bytes,
-                           flops.tiled_bwd_gradients / 4 + flops.tiled_bwd_split_recompute,
-                           tile_read_bytes=own_q + kv_loads2,
-                           note=f"recomputes S and dP a second time; K/V loaded "
-                                f"{kv_rows2 / max(nk, 1):.1f}x per head"))
+        passes.append(Pass("backward dQ (one program per query block)", "bwd", own_q + kv_dram3, q_bytes,
+                           3 * _tile_matmul_flops(s, dq_config, "dq"),      # S, dP, dQ
+                           tile_read_bytes=own_q + kv_loads3,
+                           note=f"{dq_config.name}: recomputes S and dP a second time; K/V loaded "
+                                f"{kv_rows3 / max(nk, 1):.1f}x per head",
+                           kernel="dq"))
     params = {"fwd_config": fwd_config.name, "bwd_config": bwd_config.name,
-              "dq_config": (dq_config or bwd_config).name,
+              "dkdv_config": bwd_config.name, "dq_config": dq_config.name,
               "cache": dataclasses.asdict(cache) if cache else None, "gqa_reuse": gqa_reuse,
               "concurrent_programs": conc}
     return TrafficEstimate("tiled", shape, tuple(passes), params)

@@ -12,7 +12,7 @@ import numpy as np
 from .commands import fmt_bytes, fmt_flops, fmt_time, header_lines, summary_rows
 from .io import AttentionShape
 from .roofline import Comparison, compare, figure_png_bytes, plot_roofline
-from .tiles import feasible_tiles, max_block_n, paper_block_sizes, table_configs_check
+from .tiles import chosen_configs, feasible_tiles, max_block_n, paper_block_sizes, table_configs_check
 
 SECTIONS = ("problem", "identity", "bytes", "tiling", "roofline", "scaling", "limits")
 
@@ -169,8 +169,11 @@ same time, so L2 serves most repeats and HBM sees about {fmt_bytes(tp['fwd'].byt
         mbn = max_block_n(smem, s.head_dim, s.dtype, block_m=128, num_stages=3)
         trows = [(o.block_m, o.block_n, fmt_bytes(o.smem_bytes, True), fmt_bytes(o.hbm_bytes * s.batch))
                  for o in feas[:12]]
-        cfg_rows = [(k, c.name, "fits" if ok else "does not fit", c.source) for k, c, ok in
+        kernel_names = {"fwd": "forward", "dkdv": "backward dK/dV", "dq": "backward dQ"}
+        cfg_rows = [(kernel_names[k], c.name, "fits" if ok else "does not fit", c.source) for k, c, ok in
                     table_configs_check(smem, s.head_dim, s.dtype)]
+        chosen = chosen_configs(smem, s.head_dim, s.dtype)
+        chosen_text = ", ".join(f"{kernel_names[k]} <code>{c.name}</code>" for k, c in chosen.items())
         tile_html = f"""<p>A forward program keeps a BLOCK_M&times;d Q tile, {3} stages of BLOCK_N&times;d K and V
 tiles and a BLOCK_M&times;BLOCK_N tile of P in {fmt_bytes(smem, True)} of shared memory per block. The paper's sizing,
 B<sub>c</sub> = &lceil;M/4d&rceil; = {bc} and B<sub>r</sub> = min(B<sub>c</sub>, d) = {br}, ignores the pipeline
@@ -179,8 +182,10 @@ buffers and the P tile; with them the largest BLOCK_N next to BLOCK_M = 128 is
 (K/V are re-read once per query block), not on BLOCK_N.</p>
 <p>Feasible forward tiles at 3 stages, by HBM bytes without L2 reuse:</p>
 {_table(("BLOCK_M", "BLOCK_N", "shared memory", "HBM bytes fwd"), trows)}
-<p>The kernels' own configuration table against this device (same estimator):</p>
-{_table(("kernel", "config", "on this device", "source"), cfg_rows)}"""
+<p>The kernels' own configuration tables against this device (each kernel with its own estimator):</p>
+{_table(("kernel", "config", "on this device", "source"), cfg_rows)}
+<p>With autotuning off each kernel takes the first config of its table that fits: {chosen_text}.
+The model uses these unless told otherwise.</p>"""
     out.append(f'<section id="tiling"><h2>4. Tiling and the shared-memory bound</h2>{tile_html}</section>')
 
     # 5. roofline

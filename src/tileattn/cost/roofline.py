@@ -134,25 +134,25 @@ class Comparison:
 
 def compare(shape: AttentionShape, hw: Hardware, *, fusion: str = "eager", basis: str = "datasheet",
             fwd_config: KernelConfig | None = None, bwd_config: KernelConfig | None = None,
-            l2_reuse: bool = True) -> Comparison:
+            l2_reuse: bool = True, dq_config: KernelConfig | None = None) -> Comparison:
     """Model standard and tiled attention for ``shape`` on ``hw``.
 
-    The tiled configs default to the first table entry that fits the device's
-    shared memory per block; ``l2_reuse`` switches the L2 reuse model on
-    (DRAM bytes) -- the no-reuse tile-load count is always included too."""
+    The tiled configs (``fwd_config``, ``bwd_config`` for the dK/dV kernel,
+    ``dq_config`` for the dQ kernel) default to the first entry of each
+    kernel's table that fits the device's shared memory per block;
+    ``l2_reuse`` switches the L2 reuse model on (DRAM bytes) -- the no-reuse
+    tile-load count is always included too."""
     cache = cache_model(hw, basis) if l2_reuse else None
     smem = hw.get_int("smem_per_block", basis)
     l2 = cache.l2_bytes if cache else None
+    from .io import _resolve_configs  # the same resolution tiled_traffic uses
+    fc, bc, qc = _resolve_configs(shape, fwd_config, bwd_config, smem, dq_config)
     std = standard_traffic(shape, fusion=fusion, l2_bytes=l2)
-    til = tiled_traffic(shape, fwd_config=fwd_config, bwd_config=bwd_config, cache=cache, smem_per_block=smem)
-    raw = tiled_traffic(shape, fwd_config=fwd_config, bwd_config=bwd_config, cache=None, smem_per_block=smem)
-    fcfg, bcfg = til.params["fwd_config"], til.params["bwd_config"]
-    from .io import _resolve_configs  # the same resolution tiled_traffic used
-    fc, bc = _resolve_configs(shape, fwd_config, bwd_config, smem)
-    assert fc.name == fcfg and bc.name == bcfg
+    til = tiled_traffic(shape, fwd_config=fc, bwd_config=bc, dq_config=qc, cache=cache)
+    raw = tiled_traffic(shape, fwd_config=fc, bwd_config=bc, dq_config=qc, cache=None)
     return Comparison(
         shape=shape, hardware=hw, basis=basis, fusion=fusion, standard=std, tiled=til, tiled_no_cache=raw,
-        flops=flop_breakdown(shape, fc, bc),
+        flops=flop_breakdown(shape, fc, bc, qc),
         standard_pred=predict(std, hw, basis=basis), tiled_pred=predict(til, hw, basis=basis),
         standard_memory=resident_memory(shape, "standard", fusion), tiled_memory=resident_memory(shape, "tiled"),
     )

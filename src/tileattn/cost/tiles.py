@@ -1,9 +1,12 @@
 """Tile-shape solver: which (BLOCK_M, BLOCK_N) fit in shared memory, and what
-HBM traffic each implies.
+HBM traffic each implies, for each of the three tiled kernels.
 
-Feasibility uses the kernels' own shared-memory estimators
-(:func:`tileattn.configs.fwd_smem_bytes` / :func:`~tileattn.configs.bwd_smem_bytes`),
-so the solver and the launcher agree on what fits.
+The kernels are the forward (``fwd``), the backward dK/dV kernel (``dkdv``,
+one program per key block) and the backward dQ kernel (``dq``, one program
+per query block).  Each has its own config table in :mod:`tileattn.configs`
+(``FWD_CONFIGS``, ``DKDV_CONFIGS``, ``DQ_CONFIGS``) and its own
+shared-memory estimator (``SMEM_ESTIMATORS``); feasibility here uses the
+same estimators, so the solver and the launcher agree on what fits.
 
 Why SMEM, not the IO bound, limits BLOCK_N: the forward reads K and V once
 per query block, so its traffic falls with BLOCK_M (the rows kept on chip)
@@ -12,27 +15,31 @@ and does not depend on BLOCK_N at all.  BLOCK_N only sets how much of K/V
 sizing ``B_c = ceil(M / 4d)`` counts one K and one V tile; with
 ``num_stages`` buffers and the S tile the largest BLOCK_N that fits is
 smaller, and it is that bound, not the asymptotic analysis, that decides it.
+The dQ kernel is the forward's mirror image (K/V streamed per query block);
+the dK/dV kernel swaps the roles: K/V stay resident and Q/dO are streamed
+once per key block, so its traffic falls with BLOCK_N instead.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 
-from ..configs import KernelConfig, bwd_smem_bytes, fwd_candidates, bwd_candidates, fwd_smem_bytes
-from .io import AttentionShape, dtype_bytes, tiled_traffic
+from ..configs import SMEM_ESTIMATORS, KernelConfig, candidates
+from .io import AttentionShape, default_configs, dtype_bytes, tiled_traffic
 
 BLOCK_CHOICES = (16, 32, 64, 128, 256)
+KERNELS = ("fwd", "dkdv", "dq")
 
 
 @dataclasses.dataclass(frozen=True)
 class TileOption:
-    kind: str            # "fwd" or "bwd"
+    kind: str            # "fwd", "dkdv" or "dq"
     block_m: int
     block_n: int
     num_stages: int
     smem_bytes: int
     smem_limit: int
-    hbm_bytes: float | None = None   # DRAM bytes of that kernel phase for the given shape (no L2 reuse)
+    hbm_bytes: float | None = None   # DRAM bytes of that kernel for the given shape (no L2 reuse)
 
     @property
     def fits(self) -> bool:
@@ -50,22 +57,39 @@ def _check(name, v, lo=1):
     return v
 
 
+def _kind(kind: str | None, backward: bool) -> str:
+    """The kernel kind; ``backward=True`` without a kind means the dK/dV kernel."""
+    kind = kind or ("dkdv" if backward else "fwd")
+    if kind not in KERNELS:
+        raise ValueError(f"kind={kind!r} must be one of {', '.join(KERNELS)}")
+    return kind
+
+
+def kernel_bytes(shape: AttentionShape, kind: str, config: KernelConfig) -> float:
+    """DRAM bytes of one tiled kernel (``fwd``, ``dkdv``, ``dq``) at ``config``,
+    every tile load counted (no L2 reuse)."""
+    kw = {"fwd": "fwd_config", "dkdv": "bwd_config", "dq": "dq_config"}[_kind(kind, False)]
+    t = tiled_traffic(shape, backward=kind != "fwd", **{kw: config})
+    return float(sum(p.bytes for p in t.passes if p.kernel == kind))
+
+
 def feasible_tiles(smem_bytes: int, head_dim: int, dtype: str = "bf16", *, backward: bool = False,
                    num_stages: int = 2, choices=BLOCK_CHOICES, shape: AttentionShape | None = None,
-                   include_infeasible: bool = False) -> list[TileOption]:
+                   include_infeasible: bool = False, kind: str | None = None) -> list[TileOption]:
     """All (BLOCK_M, BLOCK_N) from ``choices`` whose shared-memory estimate fits
-    ``smem_bytes`` (per block), for the forward or the backward (dK/dV)
-    program at ``num_stages`` pipeline stages.  With ``shape`` each option
-    carries the HBM bytes of that phase without L2 reuse (the textbook count
-    that the tile shape controls).  Sorted by bytes, then by larger tiles."""
+    ``smem_bytes`` (per block) for one kernel at ``num_stages`` pipeline
+    stages: ``kind`` is ``"fwd"``, ``"dkdv"`` or ``"dq"`` (``backward=True``
+    alone means ``"dkdv"``).  With ``shape`` each option carries the HBM
+    bytes of that kernel without L2 reuse (the textbook count that the tile
+    shape controls).  Sorted by bytes, then by larger tiles."""
     _check("smem_bytes", smem_bytes)
     _check("head_dim", head_dim)
     if head_dim > 256:
         raise ValueError(f"head_dim={head_dim} exceeds 256")
     _check("num_stages", num_stages)
     e = dtype_bytes(dtype)
-    est = bwd_smem_bytes if backward else fwd_smem_bytes
-    kind = "bwd" if backward else "fwd"
+    kind = _kind(kind, backward)
+    est = SMEM_ESTIMATORS[kind]
     out = []
     for bm in choices:
         for bn in choices:
@@ -74,20 +98,18 @@ def feasible_tiles(smem_bytes: int, head_dim: int, dtype: str = "bf16", *, backw
                 continue
             hbm = None
             if shape is not None:
-                cfg = KernelConfig(bm, bn, 4, num_stages, "solver")
-                kw = {"bwd_config": cfg} if backward else {"fwd_config": cfg}
-                t = tiled_traffic(shape, backward=backward, **kw)
-                hbm = t.bytes(kind)
+                hbm = kernel_bytes(shape, kind, KernelConfig(bm, bn, 4, num_stages, "solver"))
             out.append(TileOption(kind, bm, bn, num_stages, need, smem_bytes, hbm))
     out.sort(key=lambda o: (o.hbm_bytes if o.hbm_bytes is not None else 0.0, -o.block_m * o.block_n))
     return out
 
 
 def max_block_n(smem_bytes: int, head_dim: int, dtype: str = "bf16", *, block_m: int = 128,
-                num_stages: int = 2, backward: bool = False, choices=BLOCK_CHOICES) -> int | None:
+                num_stages: int = 2, backward: bool = False, choices=BLOCK_CHOICES,
+                kind: str | None = None) -> int | None:
     """Largest BLOCK_N from ``choices`` that fits next to a BLOCK_M-row tile (None if none)."""
     e = dtype_bytes(dtype)
-    est = bwd_smem_bytes if backward else fwd_smem_bytes
+    est = SMEM_ESTIMATORS[_kind(kind, backward)]
     ok = [bn for bn in choices if est(block_m, bn, head_dim, e, num_stages) <= smem_bytes]
     return max(ok) if ok else None
 
@@ -101,12 +123,19 @@ def paper_block_sizes(smem_bytes: int, head_dim: int, dtype: str = "bf16") -> tu
 
 
 def table_configs_check(smem_bytes: int, head_dim: int, dtype: str = "bf16") -> list[tuple[str, KernelConfig, bool]]:
-    """Each config of the kernels' table for ``head_dim`` with whether the
-    solver (same estimator) finds it feasible at ``smem_bytes``."""
+    """Each config of the kernels' tables for ``head_dim`` -- forward, dK/dV,
+    dQ, in table order -- with whether it fits ``smem_bytes`` under that
+    kernel's estimator (the solver's test)."""
     e = dtype_bytes(dtype)
     out = []
-    for c in fwd_candidates(head_dim):
-        out.append(("fwd", c, fwd_smem_bytes(c.block_m, c.block_n, head_dim, e, c.num_stages) <= smem_bytes))
-    for c in bwd_candidates(head_dim):
-        out.append(("bwd", c, bwd_smem_bytes(c.block_m, c.block_n, head_dim, e, c.num_stages) <= smem_bytes))
+    for kind in KERNELS:
+        est = SMEM_ESTIMATORS[kind]
+        for c in candidates(kind, head_dim):
+            out.append((kind, c, est(c.block_m, c.block_n, head_dim, e, c.num_stages) <= smem_bytes))
     return out
+
+
+def chosen_configs(smem_bytes: int, head_dim: int, dtype: str = "bf16") -> dict[str, KernelConfig]:
+    """The config each kernel runs with autotuning off: the first of its table
+    that fits ``smem_bytes`` (``{"fwd": ..., "dkdv": ..., "dq": ...}``)."""
+    return default_configs(head_dim, dtype_bytes(dtype), smem_bytes)._asdict()

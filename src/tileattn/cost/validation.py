@@ -11,6 +11,13 @@ A results file (written by ``benchmarks/measure_bytes.py``) is JSON::
                "kernel_names": [...], "gpu_time_ms": ..., "time_ms": ...,
                "predicted_bytes": ..., "ratio": ...}, ...]}
 
+A row may carry ``measured_total_bytes`` (read + write) instead of the two
+separate counts, e.g. when it was transcribed from a printed log; ``source``
+then says where it came from.  Rows with empty ``configs`` ran with
+autotuning off, i.e. with the first config of each kernel's table that fits
+the device (:func:`tileattn.cost.io.default_configs`), which is what the
+prediction assumes for them.
+
 The prediction is always recomputed from the shape (``predicted_bytes`` in
 the file is informational), so a change to the model is checked against the
 measurements, not against its own earlier output.
@@ -94,15 +101,24 @@ def row_label(row: dict) -> str:
     return f"{name}-{row.get('impl')}-{row.get('mode')}"
 
 
+def measured_bytes(row: dict) -> float:
+    """Measured DRAM bytes of a row: read + write, or ``measured_total_bytes``."""
+    if row.get("measured_read_bytes") is not None and row.get("measured_write_bytes") is not None:
+        return float(row["measured_read_bytes"]) + float(row["measured_write_bytes"])
+    if row.get("measured_total_bytes") is not None:
+        return float(row["measured_total_bytes"])
+    raise KeyError(f"{row_label(row)}: no measured_read_bytes/measured_write_bytes or measured_total_bytes")
+
+
 def check_row(row: dict, hardware: str | None = None, tolerance: float = DEFAULT_TOLERANCE) -> RowCheck:
-    measured = float(row["measured_read_bytes"]) + float(row["measured_write_bytes"])
+    measured = measured_bytes(row)
     if measured <= 0:
         raise ValueError(f"{row_label(row)}: measured bytes must be positive")
     return RowCheck(row_label(row), measured, predict_row(row, hardware), tolerance)
 
 
 def load_rows(path=MEASURED_H200) -> tuple[str | None, list[dict]]:
-    """(hardware name, rows) of a results file; ``([], None)`` if it does not exist."""
+    """(hardware name, rows) of a results file; ``(None, [])`` if it does not exist."""
     p = Path(path)
     if not p.is_file():
         return None, []
@@ -110,3 +126,29 @@ def load_rows(path=MEASURED_H200) -> tuple[str | None, list[dict]]:
     if isinstance(data, list):
         return None, data
     return data.get("hardware"), list(data.get("rows", []))
+
+
+def _shape_text(row: dict) -> str:
+    kv = f", {row['kv_heads']} kv" if row.get("kv_heads") not in (None, row.get("heads")) else ""
+    return (f"{row.get('shape_name', '')} (B={row['batch']}, H={row['heads']}{kv}, N={row['seqlen_q']}, "
+            f"d={row['head_dim']}{', causal' if row.get('causal') else ''})")
+
+
+def markdown_table(path=MEASURED_H200, hardware: str | None = None) -> str:
+    """Measured against model bytes for every row of a results file, as a
+    Markdown table (the one in ``docs/io-model.md``)."""
+    hw, rows = load_rows(path)
+    lines = ["| shape | impl | mode | measured GB | model GB | measured / model |",
+             "| --- | --- | --- | ---: | ---: | ---: |"]
+    for row in rows:
+        chk = check_row(row, hardware or hw)
+        mode = "fwd+bwd" if row.get("mode") == "fwdbwd" else row.get("mode")
+        lines.append(f"| {_shape_text(row)} | {row.get('impl')} | {mode} | {chk.measured / 1e9:.3f} | "
+                     f"{chk.predicted / 1e9:.3f} | {chk.ratio:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m tileattn.cost.validation [results.json]
+    import sys
+
+    print(markdown_table(sys.argv[1] if len(sys.argv) > 1 else MEASURED_H200), end="")
