@@ -13,7 +13,7 @@ def test_help_lists_subcommands(capsys):
     except SystemExit as e:
         assert e.code == 0
     out = capsys.readouterr().out
-    for name in ("demo", "io", "roofline", "report", "calibrate"):
+    for name in ("demo", "bench", "io", "roofline", "report", "calibrate"):
         assert name in out
 
 

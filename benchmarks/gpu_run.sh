@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call: environment, the test suite on the GPU, the side-by-side
-# comparison.  Logs land in $OUT (or ./out).  Usage: bash benchmarks/gpu_session.sh [tests|bench|all]
+# One GPU run: environment, the test suite on the GPU, the side-by-side
+# comparison.  Logs land in $OUT if set, else ./out.  Usage: bash benchmarks/gpu_run.sh [tests|bench|all]
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src TILEATTN_SKIP_BROWSER=1
