@@ -27,6 +27,7 @@ MAX_GRID_YZ = 65535
 # Tests set this to run the portable pointer path where TMA would be used.
 FORCE_POINTER_PATH = False
 _scratch_device = None
+_allocator_installed = False
 
 
 def _tma_scratch(size: int, alignment: int, stream):
@@ -34,18 +35,21 @@ def _tma_scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device=_scratch_device)
 
 
+@functools.lru_cache(maxsize=None)
+def _has_tma(device_index: int) -> bool:
+    return torch.version.hip is None and torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
 def use_tma(*tensors: torch.Tensor) -> bool:
     """Whether the kernels load tiles through tensor descriptors (the Hopper
     copy engine; also runs under the interpreter).  Needs unit stride on the
     head dim and 16-byte aligned base and strides; otherwise the portable
     pointer path runs."""
-    global _scratch_device
+    global _scratch_device, _allocator_installed
     if FORCE_POINTER_PATH:
         return False
     if not configs.interpreter_active():
-        if not tensors[0].is_cuda or torch.version.hip is not None:
-            return False
-        if torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+        if not tensors[0].is_cuda or not _has_tma(tensors[0].device.index or 0):
             return False
         # fp32 runs IEEE products on CUDA cores, where the compiler's pipeliner
         # rejected descriptor loads (triton 3.6, sm_90): keep fp32 on pointers
@@ -60,7 +64,9 @@ def use_tma(*tensors: torch.Tensor) -> bool:
                if n > 1 or i == t.dim() - 2):
             return False
     _scratch_device = tensors[0].device
-    triton.set_allocator(_tma_scratch)
+    if not _allocator_installed:
+        triton.set_allocator(_tma_scratch)
+        _allocator_installed = True
     return True
 
 
