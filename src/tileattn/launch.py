@@ -27,7 +27,6 @@ MAX_GRID_YZ = 65535
 # Tests set this to run the portable pointer path where TMA would be used.
 FORCE_POINTER_PATH = False
 _scratch_device = None
-_allocator_installed = False
 
 
 def _tma_scratch(size: int, alignment: int, stream):
@@ -45,7 +44,7 @@ def use_tma(*tensors: torch.Tensor) -> bool:
     copy engine; also runs under the interpreter).  Needs unit stride on the
     head dim and 16-byte aligned base and strides; otherwise the portable
     pointer path runs."""
-    global _scratch_device, _allocator_installed
+    global _scratch_device
     if FORCE_POINTER_PATH:
         return False
     if not configs.interpreter_active():
@@ -64,9 +63,9 @@ def use_tma(*tensors: torch.Tensor) -> bool:
                if n > 1 or i == t.dim() - 2):
             return False
     _scratch_device = tensors[0].device
-    if not _allocator_installed:
-        triton.set_allocator(_tma_scratch)
-        _allocator_installed = True
+    # Triton keeps the allocator in a context variable, i.e. per thread:
+    # autograd runs the backward on its own thread, so set it on every call
+    triton.set_allocator(_tma_scratch)
     return True
 
 
