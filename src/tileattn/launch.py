@@ -26,12 +26,15 @@ MAX_GRID_YZ = 65535
 
 # Tests set this to run the portable pointer path where TMA would be used.
 FORCE_POINTER_PATH = False
-_scratch_device = None
 
 
-def _tma_scratch(size: int, alignment: int, stream):
-    """Global scratch the kernels' in-kernel tensor descriptors live in."""
-    return torch.empty(size, dtype=torch.int8, device=_scratch_device)
+@functools.lru_cache(maxsize=None)
+def _tma_scratch(device: torch.device):
+    """The allocator for the global scratch that in-kernel tensor descriptors
+    live in, on ``device`` (one function object per device)."""
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, dtype=torch.int8, device=device)
+    return alloc
 
 
 @functools.lru_cache(maxsize=None)
@@ -44,7 +47,6 @@ def use_tma(*tensors: torch.Tensor) -> bool:
     copy engine; also runs under the interpreter).  Needs unit stride on the
     head dim and 16-byte aligned base and strides; otherwise the portable
     pointer path runs."""
-    global _scratch_device
     if FORCE_POINTER_PATH:
         return False
     if not configs.interpreter_active():
@@ -62,10 +64,9 @@ def use_tma(*tensors: torch.Tensor) -> bool:
         if any((st * elem) % 16 for i, (st, n) in enumerate(zip(t.stride()[:-1], t.shape[:-1]))
                if n > 1 or i == t.dim() - 2):
             return False
-    _scratch_device = tensors[0].device
     # Triton keeps the allocator in a context variable, i.e. per thread:
     # autograd runs the backward on its own thread, so set it on every call
-    triton.set_allocator(_tma_scratch)
+    triton.set_allocator(_tma_scratch(tensors[0].device))
     return True
 
 
