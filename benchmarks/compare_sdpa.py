@@ -1,4 +1,7 @@
-"""tileattn beside PyTorch SDPA's backends and standard attention, one process,
+"""Superseded by ``tileattn bench``; kept because it produced
+docs/results/h200/compare_sdpa_v2.json (the v1 numbers in docs/perf-notes.md).
+
+tileattn beside PyTorch SDPA's backends and standard attention, one process,
 FlashAttention-2 protocol (bf16, 16k tokens: batch = 16384 / N, heads = 2048 / d).
 
     python benchmarks/compare_sdpa.py [--head-dims 64 128] [--seqlens 512 ... 16384] [--out DIR]

@@ -223,18 +223,24 @@ def measured_points(rows, shape: AttentionShape) -> list[dict]:
     return pts
 
 
+def _measured_for(args, comp: Comparison) -> list:
+    """The --measured file's points for this shape ([] without the option);
+    ValueError for a file that cannot be read."""
+    if not args.measured:
+        return []
+    return measured_points(load_measured(args.measured), comp.shape)
+
+
 def cmd_roofline(args) -> int:
     comp, rc = _setup(args)
     if comp is None:
         return rc
-    measured = []
-    if args.measured:
-        try:
-            measured = measured_points(load_measured(args.measured), comp.shape)
-        except ValueError as exc:
-            return _err(str(exc))
-        if not measured:
-            print(f"note: no row of {args.measured} matches this shape; plotting the model only", file=sys.stderr)
+    try:
+        measured = _measured_for(args, comp)
+    except ValueError as exc:
+        return _err(str(exc))
+    if args.measured and not measured:
+        print(f"note: no row of {args.measured} matches this shape; plotting the model only", file=sys.stderr)
     try:
         from .roofline import plot_roofline
         plot_roofline(comp, args.output, measured=measured)
@@ -248,12 +254,10 @@ def cmd_report(args) -> int:
     comp, rc = _setup(args)
     if comp is None:
         return rc
-    measured = []
-    if args.measured:
-        try:
-            measured = measured_points(load_measured(args.measured), comp.shape)
-        except ValueError as exc:
-            return _err(str(exc))
+    try:
+        measured = _measured_for(args, comp)
+    except ValueError as exc:
+        return _err(str(exc))
     try:
         from .report import write_report
         write_report(comp, args.output, measured=measured)
