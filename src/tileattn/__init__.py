@@ -7,8 +7,9 @@ and a readable tiled one; ``tileattn.cost`` models the FLOPs and bytes of both.
 """
 from . import reference
 from .api import attention
+from .decode import attention_with_kvcache
 from .ops import use_backend
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "reference", "use_backend", "__version__"]
+__all__ = ["attention", "attention_with_kvcache", "reference", "use_backend", "__version__"]

@@ -1,0 +1,329 @@
+"""KV-cache decoding kernels (flash-decoding): split-KV partial attention, the
+combine step, and the in-place append of new keys/values.  Pure
+``@triton.jit`` code, no torch.
+
+``_decode_partial_kernel``: one program per (split, kv head x query block,
+batch).  The query heads that share a kv head are packed into the rows of one
+tile, query-major: packed row r holds query ``r // GROUP_SIZE`` of head
+``kv_head * GROUP_SIZE + r % GROUP_SIZE``, so each K/V byte of the cache is
+read once per kv head, not once per query head.  A batch element's visible
+key range is cut into ``num_programs(0)`` splits of whole BLOCK_N tiles;
+each split runs the online softmax over its tiles and writes a partial output
+with its log-sum-exp.  With one split the partial *is* the result and the
+kernel writes the output directly.
+
+``_decode_combine_kernel`` merges the splits of each row by their lse:
+out = sum_s exp(lse_s - lse) out_s with lse = log sum_s exp(lse_s).
+
+Masks (all bottom-right aligned against n_k, the cache length after the
+append; ``q_pos = i + n_k - N_Q`` is row i's diagonal key):
+key j is visible to row i iff j < n_k, j >= q_pos - WINDOW_LEFT (when
+HAS_LEFT) and j <= q_pos + WINDOW_RIGHT (when HAS_RIGHT; causal is
+WINDOW_RIGHT = 0).  Scores are s = scale * q.k, or softcap * tanh(s / softcap)
+with SOFTCAP, plus -slope * |q_pos - j| with HAS_ALIBI; all kept in log2
+units (scaled by log2(e)) so that every exponential is an exp2.
+
+Cache addressing: a contiguous cache is (B, Hkv, capacity, D); a paged one is
+(num_pages, Hkv, PAGE_SIZE, D) with key j of batch element b in page
+``block_table[b, j // PAGE_SIZE]`` at row ``j % PAGE_SIZE`` (PAGE_SIZE = 0
+marks a contiguous cache).  On the tensor-descriptor (TMA) path both are read
+through a host-built 4-D descriptor, one (BLOCK_N, D) box per tile, indexed
+(batch or page, kv head, row, 0); a paged tile must then lie in one page
+(BLOCK_N divides PAGE_SIZE), otherwise, and on the portable path, rows are
+loaded by pointer with per-row page lookups.  Rows at or past n_k are zeroed
+in the masked tiles: the cache memory there may hold anything.  Page numbers
+are clamped into range so that an unchecked bad table can never address
+memory outside the cache.
+"""
+import triton
+import triton.language as tl
+
+from .common import head_base, load_tile
+
+LN2 = tl.constexpr(0.6931471805599453)
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _tanh(x):
+    # saturating: exp2 overflow gives inf -> 1, underflow gives 0 -> -1
+    e = tl.math.exp2(x * (2.0 * LOG2E))
+    return 1.0 - 2.0 / (e + 1.0)
+
+
+@triton.jit
+def _kv_tile(desc, base, bt_row, start_n, n_k, num_pages, off_b, off_hk,
+             stride_b, stride_h, stride_n, stride_d, stride_tn,
+             BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+             PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr):
+    """Keys (or values) [start_n, start_n + BLOCK_N) of one (batch, kv head),
+    zero at and past n_k when MASKED (MASKED=False: the whole tile is < n_k)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    in_seq = offs_n < n_k
+    if USE_TMA and PAGE_SIZE % BLOCK_N == 0:
+        if PAGE_SIZE > 0:
+            # the tile lies in one page: one page lookup, one box
+            page = tl.load(bt_row + (start_n // PAGE_SIZE) * stride_tn)
+            page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+            x = desc.load([page, off_hk, start_n % PAGE_SIZE, 0])
+        else:
+            x = desc.load([off_b, off_hk, start_n, 0])
+        # the (1, 1, BLOCK_N, BLOCK_D) box is rank-reduced: no data movement
+        x = x.reshape([BLOCK_N, BLOCK_D])
+        if MASKED:
+            x = tl.where(in_seq[:, None], x, 0.0)
+    else:
+        offs_d = tl.arange(0, BLOCK_D)
+        if PAGE_SIZE > 0:
+            if MASKED:
+                pages = tl.load(bt_row + (offs_n // PAGE_SIZE) * stride_tn, mask=in_seq, other=0)
+            else:
+                pages = tl.load(bt_row + (offs_n // PAGE_SIZE) * stride_tn)
+            pages = tl.minimum(tl.maximum(pages, 0), num_pages - 1)
+            rows = pages.to(tl.int64) * stride_b + (offs_n % PAGE_SIZE) * stride_n
+        else:
+            rows = off_b.to(tl.int64) * stride_b + offs_n * stride_n
+        ptrs = base + off_hk.to(tl.int64) * stride_h + (rows[:, None] + offs_d[None, :] * stride_d)
+        x = load_tile(ptrs, in_seq, offs_d < HEAD_DIM, MASKED, HEAD_DIM != BLOCK_D)
+    return x
+
+
+@triton.jit
+def _decode_inner(acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
+                  lo, hi, n_k, num_pages, off_b, off_hk, qk_scale, softcap_scale, softcap_log2,
+                  window_left, window_right,
+                  stride_kb, stride_kh, stride_kn, stride_kd,
+                  stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  PAGE_SIZE: tl.constexpr,
+                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+                  HAS_ALIBI: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  USE_TMA: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _kv_tile(K_DESC, K, bt_row, start_n, n_k, num_pages, off_b, off_hk,
+                     stride_kb, stride_kh, stride_kn, stride_kd, stride_tn,
+                     BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, MASKED, USE_TMA)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if SOFTCAP:
+            s = softcap_log2 * _tanh(qk * softcap_scale)
+        else:
+            s = qk * qk_scale
+        if HAS_ALIBI:
+            s = s - slopes[:, None] * tl.abs(q_pos[:, None] - offs_n[None, :]).to(tl.float32)
+        if MASKED:
+            visible = (offs_n < n_k)[None, :]
+            if HAS_LEFT:
+                visible = visible & (offs_n[None, :] >= q_pos[:, None] - window_left)
+            if HAS_RIGHT:
+                visible = visible & (offs_n[None, :] <= q_pos[:, None] + window_right)
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASKED:
+            # a row with nothing visible yet keeps m = -inf: subtract 0 instead
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_ref = m_new
+        p = tl.math.exp2(s - m_ref[:, None])
+        alpha = tl.math.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _kv_tile(V_DESC, V, bt_row, start_n, n_k, num_pages, off_b, off_hk,
+                     stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
+                     BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, MASKED, USE_TMA)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _decode_partial_kernel(
+    Q, K, V, K_DESC, V_DESC, SEQLENS, BLOCK_TABLE, SLOPES, O, LSE,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_tb, stride_tn,
+    stride_sb, stride_sh,
+    stride_ob, stride_oh, stride_on, stride_os, stride_od,
+    stride_lb, stride_lh, stride_ln, stride_ls,
+    N_Q, N_NEW, N_KV_HEADS, GROUP_SIZE, CAPACITY, NUM_PAGES,
+    qk_scale, softcap_scale, softcap_log2, window_left, window_right,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    split = tl.program_id(0)
+    num_splits = tl.num_programs(0)
+    off_hk = tl.program_id(1) % N_KV_HEADS
+    m_block = tl.program_id(1) // N_KV_HEADS
+    off_b = tl.program_id(2)
+
+    # packed rows: query-major, the GROUP_SIZE heads of one query side by side
+    rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < GROUP_SIZE * N_Q
+    off_i = rows // GROUP_SIZE
+    off_h = off_hk * GROUP_SIZE + rows % GROUP_SIZE
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+
+    q_ptrs = (Q + off_b.to(tl.int64) * stride_qb
+              + (off_h.to(tl.int64) * stride_qh + off_i * stride_qn)[:, None] + offs_d[None, :] * stride_qd)
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    # cache length after the append (clamped: an unchecked length cannot run past the cache)
+    n_k = tl.minimum(tl.load(SEQLENS + off_b) + N_NEW, CAPACITY)
+    n_k = tl.maximum(n_k, 0)
+    diag = n_k - N_Q
+    q_pos = off_i + diag
+    i_min = (m_block * BLOCK_M) // GROUP_SIZE
+    i_max = tl.minimum((m_block * BLOCK_M + BLOCK_M - 1) // GROUP_SIZE, N_Q - 1)
+
+    # keys visible to some row of the tile [lo_any, hi_any), to every row [lo_all, hi_all)
+    lo_any = 0
+    lo_all = 0
+    hi_any = n_k
+    hi_all = n_k
+    if HAS_LEFT:
+        lo_any = tl.maximum(i_min + diag - window_left, 0)
+        lo_all = tl.maximum(i_max + diag - window_left, 0)
+    if HAS_RIGHT:
+        hi_any = tl.minimum(i_max + diag + window_right + 1, n_k)
+        hi_all = tl.minimum(i_min + diag + window_right + 1, n_k)
+
+    # this split's share of the tiles covering [lo_any, hi_any)
+    first = (lo_any // BLOCK_N) * BLOCK_N
+    n_tiles = tl.maximum(tl.cdiv(hi_any - first, BLOCK_N), 0)
+    tiles_per_split = tl.cdiv(n_tiles, num_splits)
+    start = first + split * tiles_per_split * BLOCK_N
+    end = tl.minimum(start + tiles_per_split * BLOCK_N, hi_any)
+    end = tl.maximum(end, start)
+    # whole tiles inside [lo_all, hi_all) need no mask
+    full_a = tl.minimum(tl.maximum(tl.cdiv(lo_all, BLOCK_N) * BLOCK_N, start), end)
+    full_b = tl.minimum(tl.maximum((hi_all // BLOCK_N) * BLOCK_N, full_a), end)
+
+    bt_row = BLOCK_TABLE + off_b.to(tl.int64) * stride_tb
+
+    if HAS_ALIBI:
+        slopes = tl.load(SLOPES + off_b.to(tl.int64) * stride_sb + off_h * stride_sh, mask=row_ok, other=0.0)
+        slopes = slopes.to(tl.float32) * LOG2E
+    else:
+        slopes = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # masked head (left window edge), unmasked body, masked tail (diagonal, n_k edge)
+    acc, l_i, m_i = _decode_inner(
+        acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
+        start, full_a, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
+        stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
+        HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
+        HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+        MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
+    acc, l_i, m_i = _decode_inner(
+        acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
+        full_a, full_b, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
+        stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
+        HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
+        HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+        MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
+    acc, l_i, m_i = _decode_inner(
+        acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
+        full_b, end, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
+        stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
+        HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
+        HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+        MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
+
+    # rows (or splits) that saw no key: output 0, lse -inf
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
+    row_off = (off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh + off_i * stride_on
+               + split * stride_os)
+    o_ptrs = O + row_off[:, None] + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    l_ptrs = (LSE + off_b.to(tl.int64) * stride_lb + off_h.to(tl.int64) * stride_lh + off_i * stride_ln
+              + split * stride_ls)
+    tl.store(l_ptrs, lse, mask=row_ok)
+
+
+@triton.jit
+def _decode_combine_kernel(
+    O_PART, LSE_PART, O, LSE,
+    stride_ob, stride_oh, stride_on, stride_od,
+    stride_lb, stride_lh, stride_ln,
+    N_ROWS, N_HEADS, N_Q, NUM_SPLITS,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """Rows are (b, h, i) flattened; O_PART is (rows, NUM_SPLITS, HEAD_DIM) and
+    LSE_PART (rows, NUM_SPLITS), both contiguous float32."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < N_ROWS
+    rows64 = rows.to(tl.int64)
+    splits = tl.arange(0, BLOCK_S)
+    lse_all = tl.load(LSE_PART + rows64[:, None] * NUM_SPLITS + splits[None, :],
+                      mask=row_ok[:, None] & (splits < NUM_SPLITS)[None, :], other=float("-inf"))
+    m = tl.max(lse_all, 1)
+    m_ref = tl.where(m == float("-inf"), 0.0, m)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    total = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for s in range(0, NUM_SPLITS):
+        lse_s = tl.load(LSE_PART + rows64 * NUM_SPLITS + s, mask=row_ok, other=float("-inf"))
+        w = tl.math.exp2((lse_s - m_ref) * LOG2E)
+        o_s = tl.load(O_PART + (rows64 * NUM_SPLITS + s)[:, None] * HEAD_DIM + offs_d[None, :],
+                      mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        acc += w[:, None] * o_s
+        total += w
+    empty = total == 0.0
+    t_safe = tl.where(empty, 1.0, total)
+    out = acc / t_safe[:, None]
+    lse = tl.where(empty, float("-inf"), m_ref + tl.log(t_safe))
+    off_b = rows64 // (N_HEADS * N_Q)
+    off_h = (rows64 // N_Q) % N_HEADS
+    off_i = rows64 % N_Q
+    o_ptrs = O + (off_b * stride_ob + off_h * stride_oh + off_i * stride_on)[:, None] + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + off_b * stride_lb + off_h * stride_lh + off_i * stride_ln, lse, mask=row_ok)
+
+
+@triton.jit
+def _append_kv_kernel(
+    K_NEW, V_NEW, K, V, SEQLENS, BLOCK_TABLE,
+    stride_knb, stride_knh, stride_knn, stride_knd,
+    stride_vnb, stride_vnh, stride_vnn, stride_vnd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_tb, stride_tn,
+    N_NEW, CAPACITY, NUM_PAGES,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+):
+    """Rows t of k_new/v_new[b, h] go to cache position cache_seqlens[b] + t."""
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    off_h = tl.program_id(1)
+    off_b = tl.program_id(2)
+    pos = tl.load(SEQLENS + off_b) + t
+    ok = (t < N_NEW) & (pos >= 0) & (pos < CAPACITY)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    if PAGE_SIZE > 0:
+        page = tl.load(BLOCK_TABLE + off_b.to(tl.int64) * stride_tb + (pos // PAGE_SIZE) * stride_tn,
+                       mask=ok, other=0)
+        page = tl.minimum(tl.maximum(page, 0), NUM_PAGES - 1).to(tl.int64)
+        k_rows = page * stride_kb + (pos % PAGE_SIZE) * stride_kn
+        v_rows = page * stride_vb + (pos % PAGE_SIZE) * stride_vn
+    else:
+        k_rows = off_b.to(tl.int64) * stride_kb + pos * stride_kn
+        v_rows = off_b.to(tl.int64) * stride_vb + pos * stride_vn
+    k_dst = K + off_h.to(tl.int64) * stride_kh + k_rows[:, None] + offs_d[None, :] * stride_kd
+    v_dst = V + off_h.to(tl.int64) * stride_vh + v_rows[:, None] + offs_d[None, :] * stride_vd
+    k_src = head_base(K_NEW, off_b, off_h, stride_knb, stride_knh) + t[:, None] * stride_knn + offs_d[None, :] * stride_knd
+    v_src = head_base(V_NEW, off_b, off_h, stride_vnb, stride_vnh) + t[:, None] * stride_vnn + offs_d[None, :] * stride_vnd
+    tl.store(k_dst, tl.load(k_src, mask=mask), mask=mask)
+    tl.store(v_dst, tl.load(v_src, mask=mask), mask=mask)

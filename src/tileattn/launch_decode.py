@@ -1,0 +1,281 @@
+"""Launchers for the KV-cache decoding kernels (``kernels/decode.py``):
+allocate outputs, pick the config and the split count, compute the grid and
+call the kernels by keyword.  No validation here (``decode.py`` validates
+before anything reaches this module).
+
+Split count (``num_splits=0``), :func:`choose_num_splits`:
+
+* ``base`` = programs per split = batch x kv heads x query blocks.
+* The GPU should hold at least ``PROGRAMS_PER_SM`` (2) programs per SM, so
+  that one program's memory stalls overlap another's: ``slots = 2 x SMs``.
+* A split count ``s`` fills ``base * s / slots`` waves; its efficiency is
+  that over the next whole number of waves (the last wave partly idle).
+* Each split keeps at least ``MIN_KEYS_PER_SPLIT`` (256) keys of the cache
+  capacity, and there are at most ``MAX_SPLITS`` (64): short caches gain
+  nothing from splitting and each split costs a partial output and a term of
+  the combine.
+* The smallest ``s`` whose efficiency is within 5% of the best allowed one
+  wins.  E.g. B=16, Hkv=8, Nq*group <= 64 on 132 SMs: base 128, s=2 fills
+  256 of 264 slots (97%); B=1, Hkv=8 at 32k keys: s=33 (264 programs).
+
+The rule uses the cache *capacity* (contiguous: its max_seqlen; paged:
+max_blocks x page_size), not the actual lengths, so the host never waits for
+the GPU and the call can be captured in a CUDA graph.  The key range of each
+batch element is divided evenly between the splits in the kernel.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+
+import torch
+import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from . import configs, launch
+from .kernels.decode import _append_kv_kernel, _decode_combine_kernel, _decode_partial_kernel
+
+LOG2E = 1.4426950408889634
+
+PROGRAMS_PER_SM = 2
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLITS = 64
+_EFFICIENCY_SLACK = 0.95
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """Key tile, warps and pipeline depth of the partial kernel (BLOCK_M, the
+    packed query rows, follows from the group size and Nq)."""
+    block_n: int
+    num_warps: int
+    num_stages: int
+    source: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"N{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+
+
+_U = "untuned: chosen for H200 bandwidth (K+V stage >= 16 KB, >= 2 programs/SM), to be measured"
+
+# Autotuning candidates on a GPU (the first that fits is the choice with
+# TILEATTN_AUTOTUNE=0).  A stage holds a K and a V tile: 2 x BLOCK_N x D x elem.
+DECODE_CONFIGS: tuple[DecodeConfig, ...] = (
+    DecodeConfig(64, 4, 3, _U),
+    DecodeConfig(128, 4, 3, _U),
+    DecodeConfig(64, 4, 4, _U),
+    DecodeConfig(128, 8, 2, _U),
+    DecodeConfig(32, 4, 4, _U),
+    DecodeConfig(16, 4, 4, "small tiles for head dim 256 in float32"),
+)
+INTERPRETER_CONFIG = DecodeConfig(16, 4, 1, "interpreter: the smallest tile tl.dot accepts")
+
+# query rows packed per program: group size x Nq, padded to >= 16 for tl.dot
+MAX_BLOCK_M = 64
+# combine: rows per program
+_COMBINE_ROWS = 16
+# append: new rows per program
+_APPEND_ROWS = 16
+
+
+def decode_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
+    """Shared memory of a partial program: the Q tile and K, V tiles
+    buffered ``num_stages`` deep."""
+    d = configs.block_d(head_dim)
+    return elem_bytes * d * (block_m + 2 * num_stages * block_n) + 2048
+
+
+def block_m_for(group_size: int, n_q: int) -> int:
+    rows = group_size * n_q
+    return min(MAX_BLOCK_M, max(16, 1 << (rows - 1).bit_length()))
+
+
+def choose_num_splits(programs_per_split: int, capacity: int, num_sms: int,
+                      programs_per_sm: int = PROGRAMS_PER_SM, min_keys: int = MIN_KEYS_PER_SPLIT,
+                      max_splits: int = MAX_SPLITS) -> int:
+    """The split count for ``num_splits=0`` (the rule is in this module's docstring)."""
+    if programs_per_split <= 0 or capacity <= 0:
+        return 1
+    limit = max(1, min(max_splits, capacity // min_keys))
+    slots = max(1, num_sms * programs_per_sm)
+
+    def efficiency(s: int) -> float:
+        waves = programs_per_split * s / slots
+        return waves / math.ceil(waves)
+
+    best = max(efficiency(s) for s in range(1, limit + 1))
+    return next(s for s in range(1, limit + 1) if efficiency(s) >= _EFFICIENCY_SLACK * best)
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _device_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return 1  # the interpreter runs programs one after another
+
+
+def _prune(configs_in, named_args, **kwargs):
+    args = {**named_args, **kwargs}
+    limit = launch._smem_limit(args["Q"].device)
+    elem = args["K"].element_size()
+    page = args["PAGE_SIZE"]
+    keep = []
+    for c in configs_in:
+        bn = c.kwargs["BLOCK_N"]
+        if page % bn and page >= bn:
+            continue  # a tile across a page boundary: page lookups per row for nothing
+        if decode_smem_bytes(args["BLOCK_M"], bn, args["HEAD_DIM"], elem, c.num_stages) <= limit:
+            keep.append(c)
+    return keep or [min(configs_in, key=lambda c: c.kwargs["BLOCK_N"] * c.num_stages)]
+
+
+_TUNE_KEY = ["HEAD_DIM", "BLOCK_M", "PAGE_SIZE", "USE_TMA", "DOT_PRECISION", "SOFTCAP", "HAS_ALIBI"]
+
+
+def _set_boxes(args) -> None:
+    """Give the K/V descriptors the (1, 1, BLOCK_N, BLOCK_D) box of the config."""
+    if args["USE_TMA"]:
+        for name in ("K_DESC", "V_DESC"):
+            args[name].block_shape = [1, 1, args["BLOCK_N"], args["BLOCK_D"]]
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned_partial():
+    cfgs = [triton.Config({"BLOCK_N": c.block_n}, num_warps=c.num_warps, num_stages=c.num_stages,
+                          pre_hook=_set_boxes)
+            for c in DECODE_CONFIGS]
+    return triton.autotune(configs=cfgs, key=_TUNE_KEY,
+                           prune_configs_by={"early_config_prune": _prune})(_decode_partial_kernel)
+
+
+def _first_fitting(block_m: int, head_dim: int, elem: int, page_size: int, device: torch.device) -> DecodeConfig:
+    limit = launch._smem_limit(device)
+    for c in DECODE_CONFIGS:
+        if page_size % c.block_n and page_size >= c.block_n:
+            continue
+        if decode_smem_bytes(block_m, c.block_n, head_dim, elem, c.num_stages) <= limit:
+            return c
+    return DECODE_CONFIGS[-1]
+
+
+def _empty(shape, dtype, device, like=None) -> torch.Tensor:
+    out = torch.empty_like(like) if like is not None else torch.empty(shape, dtype=dtype, device=device)
+    if launch.POISON_OUTPUTS:
+        out.fill_(float("nan"))
+    return out
+
+
+def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity: int) -> None:
+    """In-place append of k_new/v_new at cache_seqlens (one launch for K and V)."""
+    b, hkv, n_new, d = k_new.shape
+    if b == 0 or n_new == 0:
+        return
+    paged = block_table is not None
+    bt = block_table if paged else cache_seqlens
+    grid = (triton.cdiv(n_new, _APPEND_ROWS), hkv, b)
+    _append_kv_kernel[grid](
+        K_NEW=k_new, V_NEW=v_new, K=k_cache, V=v_cache, SEQLENS=cache_seqlens, BLOCK_TABLE=bt,
+        **launch._strides4(k_new, "kn"), **launch._strides4(v_new, "vn"),
+        **launch._strides4(k_cache, "k"), **launch._strides4(v_cache, "v"),
+        stride_tb=bt.stride(0) if paged else 0, stride_tn=bt.stride(1) if paged else 0,
+        N_NEW=n_new, CAPACITY=capacity, NUM_PAGES=k_cache.shape[0] if paged else 1,
+        HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_T=_APPEND_ROWS,
+        PAGE_SIZE=k_cache.shape[2] if paged else 0)
+
+
+def _descriptor(t: torch.Tensor) -> TensorDescriptor:
+    """A host-built descriptor over a whole 4-D cache; the box is set per
+    config by :func:`_set_boxes`."""
+    elem = t.element_size()
+    # a dim of size 1 is never stepped over: any 16-byte aligned stride will do
+    strides = [st if (n > 1 or i == t.dim() - 2) else 16 // elem
+               for i, (st, n) in enumerate(zip(t.stride(), t.shape))]
+    strides[-1] = 1
+    return TensorDescriptor(t, list(t.shape), strides, [1, 1, 16, 16])
+
+
+def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new: int, capacity: int,
+                      scale: float, window=(-1, -1), softcap=None, alibi_slopes=None, num_splits: int = 0,
+                      config: DecodeConfig | None = None):
+    """Split-KV attention over the cache (the append already done).  ``window``
+    has causal folded in (right = 0).  Returns (out like q, lse float32 (B, Hq, Nq))."""
+    b, hq, n_q, d = q.shape
+    hkv = k_cache.shape[1]
+    group = hq // hkv
+    paged = block_table is not None
+    out = _empty(None, None, None, like=q)
+    lse = _empty((b, hq, n_q), torch.float32, q.device)
+    if b == 0 or n_q == 0:
+        return out, lse
+
+    block_m = block_m_for(group, n_q)
+    m_blocks = triton.cdiv(group * n_q, block_m)
+    if num_splits == 0:
+        num_splits = choose_num_splits(b * hkv * m_blocks, capacity, _device_sms(q.device))
+
+    tma = launch.use_tma(k_cache, v_cache)
+    page_size = k_cache.shape[2] if paged else 0
+
+    if num_splits == 1:
+        o_part, l_part = out, lse
+        o_strides = dict(stride_ob=out.stride(0), stride_oh=out.stride(1), stride_on=out.stride(2),
+                         stride_os=0, stride_od=out.stride(3))
+        l_strides = dict(stride_lb=lse.stride(0), stride_lh=lse.stride(1), stride_ln=lse.stride(2), stride_ls=0)
+    else:
+        o_part = _empty((b, hq, n_q, num_splits, d), torch.float32, q.device)
+        l_part = _empty((b, hq, n_q, num_splits), torch.float32, q.device)
+        o_strides = dict(zip(("stride_ob", "stride_oh", "stride_on", "stride_os", "stride_od"), o_part.stride()))
+        l_strides = dict(zip(("stride_lb", "stride_lh", "stride_ln", "stride_ls"), l_part.stride()))
+
+    left, right = window
+    args = dict(
+        Q=q, K=k_cache, V=v_cache,
+        K_DESC=_descriptor(k_cache) if tma else k_cache, V_DESC=_descriptor(v_cache) if tma else v_cache,
+        SEQLENS=cache_seqlens, BLOCK_TABLE=block_table if paged else cache_seqlens,
+        SLOPES=alibi_slopes if alibi_slopes is not None else lse, O=o_part, LSE=l_part,
+        **launch._strides4(q, "q"), **launch._strides4(k_cache, "k"), **launch._strides4(v_cache, "v"),
+        stride_tb=block_table.stride(0) if paged else 0, stride_tn=block_table.stride(1) if paged else 0,
+        stride_sb=(alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0),
+        stride_sh=(alibi_slopes.stride(-1) if alibi_slopes is not None else 0),
+        **o_strides, **l_strides,
+        N_Q=n_q, N_NEW=n_new, N_KV_HEADS=hkv, GROUP_SIZE=group, CAPACITY=capacity,
+        NUM_PAGES=k_cache.shape[0] if paged else 1,
+        qk_scale=scale * LOG2E,
+        softcap_scale=(scale / softcap) if softcap else 1.0,
+        softcap_log2=(softcap * LOG2E) if softcap else 1.0,
+        window_left=max(left, 0), window_right=max(right, 0),
+        HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=block_m,
+        PAGE_SIZE=page_size,
+        HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
+        HAS_ALIBI=alibi_slopes is not None,
+        DOT_PRECISION=launch._dot_precision(q.dtype), USE_TMA=tma,
+    )
+    grid = (num_splits, hkv * m_blocks, b)
+    if config is None and configs.interpreter_active():
+        config = INTERPRETER_CONFIG
+    if config is None and os.environ.get("TILEATTN_AUTOTUNE", "1") == "0":
+        config = _first_fitting(block_m, d, k_cache.element_size(), page_size, q.device)
+    if config is not None:
+        _set_boxes({**args, "BLOCK_N": config.block_n})
+        _decode_partial_kernel[grid](**args, BLOCK_N=config.block_n, num_warps=config.num_warps,
+                                     num_stages=config.num_stages)
+    else:
+        _tuned_partial()[grid](**args)
+
+    if num_splits > 1:
+        n_rows = b * hq * n_q
+        _decode_combine_kernel[(triton.cdiv(n_rows, _COMBINE_ROWS),)](
+            O_PART=o_part, LSE_PART=l_part, O=out, LSE=lse,
+            **launch._strides4(out, "o"),
+            stride_lb=lse.stride(0), stride_lh=lse.stride(1), stride_ln=lse.stride(2),
+            N_ROWS=n_rows, N_HEADS=hq, N_Q=n_q, NUM_SPLITS=num_splits,
+            HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_R=_COMBINE_ROWS,
+            BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+    return out, lse
