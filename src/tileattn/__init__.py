@@ -6,7 +6,8 @@ elsewhere).  ``tileattn.reference`` holds the textbook (materialized) version
 and a readable tiled one; ``tileattn.cost`` models the FLOPs and bytes of both.
 """
 from . import reference
-from .api import attention
+from .api import attention, attention_varlen
+from .block_mask import BLOCK_K, BLOCK_Q, block_mask_from_fn
 from .decode import attention_with_kvcache
 from .ops import use_backend
 

@@ -7,8 +7,9 @@ import numbers
 import torch
 
 from . import ops
+from .block_mask import BLOCK_K, BLOCK_Q, BlockMask
 
-__all__ = ["attention"]
+__all__ = ["attention", "attention_varlen"]
 
 MAX_HEAD_DIM = 256
 _GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -60,6 +61,10 @@ def validate(q, k, v, causal, scale) -> float:
     if on_kernels and (hq > _MAX_GRID_YZ or b > _MAX_GRID_YZ):
         raise ValueError(f"batch ({b}) and query heads ({hq}) must each be at most {_MAX_GRID_YZ} "
                          f"on the GPU path; split the call")
+    return _check_scale(scale, d)
+
+
+def _check_scale(scale, d) -> float:
     if scale is None:
         return 1.0 / math.sqrt(d)
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
@@ -69,7 +74,72 @@ def validate(q, k, v, causal, scale) -> float:
     return float(scale)
 
 
-def attention(q, k, v, *, causal=False, scale=None, return_lse=False):
+def _check_window(window) -> tuple[int, int]:
+    """(left, right) with -1 for an unbounded side."""
+    if window is None:
+        return -1, -1
+    if isinstance(window, torch.Tensor) or not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be None or a pair (left, right) of ints, got {window!r}")
+    out = []
+    for side, w in zip(("left", "right"), window):
+        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
+            raise TypeError(f"window {side} must be an int (-1 = unbounded), got {type(w).__name__}")
+        if w < -1:
+            raise ValueError(f"window {side} must be >= -1 (-1 = unbounded), got {w}")
+        out.append(int(w))
+    return out[0], out[1]
+
+
+def _check_softcap(softcap) -> float:
+    """The softcap as a float, 0.0 meaning off."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a positive real number or None, got {type(softcap).__name__}")
+    c = float(softcap)
+    if not math.isfinite(c) or c < 0:
+        raise ValueError(f"softcap must be a finite number > 0 (or None / 0 for none), got {softcap}")
+    return c
+
+
+def _check_alibi(alibi_slopes, q, batch: int, hq: int):
+    """Slopes as a float32 (float64 for float64 inputs) tensor of shape (Hq,) or (B, Hq)."""
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
+    if not alibi_slopes.is_floating_point():
+        raise TypeError(f"alibi_slopes must be a floating-point tensor, got {alibi_slopes.dtype}")
+    if alibi_slopes.device != q.device:
+        raise ValueError(f"alibi_slopes must be on the device of q ({q.device}), got {alibi_slopes.device}")
+    if tuple(alibi_slopes.shape) not in ((hq,), (batch, hq)):
+        raise ValueError(f"alibi_slopes must have shape ({hq},) or ({batch}, {hq}) (query heads, or batch x "
+                         f"query heads), got {tuple(alibi_slopes.shape)}")
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return alibi_slopes.detach().to(dtype).contiguous()
+
+
+def _check_block_mask(block_mask, q, batch: int, hq: int, n_q: int, n_k: int):
+    if block_mask is None:
+        return None
+    if isinstance(block_mask, BlockMask):
+        block_mask = block_mask.mask
+    if not isinstance(block_mask, torch.Tensor):
+        raise TypeError(f"block_mask must be a bool torch.Tensor or None, got {type(block_mask).__name__}")
+    if block_mask.dtype != torch.bool:
+        raise TypeError(f"block_mask must have dtype torch.bool, got {block_mask.dtype}")
+    if block_mask.device != q.device:
+        raise ValueError(f"block_mask must be on the device of q ({q.device}), got {block_mask.device}")
+    nqb, nkb = -(-n_q // BLOCK_Q), -(-n_k // BLOCK_K)
+    shape = tuple(block_mask.shape)
+    if (len(shape) != 4 or shape[0] not in (1, batch) or shape[1] not in (1, hq) or shape[2:] != (nqb, nkb)):
+        raise ValueError(f"block_mask must have shape (1 or {batch}, 1 or {hq}, {nqb}, {nkb}): (batch, query "
+                         f"heads, ceil(Nq / {BLOCK_Q}), ceil(Nk / {BLOCK_K})), got {shape}")
+    return block_mask
+
+
+def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=None, softcap=None,
+              alibi_slopes=None, block_mask=None):
     """Exact attention, softmax(scale * q k^T) v, computed tile by tile.
 
     Args:
@@ -83,6 +153,21 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False):
         scale: softmax scale, default 1/sqrt(D).
         return_lse: also return the natural-log log-sum-exp of the scaled
             scores, float32 (B, Hq, Nq).  It is differentiable.
+        window: sliding window ``(left, right)``: query i sees key j iff
+            i + Nk - Nq - left <= j <= i + Nk - Nq + right; -1 leaves a side
+            unbounded.  With ``causal`` the right side is 0.  Key tiles
+            outside the window are never visited.
+        softcap: ``c > 0`` caps the scaled scores at c * tanh(s / c) (Gemma 2,
+            Grok); None or 0 for none.
+        alibi_slopes: ALiBi slopes, (Hq,) or (B, Hq) floats: the bias
+            -slope * |i + Nk - Nq - j| is added to the (capped) scaled scores.
+            The slopes are not differentiated.
+        block_mask: block-sparse layout, bool (B or 1, Hq or 1,
+            ceil(Nq / 128), ceil(Nk / 128)) (``tileattn.block_mask.BLOCK_Q``,
+            ``BLOCK_K``), or the result of ``tileattn.block_mask_from_fn``:
+            query block i attends to key block j only where the entry is True;
+            blocks switched off are never loaded or computed.  Combines with
+            ``causal`` and ``window``.
 
     Returns:
         out (B, Hq, Nq, D) in the input dtype, or (out, lse).
@@ -92,7 +177,120 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False):
     algorithm runs.  The backward is deterministic.
     """
     scale = validate(q, k, v, causal, scale)
-    out, lse = ops.attention_fwd(q, k, v, causal, scale)
+    b, hq, n_q, _ = q.shape
+    left, right = _check_window(window)
+    cap = _check_softcap(softcap)
+    slopes = _check_alibi(alibi_slopes, q, b, hq)
+    mask = _check_block_mask(block_mask, q, b, hq, n_q, k.shape[2])
+    if (left, right, cap, slopes, mask) == (-1, -1, 0.0, None, None):
+        out, lse = ops.attention_fwd(q, k, v, causal, scale)
+    else:
+        out, lse = ops.attention_fwd(q, k, v, causal, scale, left, right, cap, slopes, mask)
+    if return_lse:
+        return out, lse.float()
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Packed variable-length sequences
+# ---------------------------------------------------------------------------
+def _check_packed(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 3:
+        raise ValueError(f"{name} must have 3 dimensions (total_tokens, heads, head_dim), "
+                         f"got shape {tuple(t.shape)}")
+
+
+def _check_cu_seqlens(name: str, cu, q) -> None:
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must have dtype torch.int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"{name} must be 1-D with batch + 1 entries, got shape {tuple(cu.shape)}")
+    if cu.device != q.device:
+        raise ValueError(f"{name} must be on the device of q ({q.device}), got {cu.device}")
+
+
+def _check_max_seqlen(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, torch.SymInt)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q: int,
+                            max_seqlen_k: int) -> None:
+    """The value checks of ``attention_varlen``'s cumulative lengths (run by
+    the op itself, before anything is launched: one small device-to-host copy)."""
+    for name, cu, total, max_name, max_len in (
+            ("cu_seqlens_q", cu_seqlens_q, total_q, "max_seqlen_q", max_seqlen_q),
+            ("cu_seqlens_k", cu_seqlens_k, total_k, "max_seqlen_k", max_seqlen_k)):
+        vals = cu.tolist()
+        if vals[0] != 0:
+            raise ValueError(f"{name} must start at 0, got {vals[0]}")
+        lens = [b - a for a, b in zip(vals, vals[1:])]
+        bad = next((i for i, n in enumerate(lens) if n < 0), None)
+        if bad is not None:
+            raise ValueError(f"{name} must be non-decreasing: entry {bad + 1} ({vals[bad + 1]}) < entry {bad} "
+                             f"({vals[bad]})")
+        if vals[-1] != total:
+            raise ValueError(f"{name}[-1] = {vals[-1]} must equal the number of packed tokens ({total})")
+        longest = max(lens, default=0)
+        if longest > max_len:
+            raise ValueError(f"{max_name} = {max_len} is smaller than the longest sequence in {name} "
+                             f"({longest}, sequence {lens.index(longest)})")
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
+                     window=None, softcap=None, alibi_slopes=None, return_lse=False):
+    """Exact attention over packed sequences of different lengths (no padding).
+
+    Sequence b owns query rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` and key
+    rows ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]``; each attends only within
+    itself, with ``causal`` and ``window`` aligned bottom-right per sequence
+    (as in :func:`attention`).  Lengths 0 and 1 are allowed; a query row whose
+    sequence has no keys returns 0 (lse -inf).
+
+    Args:
+        q: (total_q, Hq, D); k, v: (total_k, Hkv, D), Hq a multiple of Hkv.
+        cu_seqlens_q, cu_seqlens_k: int32 (B + 1,) cumulative lengths,
+            starting at 0, non-decreasing, ending at total_q / total_k.
+        max_seqlen_q, max_seqlen_k: ints >= the longest sequence (they size
+            the kernels' grid).
+        causal, scale, window, softcap: as in :func:`attention`.
+        alibi_slopes: (Hq,) or (B, Hq) floats, as in :func:`attention`.
+        return_lse: also return the log-sum-exp, float32 (Hq, total_q).
+
+    Returns:
+        out (total_q, Hq, D), or (out, lse).
+
+    The cumulative lengths are checked (one small device-to-host copy)
+    before anything is launched.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_packed(name, t)
+    # the dense checks on (1, H, total, D) views: dtype, device, heads, head_dim
+    scale = validate(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal, scale)
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q)
+    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q)
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
+                         f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    batch = cu_seqlens_q.numel() - 1
+    hq = q.shape[1]
+    if ops.uses_triton(q) and batch > _MAX_GRID_YZ:
+        raise ValueError(f"the number of sequences ({batch}) must be at most {_MAX_GRID_YZ} on the GPU path; "
+                         f"split the call")
+    left, right = _check_window(window)
+    cap = _check_softcap(softcap)
+    slopes = _check_alibi(alibi_slopes, q, batch, hq)
+    out, lse = ops.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_q), int(max_k), causal, scale,
+                                        left, right, cap, slopes)
     if return_lse:
         return out, lse.float()
     return out

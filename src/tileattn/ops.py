@@ -1,10 +1,17 @@
 """Custom ops and autograd.
 
-``tileattn::attention_fwd`` and ``tileattn::attention_bwd`` are registered with
-``torch.library.custom_op`` (with fake implementations for tracing) so that
-``torch.compile(fullgraph=True)`` sees them as single opaque nodes.  Each op
-dispatches to the Triton kernels (``launch.py``) for tensors on a GPU, and to
-the pure-PyTorch tiled implementation (``reference.py``) otherwise.
+``tileattn::attention_fwd`` / ``attention_bwd`` (dense batches) and
+``tileattn::attention_varlen_fwd`` / ``attention_varlen_bwd`` (packed
+sequences) are registered with ``torch.library.custom_op`` (with fake
+implementations for tracing) so that ``torch.compile(fullgraph=True)`` sees
+them as single opaque nodes.  Each op dispatches to the Triton kernels
+(``launch.py``) for tensors on a GPU, and to the pure-PyTorch tiled
+implementation (``reference.py``) otherwise.
+
+The variants travel as trailing arguments with neutral defaults
+(``window_left = window_right = -1``: unbounded; ``softcap = 0``: none;
+``alibi_slopes``, ``block_mask``: None), so a plain call keeps the schema's
+first five arguments.
 """
 from __future__ import annotations
 
@@ -66,52 +73,168 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
+def _variants(window_left: int, window_right: int, softcap: float, alibi_slopes, block_mask=None) -> dict:
+    """Keyword arguments of the launchers and the reference for the variants
+    that are switched on (none for a plain call)."""
+    kw = {}
+    if (window_left, window_right) != (-1, -1):
+        kw["window"] = (window_left, window_right)
+    if softcap:
+        kw["softcap"] = softcap
+    if alibi_slopes is not None:
+        kw["alibi_slopes"] = alibi_slopes
+    if block_mask is not None:
+        kw["block_mask"] = block_mask
+    return kw
+
+
+# ---------------------------------------------------------------------------
+# Dense batches: q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D)
+# ---------------------------------------------------------------------------
 @torch.library.custom_op("tileattn::attention_fwd", mutates_args=())
-def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, window_left: int = -1,
+                  window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                  block_mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    kw = _variants(window_left, window_right, softcap, alibi_slopes, block_mask)
     if uses_triton(q):
         from . import launch
-        return launch.attn_fwd(q, k, v, causal, scale)
+        return launch.attn_fwd(q, k, v, causal, scale, **kw)
     out, lse = reference.tiled_attention(q, k, v, causal=causal, scale=scale, block_n=_TORCH_BLOCK_N,
-                                           return_lse=True)
+                                         return_lse=True, **kw)
     return _like(q, out), lse.to(_lse_dtype(q)).contiguous()
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, causal, scale):
+def _attention_fwd_fake(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
+                        block_mask=None):
     b, h, n, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, h, n), dtype=_lse_dtype(q))
 
 
 @torch.library.custom_op("tileattn::attention_bwd", mutates_args=())
 def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                  dlse: Optional[Tensor], causal: bool, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+                  dlse: Optional[Tensor], causal: bool, scale: float, window_left: int = -1,
+                  window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                  block_mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+    kw = _variants(window_left, window_right, softcap, alibi_slopes, block_mask)
     if uses_triton(q):
         from . import launch
-        return launch.attn_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse)
+        return launch.attn_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, **kw)
     dq, dk, dv = reference.tiled_attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
-                                                    dlse=dlse, block_n=_TORCH_BLOCK_N)
+                                                    dlse=dlse, block_n=_TORCH_BLOCK_N, **kw)
     return _like(q, dq), _like(k, dk), _like(v, dv)
 
 
 @attention_bwd.register_fake
-def _attention_bwd_fake(dout, q, k, v, out, lse, dlse, causal, scale):
+def _attention_bwd_fake(dout, q, k, v, out, lse, dlse, causal, scale, window_left=-1, window_right=-1,
+                        softcap=0.0, alibi_slopes=None, block_mask=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale = inputs
+    q, k, v, causal, scale, *variants = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal = causal
     ctx.scale = scale
+    ctx.variants = tuple(variants)  # window_left, window_right, softcap, alibi_slopes, block_mask (if given)
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
+    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, *ctx.variants)
+    return (dq, dk, dv, None, None) + (None,) * len(ctx.variants)
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------
+# Packed sequences: q (total_q, Hq, D), k/v (total_k, Hkv, D)
+# ---------------------------------------------------------------------------
+def _as_batch(x: Tensor) -> Tensor:
+    """(total, H, D) as a (1, H, total, D) view: the layout the kernels index."""
+    return x.transpose(0, 1).unsqueeze(0)
+
+
+def _in_layout(template: Tensor, values: Tensor) -> Tensor:
+    """``values`` if it already has the layout the fake impl promises (that of
+    ``torch.empty_like(template)``), else a copy in that layout."""
+    return values if values.stride() == template.stride() else _like(template, values)
+
+
+def _check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    from .api import check_cu_seqlens_values
+    check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
+
+
+@torch.library.custom_op("tileattn::attention_varlen_fwd", mutates_args=())
+def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                         max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float, window_left: int = -1,
+                         window_right: int = -1, softcap: float = 0.0,
+                         alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    _check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    kw = _variants(window_left, window_right, softcap, alibi_slopes)
+    if uses_triton(q):
+        from . import launch
+        out, lse = launch.attn_fwd(_as_batch(q), _as_batch(k), _as_batch(v), causal, scale,
+                                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **kw)
+        return _in_layout(q, out[0].transpose(0, 1)), lse[0].contiguous()
+    out, lse = reference.tiled_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale,
+                                                block_n=_TORCH_BLOCK_N, return_lse=True, **kw)
+    return _like(q, out), lse.to(_lse_dtype(q)).contiguous()
+
+
+@attention_varlen_fwd.register_fake
+def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                               window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None):
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=_lse_dtype(q))
+
+
+@torch.library.custom_op("tileattn::attention_varlen_bwd", mutates_args=())
+def attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                         dlse: Optional[Tensor], cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                         max_seqlen_k: int, causal: bool, scale: float, window_left: int = -1,
+                         window_right: int = -1, softcap: float = 0.0,
+                         alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+    kw = _variants(window_left, window_right, softcap, alibi_slopes)
+    if uses_triton(q):
+        from . import launch
+        dq, dk, dv = launch.attn_bwd(_as_batch(dout), _as_batch(q), _as_batch(k), _as_batch(v), _as_batch(out),
+                                     lse[None], causal, scale, dlse=None if dlse is None else dlse[None],
+                                     cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **kw)
+        return (_in_layout(q, dq[0].transpose(0, 1)), _in_layout(k, dk[0].transpose(0, 1)),
+                _in_layout(v, dv[0].transpose(0, 1)))
+    dq, dk, dv = reference.tiled_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                                           causal=causal, scale=scale, dlse=dlse,
+                                                           block_n=_TORCH_BLOCK_N, **kw)
+    return _like(q, dq), _like(k, dk), _like(v, dv)
+
+
+@attention_varlen_bwd.register_fake
+def _attention_varlen_bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, causal, scale, window_left=-1, window_right=-1, softcap=0.0,
+                               alibi_slopes=None):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context_varlen(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, *variants = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.args = (max_q, max_k, causal, scale, *variants)
+
+
+def _backward_varlen(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = attention_varlen_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.args)
+    return (dq, dk, dv) + (None,) * (2 + len(ctx.args))
+
+
+attention_varlen_fwd.register_autograd(_backward_varlen, setup_context=_setup_context_varlen)
