@@ -13,4 +13,5 @@ from .ops import use_backend
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "attention_with_kvcache", "reference", "use_backend", "__version__"]
+__all__ = ["attention", "attention_with_kvcache", "attention_varlen", "block_mask_from_fn", "BLOCK_Q", "BLOCK_K",
+           "reference", "use_backend", "__version__"]
