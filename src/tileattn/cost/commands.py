@@ -12,7 +12,7 @@ import math
 import sys
 from pathlib import Path
 
-from . import hardware as _hw
+from . import hardware as _hw, sparse
 from .io import AttentionShape, DTYPE_BYTES, FUSION_LEVELS
 from .roofline import Comparison, compare
 
@@ -182,9 +182,13 @@ def cmd_io(args) -> int:
     if args.json:
         d = comp.as_dict()
         d["summary"] = [dict(zip(("quantity", "standard", "tiled", "ratio"), r)) for r in summary_rows(comp)]
+        if args.density is not None:
+            d["block_sparse"] = sparse.sparse_summary(comp, args.density)
         print(json.dumps(d, indent=2, default=str))
     else:
         _print_table(header_lines(comp), summary_rows(comp))
+        if args.density is not None:
+            sparse.print_sparse_summary(comp, args.density)
     return EXIT_OK
 
 
@@ -298,6 +302,8 @@ def register(subparsers) -> None:
                "--head-dim 128 --dtype bf16\n  tileattn io --hw nvidia-h200 --seqlen 8192 --causal --json")
     _add_shape_args(p)
     p.add_argument("--json", action="store_true", help="print everything as JSON")
+    p.add_argument("--density", type=sparse.density_arg, default=None,
+                   help="also model block-sparse kernels whose layout has this fraction of blocks on, in (0, 1]")
     p.set_defaults(func=cmd_io)
 
     p = subparsers.add_parser(
