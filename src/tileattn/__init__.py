@@ -7,11 +7,14 @@ and a readable tiled one; ``tileattn.cost`` models the FLOPs and bytes of both.
 """
 from . import reference
 from .api import attention, attention_varlen
-from .block_mask import BLOCK_K, BLOCK_Q, block_mask_from_fn
 from .decode import attention_with_kvcache
+from .block_mask import BLOCK_K, BLOCK_Q, block_mask_from_fn
 from .ops import use_backend
+from .sdpa import patched_sdpa, scaled_dot_product_attention
+from .integrations import register_transformers  # imports transformers only when called
 
 __version__ = "0.1.0"
 
 __all__ = ["attention", "attention_with_kvcache", "attention_varlen", "block_mask_from_fn", "BLOCK_Q", "BLOCK_K",
-           "reference", "use_backend", "__version__"]
+           "reference", "use_backend", "scaled_dot_product_attention", "patched_sdpa", "register_transformers",
+           "__version__"]

@@ -1,0 +1,251 @@
+"""A drop-in for ``torch.nn.functional.scaled_dot_product_attention``.
+
+``scaled_dot_product_attention`` has torch's signature and torch's semantics;
+the calls tileattn can compute exactly (no ``attn_mask``, no dropout, a head
+dim of at most 256, ...) run ``tileattn.attention``, every other call runs
+torch's own function after a one-time warning per reason (so the answer is
+never wrong, only sometimes not accelerated).
+
+Causal alignment.  torch aligns ``is_causal`` top-left: query i sees key j iff
+j <= i, whatever Nq and Nk are.  ``tileattn.attention`` aligns bottom-right
+(j <= i + Nk - Nq, the convention of KV-cache decoding).  The two agree when
+Nq == Nk; otherwise this module maps top-left onto bottom-right calls:
+
+* Nq < Nk: the keys past Nq are never seen, so it is ``attention`` over the
+  first Nq keys, causal (square, where both alignments coincide);
+* Nq > Nk: the first Nk queries see a square causal block; every later query
+  sees all Nk keys.  Two calls, concatenated along the query axis.
+
+No row is ever empty under top-left alignment (query i always sees key 0).
+
+``patched_sdpa()`` routes ``torch.nn.functional.scaled_dot_product_attention``
+to this function inside a ``with`` block.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+import threading
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from . import api, ops
+
+__all__ = ["scaled_dot_product_attention", "patched_sdpa", "TileattnFallbackWarning"]
+
+# torch's function as it was when tileattn was imported: the fallback calls this
+# one, never the attribute (which may be patched to point back here).
+_torch_sdpa = F.scaled_dot_product_attention
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_MAX_GRID_YZ = 65535
+
+
+class TileattnFallbackWarning(UserWarning):
+    """A call that tileattn does not accelerate ran PyTorch's implementation instead."""
+
+
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+def _warn_once(reason: str) -> None:
+    if torch.compiler.is_compiling():  # a traced warning would break the graph
+        return
+    with _warn_lock:
+        if reason in _warned:
+            return
+        _warned.add(reason)
+    warnings.warn(f"tileattn.scaled_dot_product_attention: {reason}; running torch's "
+                  f"scaled_dot_product_attention for such calls (warned once)",
+                  TileattnFallbackWarning, stacklevel=3)
+
+
+def reset_fallback_warnings() -> None:
+    """Forget which fallback reasons were already reported (each warns again once)."""
+    with _warn_lock:
+        _warned.clear()
+
+
+def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> None:
+    """The checks torch would fail with an opaque RuntimeError, as TypeError/ValueError
+    naming the argument (before anything runs)."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dimensions (..., seqlen, head_dim), "
+                             f"got shape {tuple(t.shape)}")
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a real number, got {type(dropout_p).__name__}")
+    if not 0.0 <= float(dropout_p) <= 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+        if not math.isfinite(float(scale)):
+            raise ValueError(f"scale must be finite, got {scale}")
+    if query.dtype != key.dtype or query.dtype != value.dtype:
+        raise TypeError(f"query, key and value must share one dtype, got query={query.dtype}, "
+                        f"key={key.dtype}, value={value.dtype}")
+    if query.device != key.device or query.device != value.device:
+        raise ValueError(f"query, key and value must be on one device, got query on {query.device}, "
+                         f"key on {key.device}, value on {value.device}")
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"query and key must have the same head dim (last dimension), got "
+                         f"query {query.shape[-1]} and key {key.shape[-1]}")
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"key and value must have the same sequence length (dimension -2), got "
+                         f"key {key.shape[-2]} and value {value.shape[-2]}")
+    if enable_gqa and query.dim() >= 3 and key.dim() >= 3 and value.dim() >= 3:
+        hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
+        if hk != hv or hk == 0 or hq % hk != 0:
+            raise ValueError(f"enable_gqa=True needs key and value with the same number of heads "
+                             f"(dimension -3) dividing the query heads, got query {hq}, key {hk}, value {hv}")
+
+
+def _why_not_accelerated(query, key, value, attn_mask, dropout_p, enable_gqa) -> str | None:
+    """None when tileattn.attention computes the call exactly, else the reason it does not."""
+    if attn_mask is not None:
+        return "attn_mask is not accelerated (only is_causal masking is)"
+    if dropout_p > 0.0:
+        return "dropout_p > 0 is not accelerated"
+    if query.dtype not in _FLOAT_DTYPES:
+        return f"dtype {query.dtype} is not accelerated"
+    if not (query.dim() == key.dim() == value.dim()):
+        return "query, key and value with different numbers of dimensions are not accelerated"
+    if query.shape[:-3] != key.shape[:-3] or key.shape[:-3] != value.shape[:-3]:
+        return "broadcast batch dimensions are not accelerated"
+    d = query.shape[-1]
+    if value.shape[-1] != d:
+        return "a value head dim different from the query/key head dim is not accelerated"
+    if not 1 <= d <= api.MAX_HEAD_DIM:
+        return f"head dim {d} is not accelerated (1..{api.MAX_HEAD_DIM} is)"
+    if query.shape[-2] == 0 or key.shape[-2] == 0:
+        return "empty sequences are not accelerated"
+    if query.dim() >= 3:
+        hq, hkv = query.shape[-3], key.shape[-3]
+        if value.shape[-3] != hkv or hkv == 0 or hq % hkv != 0:
+            return "these head counts are not accelerated"
+        # without enable_gqa torch broadcasts a single key/value head (MQA) and
+        # rejects any other mismatch: leave that error to torch
+        if not enable_gqa and hkv not in (1, hq):
+            return "query and key/value head counts differ without enable_gqa"
+    if ops.uses_triton(query):
+        if query.dtype not in _KERNEL_DTYPES:
+            return f"dtype {query.dtype} is not accelerated on the GPU"
+        batch = math.prod(query.shape[:-3]) if query.dim() > 3 else 1
+        hq = query.shape[-3] if query.dim() >= 3 else 1
+        if batch > _MAX_GRID_YZ or hq > _MAX_GRID_YZ:
+            return f"batch or heads above {_MAX_GRID_YZ} are not accelerated on the GPU"
+    return None
+
+
+def _as_4d(t: torch.Tensor) -> torch.Tensor:
+    """(..., H, N, D) -> (B, H, N, D): leading dimensions flattened, missing ones added."""
+    if t.dim() == 2:
+        return t[None, None]
+    if t.dim() == 3:
+        return t[None]
+    if t.dim() == 4:
+        return t
+    return t.reshape(-1, *t.shape[-3:])
+
+
+def _top_left_causal(q, k, v, scale):
+    """torch's top-left causal alignment from bottom-right calls (see module docstring)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    if n_q == n_k:
+        return api.attention(q, k, v, causal=True, scale=scale)
+    if n_q < n_k:
+        return api.attention(q, k[:, :, :n_q], v[:, :, :n_q], causal=True, scale=scale)
+    head = api.attention(q[:, :, :n_k], k, v, causal=True, scale=scale)
+    tail = api.attention(q[:, :, n_k:], k, v, causal=False, scale=scale)
+    return torch.cat((head, tail), dim=2)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+                                 scale=None, enable_gqa=False):
+    """``torch.nn.functional.scaled_dot_product_attention`` computed by tileattn.
+
+    Same signature, shapes and results as torch's function: query (N, ..., Hq, L, E),
+    key (N, ..., H, S, E), value (N, ..., H, S, Ev) -> (N, ..., Hq, L, Ev).
+    ``is_causal`` is aligned top-left as in torch (query i sees key j iff j <= i),
+    which differs from ``tileattn.attention``'s bottom-right alignment when L != S.
+
+    Accelerated: no ``attn_mask``, ``dropout_p == 0``, E == Ev in 1..256, equal
+    batch dimensions, Hq == H, H == 1 (broadcast) or ``enable_gqa`` with Hq a
+    multiple of H; fp16/bf16/fp32 (and fp64 off the GPU).  Every other call runs
+    torch's implementation after a one-time :class:`TileattnFallbackWarning`.
+
+    Arguments torch would reject with a RuntimeError (dtype or device mismatch,
+    head dim or length mismatch, dropout_p outside [0, 1]) raise TypeError or
+    ValueError naming the argument.
+    """
+    if any(isinstance(t, torch.Tensor) and t.is_nested for t in (query, key, value)):
+        reason = "nested tensors are not accelerated"
+    else:
+        _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        reason = _why_not_accelerated(query, key, value, attn_mask, dropout_p, enable_gqa)
+    if reason is not None:
+        _warn_once(reason)
+        return _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                           scale=scale, enable_gqa=enable_gqa)
+    q4, k4, v4 = _as_4d(query), _as_4d(key), _as_4d(value)
+    scale = None if scale is None else float(scale)
+    if is_causal:
+        out = _top_left_causal(q4, k4, v4, scale)
+    else:
+        out = api.attention(q4, k4, v4, causal=False, scale=scale)
+    return out.reshape(query.shape[:-1] + (value.shape[-1],))
+
+
+# ---------------------------------------------------------------------------
+# routing torch.nn.functional.scaled_dot_product_attention
+# ---------------------------------------------------------------------------
+_patch_lock = threading.Lock()
+_patch_depth = 0
+_patch_saved = None
+
+
+@contextlib.contextmanager
+def patched_sdpa():
+    """Route ``torch.nn.functional.scaled_dot_product_attention`` to
+    :func:`scaled_dot_product_attention` inside a ``with`` block.
+
+    Code that looks the function up when it calls it (``F.scaled_dot_product_attention(...)``,
+    as PyTorch modules and transformers' ``"sdpa"`` implementation do) is routed;
+    a name bound earlier with ``from torch.nn.functional import
+    scaled_dot_product_attention`` is not.
+
+    The original is restored when the outermost block exits, also on an
+    exception.  Blocks nest.  Thread safety: the patch is one module attribute,
+    so while any block is open it applies to every thread of the process; entry
+    and exit are counted under a lock, so blocks opened and closed from several
+    threads (in any order) leave torch's function in place once the last one
+    exits.
+    """
+    global _patch_depth, _patch_saved
+    with _patch_lock:
+        if _patch_depth == 0:
+            _patch_saved = F.scaled_dot_product_attention
+            F.scaled_dot_product_attention = scaled_dot_product_attention
+        _patch_depth += 1
+    try:
+        yield scaled_dot_product_attention
+    finally:
+        with _patch_lock:
+            _patch_depth -= 1
+            if _patch_depth == 0:
+                F.scaled_dot_product_attention = _patch_saved
+                _patch_saved = None
