@@ -257,6 +257,13 @@ class _Scores:
             # (B', Hkv', G', Nq, nkb): the block row of every query
             self.bm_rows = self.block_mask[..., self.rows[:, 0] // BLOCK_Q, :]
 
+    def key_block(self, block_n: int) -> int:
+        """The key block size to step with: with a block mask, one that divides
+        BLOCK_K, so that a step never straddles a switched-off block."""
+        if self.block_mask is not None and BLOCK_K % block_n:
+            return BLOCK_K
+        return block_n
+
     def block_visible(self, start: int, stop: int) -> bool:
         """False when the block mask switches every (query, key) pair of the key
         columns [start, stop) off: the block is skipped (never computed)."""
@@ -317,6 +324,7 @@ def tiled_attention(q, k, v, *, causal=False, scale=None, block_n=128, return_ls
     hkv = k.shape[1]
     sc = _Scores(q, k, causal=causal, scale=scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                  block_mask=block_mask)
+    block_n = sc.key_block(block_n)
     # (B, Hkv, G, Nq, D) against (B, Hkv, 1, Nk, D): heads sharing a k/v head
     # broadcast against it without copies
     qg = q.to(acc_t).reshape(b, hkv, hq // hkv, n_q, d)
@@ -367,6 +375,7 @@ def tiled_attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, d
     g = hq // hkv
     sc = _Scores(q, k, causal=causal, scale=scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                  block_mask=block_mask)
+    block_n = sc.key_block(block_n)
     qg = q.to(acc_t).reshape(b, hkv, g, n_q, d)
     dog = do.to(acc_t).reshape(b, hkv, g, n_q, do.shape[-1])
     delta = (do.to(acc_t) * o.to(acc_t)).sum(dim=-1)

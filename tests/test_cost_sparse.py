@@ -1,0 +1,82 @@
+"""The block-sparse term of the cost model: FlashAttention Prop. 4 (bytes
+Theta(N d + s N^2 d^2 / M)), FLOPs scaled by density, ``tileattn io --density``."""
+import argparse
+import json
+
+import pytest
+
+from tileattn.cost import commands, io, sparse
+from tileattn.cost.hardware import get_hardware
+
+SHAPE = io.AttentionShape(batch=2, heads=8, seqlen_q=4096, head_dim=128, kv_heads=2)
+
+
+def test_density_one_is_dense():
+    dense = io.tiled_traffic(SHAPE)
+    one = sparse.block_sparse_traffic(SHAPE, 1.0)
+    for ph in ("fwd", "bwd", None):
+        assert one.bytes(ph) == pytest.approx(dense.bytes(ph))
+        assert one.flops(ph) == pytest.approx(dense.flops(ph))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_streamed_term_scales_with_density(causal):
+    """bytes(s) = own + s * streamed: linear in s, with the per-row terms as intercept."""
+    shape = io.AttentionShape(batch=1, heads=4, seqlen_q=8192, head_dim=64, causal=causal)
+    b = {s: sparse.block_sparse_traffic(shape, s) for s in (0.1, 0.4, 1.0)}
+    for ph in ("fwd", "bwd"):
+        slope = (b[1.0].bytes(ph) - b[0.4].bytes(ph)) / 0.6
+        assert b[0.1].bytes(ph) == pytest.approx(b[0.4].bytes(ph) - 0.3 * slope)
+        assert b[0.1].bytes(ph) < b[0.4].bytes(ph) < b[1.0].bytes(ph)
+        assert b[0.1].flops(ph) == pytest.approx(0.1 * b[1.0].flops(ph))
+    # the intercept is the Theta(N d) part: Q read and O, lse written once in the forward
+    row = 64 * 2
+    own_fwd = 4 * 8192 * (2 * row + io.LSE_BYTES)
+    slope_fwd = (b[1.0].bytes("fwd") - b[0.4].bytes("fwd")) / 0.6
+    assert b[0.1].bytes("fwd") - 0.1 * slope_fwd == pytest.approx(own_fwd, rel=1e-9)
+
+
+def test_sparse_flops_and_bound():
+    assert sparse.block_sparse_flops(SHAPE, 0.25, "fwd_bwd") == pytest.approx(
+        0.25 * io.attention_flops(2, 8, 4096, 4096, 128, mode="fwd_bwd"))
+    n, d, m = 4096, 64, 100 * 1024 // 2
+    assert sparse.sparse_io_bound(n, d, m, 1.0) == pytest.approx(n * d + n * n * d * d / m)
+    assert sparse.sparse_io_bound(n, d, m, 0.5) - n * d == pytest.approx((sparse.sparse_io_bound(n, d, m, 1.0) - n * d)
+                                                                         / 2)
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, 1.5, "x", True])
+def test_bad_density(bad):
+    with pytest.raises(ValueError, match="density"):
+        sparse.block_sparse_traffic(SHAPE, bad)
+
+
+def _run(argv):
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    commands.register(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_io_density_cli(capsys):
+    argv = ["io", "--batch", "2", "--heads", "4", "--seqlen", "4096", "--head-dim", "64", "--density", "0.25"]
+    assert _run(argv) == 0
+    assert "block-sparse tiled kernels, density s = 0.25" in capsys.readouterr().out
+    assert _run(argv + ["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)["block_sparse"]
+    fwd = d["phases"][0]
+    assert d["density"] == 0.25 and fwd["sparse_flops"] == pytest.approx(0.25 * fwd["dense_flops"])
+    assert fwd["sparse_time_s"] < fwd["dense_time_s"]
+    with pytest.raises(SystemExit):
+        _run(argv[:-1] + ["0"])
+    assert "must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_sparse_summary_uses_comparison_configs():
+    from tileattn.cost.roofline import compare
+    comp = compare(SHAPE, get_hardware("nvidia-h200"))
+    d = sparse.sparse_summary(comp, 1.0)
+    for r in d["phases"]:
+        assert r["sparse_bytes"] == pytest.approx(r["dense_bytes"])
+        assert r["sparse_time_s"] == pytest.approx(r["dense_time_s"])
