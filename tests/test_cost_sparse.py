@@ -80,3 +80,22 @@ def test_sparse_summary_uses_comparison_configs():
     for r in d["phases"]:
         assert r["sparse_bytes"] == pytest.approx(r["dense_bytes"])
         assert r["sparse_time_s"] == pytest.approx(r["dense_time_s"])
+
+
+@pytest.mark.parametrize("nq,nk,causal,window", [(100, 130, True, None), (130, 100, True, (5, -1)),
+                                                 (50, 50, False, (3, 7)), (60, 40, False, (-1, 0)),
+                                                 (40, 60, True, (0, 0)), (30, 30, False, (1000, 1000))],
+                         ids=lambda x: str(x))
+def test_window_pairs_match_mask(nq, nk, causal, window):
+    from tileattn.reference import attention_mask
+    hidden = attention_mask(nq, nk, causal=causal, window=window)
+    visible = nq * nk if hidden is None else int((~hidden).sum())
+    assert sparse.window_pairs(nq, nk, causal, window) == visible
+    if window is None:
+        assert visible == io.visible_pairs(nq, nk, causal)
+
+
+def test_varlen_flops_sum_of_sequences():
+    lens = [5, 0, 17, 1]
+    want = sum(io.attention_flops(1, 4, n, n, 32, causal=True, mode="fwd_bwd") for n in lens if n)
+    assert sparse.varlen_flops(lens, lens, 4, 32, causal=True, mode="fwd_bwd") == pytest.approx(want)

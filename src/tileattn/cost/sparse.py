@@ -25,7 +25,8 @@ import dataclasses
 from .io import (LSE_BYTES, AttentionShape, CacheModel, TrafficEstimate, attention_flops, parse_config_name,
                  tiled_traffic)
 
-__all__ = ["check_density", "block_sparse_flops", "block_sparse_traffic", "sparse_io_bound", "sparse_summary"]
+__all__ = ["check_density", "block_sparse_flops", "block_sparse_traffic", "sparse_io_bound", "sparse_summary",
+           "window_pairs", "varlen_flops"]
 
 
 def check_density(density) -> float:
@@ -56,6 +57,32 @@ def sparse_io_bound(seqlen: int, head_dim: int, sram_elements: float, density: f
     s = check_density(density)
     n, d = float(seqlen), float(head_dim)
     return n * d + n * n * d * d * s / float(sram_elements)
+
+
+def window_pairs(seqlen_q: int, seqlen_k: int, causal: bool = False, window=None) -> int:
+    """(query, key) pairs visible under causal and a sliding window ``(left,
+    right)`` (-1 = unbounded; bottom-right aligned, as the kernels): row i sees
+    keys max(0, i + Nk - Nq - left) .. min(Nk - 1, i + Nk - Nq + right)."""
+    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    diag = seqlen_k - seqlen_q
+    total = 0
+    for i in range(seqlen_q):
+        lo = 0 if left < 0 else max(0, i + diag - left)
+        hi = seqlen_k - 1 if right < 0 else min(seqlen_k - 1, i + diag + right)
+        total += max(0, hi - lo + 1)
+    return total
+
+
+def varlen_flops(lens_q, lens_k, heads: int, head_dim: int, *, causal: bool = False, window=None,
+                 mode: str = "fwd") -> float:
+    """Useful matmul FLOPs of packed sequences: the sum over sequences of
+    ``4 * heads * pairs * head_dim`` (x 2.5 backward, x 3.5 both, as
+    :func:`~tileattn.cost.io.attention_flops`)."""
+    factor = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+    pairs = sum(window_pairs(nq, nk, causal, window) for nq, nk in zip(lens_q, lens_k))
+    return factor * 4.0 * heads * pairs * head_dim
 
 
 def block_sparse_flops(shape: AttentionShape, density: float, mode: str = "fwd") -> float:
