@@ -313,7 +313,7 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, causal: bool, scale: float, la
         timer = _step_timer(profile, "backward", world, rank, "dkdv-return", 0.0, 0, q.device)
         with timer.time("wait"):
             ring.finish(incoming, "backward dK/dV return")
-    dkv = dkv_bufs[world % 2]  # this rank's own block, with every rank's share
+    dkv = dkv_bufs[world % 2 if world > 1 else 0]  # this rank's own block, with every rank's share
     return dq, dkv[0], dkv[1]
 
 
