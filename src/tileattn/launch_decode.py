@@ -16,7 +16,7 @@ Split count (``num_splits=0``), :func:`choose_num_splits`:
   the combine.
 * The smallest ``s`` whose efficiency is within 5% of the best allowed one
   wins.  E.g. B=16, Hkv=8, Nq*group <= 64 on 132 SMs: base 128, s=2 fills
-  256 of 264 slots (97%); B=1, Hkv=8 at 32k keys: s=33 (264 programs).
+  256 of 264 slots (97%); B=1, Hkv=8 at 32k keys: s=32 (256 programs).
 
 The rule uses the cache *capacity* (contiguous: its max_seqlen; paged:
 max_blocks x page_size), not the actual lengths, so the host never waits for
