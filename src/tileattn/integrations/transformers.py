@@ -1,0 +1,225 @@
+"""Hugging Face transformers: ``attn_implementation="tileattn"``.
+
+After ``tileattn.register_transformers()``::
+
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="tileattn")
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="tileattn")
+
+Registration uses transformers' public interfaces only:
+``AttentionInterface.register`` for the attention function and, where it
+exists (transformers >= 4.53), ``AttentionMaskInterface.register`` for the
+mask builder.
+
+How masks map onto tileattn.  transformers builds one mask per forward and
+hands it to every attention layer.  The mask builder registered here returns
+``None`` exactly when the mask is the plain causal pattern with the queries
+at the end of the keys -- prefill, decoding with a KV cache, chunked prefill,
+all without padding: query i (of Nq) sees key j (of Nk) iff
+j <= i + Nk - Nq, which is tileattn's bottom-right causal alignment.  For
+those calls the attention function runs ``tileattn.attention``.  In every
+other case (padding, sliding windows, packed sequences, a static cache whose
+slots are not yet filled, custom mask functions) it materialises the same
+boolean mask as transformers' ``"sdpa"`` implementation, and the attention
+function runs torch's SDPA with that mask: correct, not accelerated.  Dropout
+in training mode also runs torch's SDPA.
+
+This module imports transformers only inside its functions.
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+
+import torch
+
+from .. import api
+from ..sdpa import TileattnFallbackWarning, _torch_sdpa, _why_not_accelerated
+
+__all__ = ["register_transformers", "tileattn_attention_forward", "tileattn_attention_mask",
+           "MIN_TRANSFORMERS"]
+
+MIN_TRANSFORMERS = (4, 50)
+# names transformers reserves, and a substring transformers 5 routes to the flash-attn package
+_RESERVED = ("eager", "sdpa", "flex_attention", "paged|eager")
+
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+def _warn_once(reason: str) -> None:
+    if torch.compiler.is_compiling():  # a traced warning would break the graph
+        return
+    with _warn_lock:
+        if reason in _warned:
+            return
+        _warned.add(reason)
+    warnings.warn(f"tileattn (transformers): {reason}; these calls run torch's scaled_dot_product_attention "
+                  f"(warned once)", TileattnFallbackWarning, stacklevel=3)
+
+
+# ---------------------------------------------------------------------------
+# the attention function
+# ---------------------------------------------------------------------------
+def _bottom_right_mask(n_q: int, n_k: int, device, window: int | None = None) -> torch.Tensor:
+    """Boolean (Nq, Nk), True where query i (at position i + Nk - Nq) sees key j."""
+    pos_q = torch.arange(n_q, device=device)[:, None] + (n_k - n_q)
+    pos_k = torch.arange(n_k, device=device)[None, :]
+    keep = pos_k <= pos_q
+    if window is not None:
+        keep &= pos_k > pos_q - window
+    return keep
+
+
+def _torch_fallback(query, key, value, attention_mask, dropout, scaling, causal, window):
+    """torch SDPA with an explicit mask (never its top-left ``is_causal`` when Nq != Nk)."""
+    hq, hkv = query.shape[1], key.shape[1]
+    if hq != hkv:
+        key = key.repeat_interleave(hq // hkv, dim=1)
+        value = value.repeat_interleave(hq // hkv, dim=1)
+    n_q, n_k = query.shape[2], key.shape[2]
+    is_causal = False
+    mask = attention_mask
+    if mask is not None:
+        if mask.shape[-1] != n_k:
+            mask = mask[..., :n_k]
+    elif causal and (n_q > 1 or window is not None):
+        if n_q == n_k and window is None:
+            is_causal = True
+        else:
+            mask = _bottom_right_mask(n_q, n_k, query.device, window)
+    return _torch_sdpa(query, key, value, attn_mask=mask, dropout_p=dropout, is_causal=is_causal, scale=scaling)
+
+
+def tileattn_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                               is_causal=None, **kwargs):
+    """The attention function transformers calls for ``attn_implementation="tileattn"``.
+
+    query (B, Hq, Nq, D), key and value (B, Hkv, Nk, D) with Hq a multiple of
+    Hkv (no copies); returns ``(attn_output, None)`` with attn_output
+    (B, Nq, Hq, D).  Causality comes from ``is_causal`` when given, else from
+    ``module.is_causal``; with a KV cache it is aligned bottom-right.
+    """
+    for name in ("softcap", "s_aux", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"attn_implementation='tileattn' does not support {name!r}; load this model with "
+                             f"attn_implementation='eager' or 'sdpa'")
+    causal = bool(is_causal) if is_causal is not None else bool(getattr(module, "is_causal", True))
+    window = kwargs.get("sliding_window")
+    n_k = key.shape[2]
+    if window is not None and (not causal or n_k <= window):
+        window = None  # the window hides nothing here
+    reason = None
+    if attention_mask is not None:
+        reason = ("calls that need an explicit mask (padding, a static cache, sliding windows, packed "
+                  "sequences) are not accelerated")
+    elif dropout:
+        reason = "attention dropout (training mode) is not accelerated"
+    elif window is not None:
+        reason = "sliding windows are not accelerated"
+    else:
+        reason = _why_not_accelerated(query, key, value, None, 0.0, enable_gqa=True)
+    if reason is not None:
+        _warn_once(reason)
+        out = _torch_fallback(query, key, value, attention_mask, float(dropout or 0.0), scaling, causal, window)
+    else:
+        out = api.attention(query, key, value, causal=causal, scale=scaling)
+    return out.transpose(1, 2), None
+
+
+# ---------------------------------------------------------------------------
+# the mask builder
+# ---------------------------------------------------------------------------
+def _is_plain_bottom_right_causal(kwargs) -> bool:
+    """Whether transformers asks for the plain causal mask with the queries at
+    the end of the keys and no padding: tileattn's bottom-right ``causal=True``."""
+    from transformers.masking_utils import causal_mask_function
+    if kwargs.get("mask_function", causal_mask_function) is not causal_mask_function:
+        return False
+    if not kwargs.get("allow_is_causal_skip", True) or kwargs.get("local_size") is not None:
+        return False
+    kv_length, kv_offset = kwargs.get("kv_length"), kwargs.get("kv_offset", 0)
+    if "q_length" in kwargs:  # transformers >= 5
+        q_length, q_offset = kwargs["q_length"], kwargs.get("q_offset", 0)
+    elif kwargs.get("cache_position") is not None:  # transformers 4.5x: the query positions
+        positions = kwargs["cache_position"]
+        if torch.compiler.is_compiling() or positions.dim() != 1 or positions.numel() == 0:
+            return False
+        q_length, q_offset = positions.numel(), int(positions[0])
+        if int(positions[-1]) != q_offset + q_length - 1:
+            return False
+    else:
+        return False
+    for n in (kv_length, kv_offset, q_length, q_offset):
+        if isinstance(n, bool) or not isinstance(n, int):  # tensors: static caches, tracing
+            return False
+    if q_offset + q_length != kv_offset + kv_length:
+        return False
+    padding = kwargs.get("attention_mask")
+    if padding is not None:
+        if torch.compiler.is_compiling() or padding.dim() != 2 or padding.shape[-1] < kv_offset + kv_length:
+            return False
+        if not bool(padding[:, kv_offset:kv_offset + kv_length].all()):
+            return False
+    return True
+
+
+def tileattn_attention_mask(**kwargs):
+    """The mask builder transformers calls for ``attn_implementation="tileattn"``:
+    ``None`` for the plain bottom-right causal case (tileattn's ``causal=True``),
+    otherwise the boolean mask of transformers' ``"sdpa"`` builder, always
+    materialised (never its top-left ``is_causal`` shortcut)."""
+    if _is_plain_bottom_right_causal(kwargs):
+        return None
+    from transformers import AttentionMaskInterface
+    sdpa_mask = AttentionMaskInterface()["sdpa"]
+    kwargs["allow_is_causal_skip"] = False
+    kwargs["allow_is_bidirectional_skip"] = False
+    return sdpa_mask(**kwargs)
+
+
+# ---------------------------------------------------------------------------
+# registration
+# ---------------------------------------------------------------------------
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def register_transformers(name: str = "tileattn") -> str:
+    """Register tileattn with Hugging Face transformers under ``name``.
+
+    Afterwards ``attn_implementation=name`` works in ``from_config`` /
+    ``from_pretrained`` (and ``model.set_attn_implementation(name)``).  Safe to
+    call more than once.  Returns the name.
+
+    Raises ImportError without transformers (>= 4.50) and ValueError for a
+    name transformers reserves or routes elsewhere (any name containing
+    "flash" is taken by transformers 5 for the flash-attn package).
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if "flash" in name.lower() or name in _RESERVED or name.startswith("paged|"):
+        raise ValueError(f"name {name!r} is reserved by transformers (names containing 'flash' load the "
+                         f"flash-attn package); use e.g. 'tileattn'")
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError("register_transformers needs Hugging Face transformers: "
+                          "pip install 'tileattn[hf]'") from None
+    if _version_tuple(transformers.__version__) < MIN_TRANSFORMERS:
+        raise ImportError(f"register_transformers needs transformers >= "
+                          f"{'.'.join(map(str, MIN_TRANSFORMERS))}, found {transformers.__version__}")
+    from transformers import AttentionInterface
+    AttentionInterface.register(name, tileattn_attention_forward)
+    try:
+        from transformers import AttentionMaskInterface
+    except ImportError:
+        # transformers < 4.53: models build full 4-d masks themselves for custom
+        # implementations, so every masked call takes the (correct) torch path
+        pass
+    else:
+        AttentionMaskInterface.register(name, tileattn_attention_mask)
+    return name
