@@ -665,3 +665,30 @@ def test_gpu_every_config(cfg, monkeypatch):
     for c in (Case(32, 8, 2, 128, BF16, (1500, 700), n_new=2, page=256, splits=3, window=(900, -1)),
               Case(16, 4, 1, 64, F16, (1000, 33), n_new=1, splits=2, softcap=5.0, alibi="heads")):
         assert_case(c)
+
+
+# ---------------------------------------------------------------------------
+# the GPU benchmark script, checked end to end on the CPU (PyTorch path)
+# ---------------------------------------------------------------------------
+def test_decode_bench_script_on_cpu(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_bench.py"
+    spec = importlib.util.spec_from_file_location("decode_bench", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rc = bench.main(["--out", str(tmp_path), "--device", "cpu", "--dtype", "fp16", "--batch", "2", "--heads", "4",
+                     "--kv-heads", "2", "--head-dim", "16", "--cache-lens", "64", "96", "--page-sizes", "16", "32",
+                     "--splits", "1", "3", "--sdpa", "flash", "--config-sweep-len", "0", "--copy-gib", "0.001"])
+    assert rc == 0
+    data = json.loads((tmp_path / "decode_bench.json").read_text())
+    rows = data["rows"]
+    assert {(r["layout"], r["provider"]) for r in rows if r["cache_len"] == 64} >= {
+        ("contig", "tileattn"), ("contig", "tileattn-checked"), ("contig", "tileattn-splits"),
+        ("page16", "tileattn"), ("page32", "tileattn")}
+    assert [r["check"] for r in rows if r["provider"] == "tileattn" and r["cache_len"] == 64] == ["passed"] * 3
+    assert all(r["status"] == "ok" for r in rows if r["provider"].startswith("tileattn"))
+    assert (tmp_path / "decode_bench.csv").read_text().count("\n") == len(rows) + 1
+    assert {s["layout"] for s in data["summary"]} == {"contig", "page16", "page32"}
