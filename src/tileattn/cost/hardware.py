@@ -74,6 +74,9 @@ SCALAR_FIELDS = {
     "tensor_cores": "count",
     "l2_bytes": "B",
     "llc_bytes": "B",
+    "interconnect_bandwidth": "B/s",
+    "interconnect_gpus": "count",
+    "pcie_bandwidth": "B/s",
 }
 
 
@@ -90,6 +93,12 @@ class Hardware:
     ``smem_per_sm`` / ``smem_per_block`` are shared memory / LDS.
     ``llc_bytes`` is a last-level cache beyond L2 where one exists (AMD
     Infinity Cache).
+
+    Links are per GPU and *per direction* (vendors quote both directions
+    added): ``interconnect_bandwidth`` is what one GPU can send to one peer
+    over the GPU-to-GPU fabric (NVLink through NVSwitch, a bridge, AMD
+    Infinity Fabric), ``interconnect_gpus`` how many GPUs that fabric joins,
+    ``pcie_bandwidth`` the host link (x16).  ``cost.interconnect`` uses them.
     """
 
     name: str
@@ -104,6 +113,9 @@ class Hardware:
     tensor_cores: Value | None = None
     l2_bytes: Value | None = None
     llc_bytes: Value | None = None
+    interconnect_bandwidth: Value | None = None
+    interconnect_gpus: Value | None = None
+    pcie_bandwidth: Value | None = None
     measured: Mapping[str, Value] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
     origin: str = "catalogue"
@@ -198,6 +210,11 @@ def _a100() -> Hardware:
         sm_count=_v(108, "count", wp),
         tensor_cores=_v(432, "count", wp, note="4 third-generation tensor cores per SM"),
         l2_bytes=_v(40 * MB, "B", wp),
+        interconnect_bandwidth=_v(300 * GIGA, "B/s", ds + " (NVLink: 600 GB/s) and " + wp, "derived",
+                                  "third-generation NVLink, 12 links x 25 GB/s per direction; the datasheet's "
+                                  "600 GB/s adds both directions"),
+        interconnect_gpus=_v(8, "count", "NVIDIA HGX A100 8-GPU: six NVSwitches join the 8 GPUs", note="NVSwitch"),
+        pcie_bandwidth=_v(32 * GIGA, "B/s", ds + " (PCIe Gen4: 64 GB/s)", "derived", "x16, per direction"),
     )
 
 
@@ -215,6 +232,12 @@ def _h100_common(ds: str):
         smem_per_block=_v(227 * KB, "B", _CUDA_GUIDE + " (compute capability 9.0, opt-in maximum)"),
         sm_count=_v(132, "count", wp),
         tensor_cores=_v(528, "count", wp, note="4 fourth-generation tensor cores per SM"),
+        interconnect_bandwidth=_v(450 * GIGA, "B/s", ds + " (NVLink: 900 GB/s) and " + wp, "derived",
+                                  "fourth-generation NVLink, 18 links x 25 GB/s per direction; the datasheet's "
+                                  "900 GB/s adds both directions"),
+        interconnect_gpus=_v(8, "count", "NVIDIA HGX H100/H200 8-GPU: four NVSwitches join the 8 GPUs",
+                             note="NVSwitch"),
+        pcie_bandwidth=_v(64 * GIGA, "B/s", ds + " (PCIe Gen5: 128 GB/s)", "derived", "x16, per direction"),
     )
     return peaks, common, wp
 
@@ -272,6 +295,8 @@ def _rtx4090() -> Hardware:
         sm_count=_v(128, "count", wp),
         tensor_cores=_v(512, "count", wp),
         l2_bytes=_v(72 * MB, "B", wp),
+        pcie_bandwidth=_v(32 * GIGA, "B/s", "PCI Express 4.0 base specification: 16 GT/s per lane, 128b/130b",
+                          "derived", "x16: 31.5 GB/s per direction; no NVLink on this board, peers talk over PCIe"),
     )
 
 
@@ -292,6 +317,11 @@ def _rtx3090() -> Hardware:
         sm_count=_v(82, "count", wp),
         tensor_cores=_v(328, "count", wp),
         l2_bytes=_v(6 * MB, "B", wp),
+        interconnect_bandwidth=_v(56.25 * GIGA, "B/s", wp + ", third-generation NVLink", note=(
+            "four x4 links x 14.0625 GB/s per direction (112.5 GB/s both directions); needs the NVLink bridge")),
+        interconnect_gpus=_v(2, "count", wp, note="the bridge joins two boards; more GPUs talk over PCIe"),
+        pcie_bandwidth=_v(32 * GIGA, "B/s", "PCI Express 4.0 base specification: 16 GT/s per lane, 128b/130b",
+                          "derived", "x16: 31.5 GB/s per direction"),
     )
 
 
@@ -314,6 +344,12 @@ def _mi300x() -> Hardware:
         tensor_cores=_v(1216, "count", ds, note="matrix cores, 4 per CU"),
         l2_bytes=_v(4 * MB, "B", wp, note="per XCD; 8 XCDs, 32 MB in total, each XCD sees its own 4 MB"),
         llc_bytes=_v(256 * MB, "B", wp, note="AMD Infinity Cache, shared by all XCDs, in front of HBM"),
+        interconnect_bandwidth=_v(64 * GIGA, "B/s", ds + " and " + wp + " (Infinity Fabric links)", "derived",
+                                  "one x16 Infinity Fabric link per peer, 128 GB/s both directions; 7 links "
+                                  "(896 GB/s) reach the 7 peers of an 8-GPU platform, so a single neighbour "
+                                  "gets one link"),
+        interconnect_gpus=_v(8, "count", "AMD Instinct MI300X platform: 8 GPUs, fully connected by Infinity Fabric"),
+        pcie_bandwidth=_v(64 * GIGA, "B/s", ds + " (PCIe Gen5 x16: 128 GB/s)", "derived", "per direction"),
         notes=("L2 is per XCD; the 256 MB Infinity Cache is recorded as llc_bytes and not used "
                "by the L2 reuse model (conservative).",),
     )
