@@ -180,8 +180,8 @@ def _decode_partial_kernel(
     i_max = tl.minimum((m_block * BLOCK_M + BLOCK_M - 1) // GROUP_SIZE, N_Q - 1)
 
     # keys visible to some row of the tile [lo_any, hi_any), to every row [lo_all, hi_all)
-    lo_any = 0
-    lo_all = 0
+    lo_any = tl.zeros_like(n_k)
+    lo_all = tl.zeros_like(n_k)
     hi_any = n_k
     hi_all = n_k
     if HAS_LEFT:
