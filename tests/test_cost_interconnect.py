@@ -1,6 +1,5 @@
 """The interconnect term of the cost model (ring attention across GPUs)."""
 import json
-import re
 import shlex
 from pathlib import Path
 
@@ -144,17 +143,21 @@ def test_bad_phase_and_link():
 
 
 # ---- the tables in docs/distributed.md -----------------------------------------
-def test_docs_tables_are_generated(capsys):
+def test_docs_tables_are_generated(capsys, tmp_path):
     """Each table in docs/distributed.md sits between markers naming the
     command that prints it; it must be that command's current output."""
     text = DOC.read_text()
-    blocks = re.findall(r"<!-- generated: python -m tileattn\.cost\.interconnect(.*?) -->\n(.*?)\n<!-- end -->",
-                        text, re.S)
-    assert len(blocks) >= 2, "docs/distributed.md lost its generated tables"
+    blocks = ic.generated_blocks(text)
+    assert len(blocks) >= 4, "docs/distributed.md lost its generated tables"
     for args, body in blocks:
         assert ic.main(shlex.split(args)) == 0
-        assert capsys.readouterr().out.strip() == body.strip(), f"regenerate with: python -m " \
-                                                               f"tileattn.cost.interconnect{args}"
+        assert capsys.readouterr().out.strip() == body.strip(), \
+            "stale table: python -m tileattn.cost.interconnect --update-doc docs/distributed.md"
+    # regenerating in place changes nothing
+    copy = tmp_path / "d.md"
+    copy.write_text(text)
+    assert ic.main(["--update-doc", str(copy)]) == 0
+    assert copy.read_text() == text
 
 
 def test_cli_errors_and_token_suffixes(capsys):

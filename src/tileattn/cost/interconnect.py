@@ -45,13 +45,14 @@ Constants (modelling assumptions, stated once here):
     (``e + 8``).  Charged to the step's compute at HBM bandwidth.
 
 ``python -m tileattn.cost.interconnect`` prints the scaling tables of
-docs/distributed.md.
+docs/distributed.md; ``--update-doc docs/distributed.md`` regenerates them there.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import math
+import re
 import sys
 
 from .hardware import Hardware, get_hardware
@@ -62,7 +63,8 @@ from ..distributed.schedule import BlockPlan, block_plan, source_rank
 
 __all__ = ["RingShape", "StepCost", "RingPrediction", "KERNEL_EFFICIENCY", "LINK_EFFICIENCY", "STEP_LATENCY_S",
            "ACC_BYTES", "link_bandwidth", "ring_step_bytes", "ring_step_flops", "achieved_flops", "step_costs",
-           "transfer_hidden", "predict_ring", "break_even_tokens", "scaling_rows", "scaling_markdown", "main"]
+           "transfer_hidden", "predict_ring", "break_even_tokens", "scaling_rows", "scaling_markdown",
+           "break_even_markdown", "generated_blocks", "update_doc", "main"]
 
 KERNEL_EFFICIENCY = {"fwd": 0.47, "bwd": 0.36}
 LINK_EFFICIENCY = 0.8
@@ -340,11 +342,12 @@ def scaling_rows(hw: Hardware, *, world_size: int, seqlens, heads: int = 32, kv_
             shape = RingShape(batch, heads, kv_heads, n, head_dim, world_size, causal, layout, dtype)
             fwd = predict_ring(shape, hw, "fwd", basis=basis)
             both = predict_ring(shape, hw, "fwd_bwd", basis=basis)
-            step = next(s for s in fwd.steps if s.step == 1) if world_size > 1 else fwd.steps[0]
+            # an off-diagonal step's compute (merge included), the transfer posted at step 0
+            compute, transfer = fwd.steps[min(1, world_size - 1)].compute_s, fwd.steps[0].transfer_s
             rows.append({"hardware": hw.name, "world_size": world_size, "seqlen": n, "n_local": shape.n_local,
                          "causal": causal, "layout": layout, "link": fwd.link,
                          "step_bytes_fwd": ring_step_bytes(shape, "fwd"),
-                         "step_compute_ms_fwd": step.compute_s * 1e3, "step_transfer_ms_fwd": step.transfer_s * 1e3,
+                         "step_compute_ms_fwd": compute * 1e3, "step_transfer_ms_fwd": transfer * 1e3,
                          "hidden_fwd": fwd.hidden, "hidden_bwd": both.hidden,
                          "fwd_ms": fwd.time_s * 1e3, "fwd_bwd_ms": both.time_s * 1e3,
                          "single_fwd_bwd_ms": both.single_gpu_s * 1e3, "speedup_fwd_bwd": both.speedup,
@@ -395,6 +398,39 @@ def break_even_markdown(hw_names, *, world_size: int = 8, heads: int = 32, head_
     return "\n".join(lines)
 
 
+_GENERATED = re.compile(r"(<!-- generated: python -m tileattn\.cost\.interconnect(.*?) -->\n)(.*?)(\n<!-- end -->)",
+                        re.S)
+
+
+def generated_blocks(text: str) -> list[tuple[str, str]]:
+    """(arguments, body) of each block marked ``<!-- generated: python -m
+    tileattn.cost.interconnect ARGS -->`` ... ``<!-- end -->`` in a document."""
+    return [(m.group(2), m.group(3)) for m in _GENERATED.finditer(text)]
+
+
+def update_doc(path) -> int:
+    """Regenerate every marked block of the document at ``path`` in place;
+    return how many there were."""
+    import contextlib
+    import io
+    import shlex
+    from pathlib import Path
+
+    path = Path(path)
+    text = path.read_text()
+
+    def render(m):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            if main(shlex.split(m.group(2))) != 0:
+                raise ValueError(f"{path}: the command in {m.group(1).strip()} failed")
+        return m.group(1) + buf.getvalue().strip() + m.group(4)
+
+    new, count = _GENERATED.subn(render, text)
+    path.write_text(new)
+    return count
+
+
 def _parse_tokens(text: str) -> int:
     t = text.strip().lower()
     mult = {"k": 1024, "m": 1024 * 1024}.get(t[-1:], 1)
@@ -416,18 +452,28 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--dtype", default="bf16")
+    p.add_argument("--update-doc", metavar="PATH", default=None,
+                   help="regenerate the tables marked in a markdown file (e.g. docs/distributed.md) and exit")
     p.add_argument("--break-even", nargs="*", default=None, metavar="HW",
-                   help="also print the break-even table for these hardware names (all if none given)")
+                   help="print the break-even table instead, for these hardware names (all if none given)")
     args = p.parse_args(argv)
+    if args.update_doc:
+        try:
+            n = update_doc(args.update_doc)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"{args.update_doc}: {n} tables regenerated")
+        return 0
     try:
-        blocks = [scaling_markdown(get_hardware(h), world_size=args.world, seqlens=args.seqlens, heads=args.heads,
-                                   kv_heads=args.kv_heads, head_dim=args.head_dim, batch=args.batch,
-                                   dtype=args.dtype) for h in args.hw]
-        if args.break_even is not None:
+        if args.break_even is not None:  # the break-even table alone
             from .hardware import CATALOGUE
-            names = args.break_even or list(CATALOGUE)
-            blocks.append(break_even_markdown(names, world_size=args.world, heads=args.heads,
-                                              head_dim=args.head_dim, dtype=args.dtype))
+            blocks = [break_even_markdown(args.break_even or list(CATALOGUE), world_size=args.world,
+                                          heads=args.heads, head_dim=args.head_dim, dtype=args.dtype)]
+        else:
+            blocks = [scaling_markdown(get_hardware(h), world_size=args.world, seqlens=args.seqlens,
+                                       heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
+                                       batch=args.batch, dtype=args.dtype) for h in args.hw]
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
