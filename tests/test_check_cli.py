@@ -1,0 +1,94 @@
+"""``tileattn check``: the pass/fail table of every path, its JSON and exit codes."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tileattn import check, cli
+
+from conftest import HAS_CUDA
+
+NAMES = {c.name for c in check.CHECKS}
+
+
+def _json(capsys, argv):
+    rc = cli.main(argv)
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_torch_path_passes(capsys):
+    """Every function on the PyTorch path (plus transformers, on the default path) passes."""
+    rc, d = _json(capsys, ["check", "--paths", "torch", "--json", "--seed", "11"])
+    assert rc == 0, [c for c in d["checks"] if c["status"] == "fail"]
+    assert d["summary"]["failed"] == 0 and d["summary"]["passed"] >= len(NAMES) - 1
+    ran = {c["check"] for c in d["checks"] if c["status"] == "pass"}
+    assert ran >= NAMES - {"transformers llama"}
+    for c in d["checks"]:
+        if c["status"] == "pass":
+            assert 0 <= c["error"] <= c["allowed"]
+
+
+def test_kernels_json_and_exit_code(capsys):
+    """The kernels (the interpreter here): the JSON parses, the exit code says whether
+    any check failed, and plain attention, KV-cache decoding and the SDPA drop-in pass."""
+    rc, d = _json(capsys, ["check", "--paths", "kernels", "--json"])
+    s = d["summary"]
+    assert rc == (1 if s["failed"] else 0)
+    assert s["passed"] + s["failed"] + s["skipped"] == len(d["checks"])
+    assert "kernels" in s["paths"]
+    status = {(c["check"], c["path"]): c["status"] for c in d["checks"]}
+    for name in ("attention", "kvcache", "sdpa drop-in"):
+        assert status[name, "kernels"] == "pass", d["checks"]
+    if not HAS_CUDA:
+        assert "interpreter" in s["paths"]["kernels"]
+
+
+def test_table_output():
+    res = subprocess.run([sys.executable, "-m", "tileattn", "check", "--paths", "torch", "--only", "sdpa", "kvcache"],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "120"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PASS" in res.stdout and "FAIL" not in res.stdout
+    assert "pure-PyTorch tiled path" in res.stdout  # says which path ran
+    assert "passed, 0 failed" in res.stdout
+
+
+def test_a_failing_check_exits_1(capsys, monkeypatch):
+    def wrong(dtype, device, gen):
+        x = torch.randn(4, 4, generator=gen, dtype=torch.float64)
+        return "4x4", [("out", x + 1e-3, x, x.to(dtype))]
+
+    monkeypatch.setattr(check, "CHECKS", (check.Check("deliberately wrong", wrong, paths=("auto",)),))
+    rc, d = _json(capsys, ["check", "--json"])
+    assert rc == 1 and d["summary"]["failed"] == 1
+    assert d["checks"][0]["error"] > d["checks"][0]["allowed"]
+
+
+def test_a_crashing_check_is_a_failure(capsys, monkeypatch):
+    def crash(dtype, device, gen):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(check, "CHECKS", (check.Check("crash", crash, paths=("auto",)),))
+    rc, d = _json(capsys, ["check", "--json"])
+    assert rc == 1 and "kernel exploded" in d["checks"][0]["detail"]
+
+
+def test_unknown_only_exit_2(capsys):
+    assert cli.main(["check", "--only", "no-such-check"]) == 2
+    assert "checks:" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the message without a GPU")
+def test_cuda_without_gpu_exit_3(capsys):
+    assert cli.main(["check", "--device", "cuda"]) == 3
+    err = capsys.readouterr().err
+    assert "no CUDA device" in err and "--device cpu" in err
+
+
+def test_help_has_examples(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["check", "--help"])
+    assert exc.value.code == 0
+    assert "examples:" in capsys.readouterr().out
