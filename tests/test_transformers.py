@@ -14,6 +14,7 @@ Qwen2 run its softmax in float32, and with padding in float64 its mask value
 The low-precision baseline of the rule is ``"eager"`` in float32; in float64
 tileattn is held to the floor of the rule alone.
 """
+import contextlib
 import os
 import subprocess
 import sys
@@ -31,6 +32,8 @@ transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, DynamicCache, GPT2Config, LlamaConfig, Qwen2Config  # noqa: E402
 
 from tileattn.integrations import transformers as hf  # noqa: E402
+
+from conftest import DEVICE  # noqa: E402
 
 SEED_OFFSET = int(os.environ.get("TILEATTN_TEST_SEED", "0"))
 VOCAB = 97
@@ -61,7 +64,8 @@ def _seed(*parts) -> int:
 
 def models(arch: str, **config_kw) -> dict:
     """The same random weights as sdpa float64 (reference), eager float32
-    (baseline) and tileattn in float32 and float64."""
+    (baseline) and tileattn in float32 and float64, on DEVICE (the GPU where
+    there is one: tileattn then runs its kernels)."""
     torch.manual_seed(_seed(arch, "weights"))
     state = AutoModelForCausalLM.from_config(CONFIGS[arch](**config_kw)).state_dict()
     out = {}
@@ -70,7 +74,7 @@ def models(arch: str, **config_kw) -> dict:
         # a config object each: transformers records the implementation on it
         m = AutoModelForCausalLM.from_config(CONFIGS[arch](**config_kw), attn_implementation=impl)
         m.load_state_dict(state)
-        out[impl, dtype] = m.to(dtype).eval()
+        out[impl, dtype] = m.to(device=DEVICE, dtype=dtype).eval()
     for (impl, _), m in out.items():
         assert m.config._attn_implementation == impl
     return out
@@ -78,14 +82,19 @@ def models(arch: str, **config_kw) -> dict:
 
 def _ids(*shape, seed):
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, VOCAB, shape, generator=g)
+    return torch.randint(3, VOCAB, shape, generator=g).to(DEVICE)
 
 
 def _left_padding(batch: int, length: int, pads=(5, 0, 2)) -> torch.Tensor:
     mask = torch.ones(batch, length, dtype=torch.long)
     for row, p in enumerate(pads[:batch]):
         mask[row, :p] = 0
-    return mask
+    return mask.to(DEVICE)
+
+
+def _path_for(dtype):
+    """float64 runs the PyTorch path (the kernels take fp16/bf16/fp32 on a GPU)."""
+    return tileattn.use_backend("torch") if dtype == torch.float64 else contextlib.nullcontext()
 
 
 @pytest.fixture
@@ -105,7 +114,8 @@ def attention_calls(monkeypatch):
 def _check_logits(name, ms, fwd, dtype, select=None):
     """fwd(model) -> logits, compared under the accuracy rule."""
     with torch.no_grad():
-        got = fwd(ms["tileattn", dtype])
+        with _path_for(dtype):
+            got = fwd(ms["tileattn", dtype])
         ref = fwd(ms["sdpa", torch.float64])
         low = fwd(ms["eager", dtype]) if dtype != torch.float64 else ref
     if select is not None:
@@ -229,7 +239,11 @@ def _mask_kwargs(**kw):
     from transformers.masking_utils import causal_mask_function
     base = dict(batch_size=2, q_length=4, kv_length=10, q_offset=6, kv_offset=0, mask_function=causal_mask_function,
                 attention_mask=None, allow_is_causal_skip=True, dtype=torch.float32, device="cpu")
-    return {**base, **kw}
+    out = {**base, **kw}
+    if int(transformers.__version__.split(".")[0]) < 5:  # 4.5x passes the query positions instead
+        start = out.pop("q_offset")
+        out["cache_position"] = torch.arange(start, start + out.pop("q_length"))
+    return out
 
 
 MASK_CASES = {

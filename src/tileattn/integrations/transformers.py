@@ -218,8 +218,11 @@ def register_transformers(name: str = "tileattn") -> str:
         from transformers import AttentionMaskInterface
     except ImportError:
         # transformers < 4.53: models build full 4-d masks themselves for custom
-        # implementations, so every masked call takes the (correct) torch path
-        pass
+        # implementations, so every call takes the (correct) torch path
+        warnings.warn(f"transformers {transformers.__version__} builds a full attention mask for every custom "
+                      f"attention implementation, so attn_implementation={name!r} will run torch's "
+                      f"scaled_dot_product_attention everywhere (correct, not accelerated); transformers >= 4.53 "
+                      f"runs tileattn", TileattnFallbackWarning, stacklevel=3)
     else:
         AttentionMaskInterface.register(name, tileattn_attention_mask)
     return name
