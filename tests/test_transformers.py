@@ -218,10 +218,11 @@ def test_training_dropout_runs_torch_sdpa():
     """Attention dropout in training mode: torch's SDPA runs (warned once), with the
     same random numbers as transformers' own "sdpa" implementation."""
     torch.manual_seed(_seed("dropout"))
-    cfg = CONFIGS["gpt2"](attn_pdrop=0.5)
-    ref = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").train()
-    mine = AutoModelForCausalLM.from_config(cfg, attn_implementation="tileattn").train()
+    ref = AutoModelForCausalLM.from_config(CONFIGS["gpt2"](attn_pdrop=0.5), attn_implementation="sdpa")
+    mine = AutoModelForCausalLM.from_config(CONFIGS["gpt2"](attn_pdrop=0.5), attn_implementation="tileattn")
     mine.load_state_dict(ref.state_dict())
+    ref, mine = ref.to(DEVICE).train(), mine.to(DEVICE).train()
+    assert (ref.config._attn_implementation, mine.config._attn_implementation) == ("sdpa", "tileattn")
     ids = _ids(2, 12, seed=_seed("dropout", "ids"))
     hf._warned.clear()
     torch.manual_seed(1)
