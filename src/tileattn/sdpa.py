@@ -40,6 +40,8 @@ __all__ = ["scaled_dot_product_attention", "patched_sdpa", "TileattnFallbackWarn
 # one, never the attribute (which may be patched to point back here).
 _torch_sdpa = F.scaled_dot_product_attention
 
+# enable_gqa arrived in torch 2.5; older versions get the repeated heads instead
+_TORCH_HAS_GQA = tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in torch.__version__.split(".")[:2]) >= (2, 5)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _MAX_GRID_YZ = 65535
@@ -151,6 +153,19 @@ def _why_not_accelerated(query, key, value, attn_mask, dropout_p, enable_gqa) ->
     return None
 
 
+def _fallback(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """torch's own function, as it would have been called."""
+    kw = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+    if enable_gqa:
+        if _TORCH_HAS_GQA:
+            kw["enable_gqa"] = True
+        elif query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
+            group = query.shape[-3] // key.shape[-3]
+            key = key.repeat_interleave(group, dim=-3)
+            value = value.repeat_interleave(group, dim=-3)
+    return _torch_sdpa(query, key, value, **kw)
+
+
 def _as_4d(t: torch.Tensor) -> torch.Tensor:
     """(..., H, N, D) -> (B, H, N, D): leading dimensions flattened, missing ones added."""
     if t.dim() == 2:
@@ -199,8 +214,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         reason = _why_not_accelerated(query, key, value, attn_mask, dropout_p, enable_gqa)
     if reason is not None:
         _warn_once(reason)
-        return _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                           scale=scale, enable_gqa=enable_gqa)
+        return _fallback(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     q4, k4, v4 = _as_4d(query), _as_4d(key), _as_4d(value)
     scale = None if scale is None else float(scale)
     if is_causal:
