@@ -135,36 +135,39 @@ def assert_case(c: Case):
         check_accuracy(f"{c.id} {name}", got, r64, rlp, c.dtype)
 
 
+# Interpreter tiles are 32 x 32: lengths of a few tiles cover the masked edge
+# stages, the unmasked interior and the skipped tiles; block layouts need
+# more than one 128 x 128 block.
 WINDOW_CASES = [
-    Case(2, 4, 2, 150, 150, 32, F16, window=(16, 16)),
-    Case(1, 2, 1, 150, 150, 40, BF16, window=(0, 0)),                       # only the diagonal
-    Case(1, 2, 2, 97, 131, 32, F32, window=(0, -1)),                        # keys at/after the diagonal
-    Case(1, 2, 2, 131, 97, 32, F16, window=(-1, 0)),                        # causal written as a window
+    Case(1, 4, 2, 100, 100, 32, F16, window=(16, 16)),
+    Case(1, 2, 1, 100, 100, 40, BF16, window=(0, 0)),                       # only the diagonal
+    Case(1, 2, 2, 67, 101, 32, F32, window=(0, -1)),                        # keys at/after the diagonal
+    Case(1, 2, 2, 101, 67, 32, F16, window=(-1, 0)),                        # causal written as a window
     Case(1, 2, 1, 77, 90, 64, F16, window=(1000, 1000)),                    # wider than N: dense
-    Case(2, 2, 2, 150, 120, 32, BF16, causal=True, window=(40, -1)),        # causal + left window
-    Case(1, 4, 2, 120, 150, 32, F16, causal=True, window=(7, 9)),           # causal wins on the right
-    Case(1, 2, 2, 150, 60, 16, F32, causal=True, window=(0, 0)),            # Nq > Nk: empty rows
-    Case(1, 2, 2, 1, 150, 32, F16, window=(20, 3)),                         # one query
+    Case(2, 2, 2, 100, 80, 32, BF16, causal=True, window=(40, -1)),         # causal + left window
+    Case(1, 4, 2, 80, 100, 32, F16, causal=True, window=(7, 9)),            # causal wins on the right
+    Case(1, 2, 2, 100, 40, 16, F32, causal=True, window=(0, 0)),            # Nq > Nk: empty rows
+    Case(1, 2, 2, 1, 100, 32, F16, window=(20, 3)),                         # one query
     Case(1, 2, 2, 40, 1, 32, F16, window=(2, 2)),                           # one key
 ]
 
 SOFTCAP_ALIBI_CASES = [
-    Case(2, 4, 2, 113, 130, 32, F16, softcap=5.0),
-    Case(1, 2, 2, 100, 100, 64, F32, softcap=2.0, causal=True),
+    Case(1, 4, 2, 83, 96, 32, F16, softcap=5.0),
+    Case(1, 2, 2, 80, 80, 64, F32, softcap=2.0, causal=True),
     Case(1, 2, 1, 90, 70, 48, BF16, softcap=30.0, window=(20, 5)),
-    Case(2, 4, 2, 113, 130, 32, F16, alibi="h"),
-    Case(2, 2, 1, 100, 100, 32, F32, alibi="bh", causal=True),
-    Case(1, 4, 4, 70, 130, 64, BF16, alibi="bh"),
-    Case(2, 2, 2, 130, 90, 32, F16, alibi="h", causal=True, window=(30, -1), softcap=4.0),
+    Case(1, 4, 2, 83, 96, 32, F16, alibi="h"),
+    Case(2, 2, 1, 70, 70, 32, F32, alibi="bh", causal=True),
+    Case(1, 2, 2, 50, 100, 64, BF16, alibi="bh"),
+    Case(2, 2, 2, 90, 60, 32, F16, alibi="h", causal=True, window=(30, -1), softcap=4.0),
 ]
 
 BLOCK_CASES = [
-    Case(1, 2, 1, 300, 280, 32, F16, blocks="rand-1H"),
-    Case(2, 2, 2, 270, 300, 16, F32, blocks="rand-B1", block_density=0.4),
-    Case(1, 2, 2, 300, 300, 32, BF16, blocks="rand-BH", block_density=0.6, causal=True),
-    Case(1, 2, 1, 280, 290, 32, F16, blocks="rand-1H", block_density=0.7, window=(100, 20)),
-    Case(1, 2, 2, 300, 300, 32, F16, blocks="band", causal=True, window=(150, -1)),
-    Case(1, 2, 2, 260, 260, 16, F32, blocks="rand-1H", block_density=0.6, alibi="h", softcap=3.0),
+    Case(1, 2, 1, 260, 200, 16, F16, blocks="rand-1H"),
+    Case(2, 1, 1, 200, 260, 16, F32, blocks="rand-B1", block_density=0.4),
+    Case(1, 2, 2, 260, 260, 16, BF16, blocks="rand-BH", block_density=0.6, causal=True),
+    Case(1, 2, 1, 200, 230, 32, F16, blocks="rand-1H", block_density=0.7, window=(100, 20)),
+    Case(1, 1, 1, 260, 260, 16, F16, blocks="band", causal=True, window=(150, -1)),
+    Case(1, 2, 2, 200, 200, 16, F32, blocks="rand-1H", block_density=0.6, alibi="h", softcap=3.0),
 ]
 
 
@@ -185,7 +188,7 @@ def test_block_sparse(case, path):
 
 def test_block_sparse_all_off_rows(path):
     """A query block row with every block off: output 0, lse -inf, no NaN."""
-    c = Case(1, 2, 2, 200, 260, 32, F16)
+    c = Case(1, 1, 1, 200, 260, 16, F16)
     q, k, v, do, dlse, _, _ = make_inputs(c)
     layout = torch.ones(1, 1, 2, 3, dtype=torch.bool, device=DEVICE)
     layout[0, 0, 1] = False                      # rows 128..199 see nothing
@@ -200,7 +203,7 @@ def test_block_sparse_all_off_rows(path):
 def test_block_sparse_off_keys_never_read(path):
     """Keys and values of a block column that is off for every query are
     never read: NaN there leaves every output and gradient finite."""
-    c = Case(1, 2, 1, 200, 300, 32, F32)
+    c = Case(1, 2, 1, 150, 300, 16, F32)
     q, k, v, do, dlse, _, _ = make_inputs(c)
     layout = torch.rand(1, 2, 2, 3, device=DEVICE) < 0.7
     layout[..., 0] = True
@@ -221,24 +224,25 @@ def test_block_sparse_off_keys_never_read(path):
 
 
 def test_block_sparse_off_queries_never_read(kernels):
-    """The dK/dV kernel consults the layout too: NaN in the queries (and their
-    output gradients) of a block row that is off everywhere stays out of dK, dV."""
-    c = Case(1, 2, 2, 300, 200, 32, F32)
-    q, k, v, do, dlse, _, _ = make_inputs(c)
+    """The dK/dV kernel consults the layout too: NaN in the queries and output
+    gradients of a block row that is off everywhere stays out of dK and dV."""
+    c = Case(1, 1, 1, 300, 150, 16, F32)
+    q, k, v, do, _, _, _ = make_inputs(c)
+    q, k, v = q.detach().clone(), k.detach(), v.detach()
     layout = torch.ones(1, 1, 3, 2, dtype=torch.bool, device=DEVICE)
     layout[:, :, 1] = False                      # query rows 128..255 see nothing
-    with torch.no_grad():
-        q[:, :, 128:256] = float("nan")
-    do = do.clone()
+    q[:, :, 128:256] = float("nan")
     do[:, :, 128:256] = float("nan")
-    out, lse = tileattn.attention(q, k, v, block_mask=layout, return_lse=True)
+    scale = c.d ** -0.5
+    out, lse = launch.attn_fwd(q, k, v, False, scale, block_mask=layout)
     assert torch.equal(out[:, :, 128:256], torch.zeros_like(out[:, :, 128:256]))
-    dq, dk, dv = torch.autograd.grad(_loss(out, lse, do.nan_to_num(0.0), dlse), (q, k, v))
+    assert torch.isneginf(lse[:, :, 128:256]).all()
+    dq, dk, dv = launch.attn_bwd(do, q, k, v, out, lse, False, scale, block_mask=layout)
     assert torch.isfinite(dk).all() and torch.isfinite(dv).all()
-    out2, lse2 = launch.attn_fwd(q.detach(), k.detach(), v.detach(), False, c.d ** -0.5, block_mask=layout)
-    grads = launch.attn_bwd(do, q.detach(), k.detach(), v.detach(), out2, lse2, False, c.d ** -0.5,
-                            block_mask=layout)
-    assert torch.isfinite(grads[1]).all() and torch.isfinite(grads[2]).all()
+    assert torch.equal(dq[:, :, 128:256], torch.zeros_like(dq[:, :, 128:256]))
+    keep = torch.cat([torch.arange(128), torch.arange(256, 300)])
+    ref = standard_attention(q[:, :, keep].double(), k.double(), v.double())
+    assert (out[:, :, keep].double() - ref).abs().max() < 1e-5
 
 
 # ---------------------------------------------------------------------------
@@ -321,16 +325,16 @@ def run_varlen(c: VarlenCase):
 
 
 VARLEN_CASES = [
-    VarlenCase((17, 1, 0, 64, 33), None, 4, 2, 32, F16),
-    VarlenCase((17, 1, 0, 64, 33), None, 4, 2, 32, BF16, causal=True),
-    VarlenCase((5, 40, 1, 70), (9, 31, 0, 70), 2, 1, 40, F32, causal=True),       # Nq != Nk per sequence
+    VarlenCase((17, 1, 0, 40, 33), None, 2, 1, 32, F16),
+    VarlenCase((17, 1, 0, 40, 33), None, 2, 2, 32, BF16, causal=True),
+    VarlenCase((5, 40, 1, 50), (9, 31, 0, 70), 2, 1, 40, F32, causal=True),       # Nq != Nk per sequence
     VarlenCase((1, 1, 1), None, 2, 2, 16, F16),
     VarlenCase((0, 0, 45), (3, 0, 20), 2, 2, 32, F16, causal=True),               # empty sequences, Nq > Nk
-    VarlenCase((50, 7, 90), None, 4, 1, 64, F16, causal=True, window=(20, -1)),
-    VarlenCase((33, 80), (60, 21), 2, 2, 32, BF16, window=(8, 4), softcap=6.0),
-    VarlenCase((40, 3, 65), None, 4, 2, 32, F32, alibi="bh", causal=True),
-    VarlenCase((40, 3, 65), (21, 60, 9), 2, 2, 32, F16, alibi="h", softcap=3.0),
-    VarlenCase((31, 50), None, 4, 2, 32, F16, causal=True, layout="strided"),
+    VarlenCase((50, 7, 70), None, 4, 1, 32, F16, causal=True, window=(20, -1)),
+    VarlenCase((33, 60), (60, 21), 2, 2, 32, BF16, window=(8, 4), softcap=6.0),
+    VarlenCase((40, 3, 65), None, 2, 1, 32, F32, alibi="bh", causal=True),
+    VarlenCase((40, 3, 45), (21, 60, 9), 2, 2, 32, F16, alibi="h", softcap=3.0),
+    VarlenCase((31, 50), None, 2, 1, 32, F16, causal=True, layout="strided"),
 ]
 
 
@@ -347,7 +351,7 @@ def test_varlen_matches_dense_per_sequence(path):
     """Each packed sequence gives what ``attention`` gives on it alone."""
     torch.manual_seed(21)
     lens = (37, 1, 64)
-    q, k, v = (torch.randn(sum(lens), 2, 32, device=DEVICE, dtype=F16) for _ in range(3))
+    q, k, v = (torch.randn(sum(lens), 2, 16, device=DEVICE, dtype=F16) for _ in range(3))
     cu = _cu(lens)
     out = tileattn.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True, window=(9, -1))
     for s0, s1 in zip(cu[:-1].tolist(), cu[1:].tolist()):
@@ -413,11 +417,11 @@ def test_kernel_block_lists(causal, window, nq, nk):
 # ---------------------------------------------------------------------------
 def test_opcheck_variants(path):
     torch.manual_seed(2)
-    q = torch.randn(2, 4, 140, 32, device=DEVICE, requires_grad=True)
-    k = torch.randn(2, 2, 150, 32, device=DEVICE, requires_grad=True)
-    v = torch.randn(2, 2, 150, 32, device=DEVICE, requires_grad=True)
-    slopes = torch.rand(2, 4, device=DEVICE)
-    layout = torch.rand(1, 4, 2, 2, device=DEVICE) < 0.6
+    q = torch.randn(2, 2, 40, 16, device=DEVICE, requires_grad=True)
+    k = torch.randn(2, 1, 50, 16, device=DEVICE, requires_grad=True)
+    v = torch.randn(2, 1, 50, 16, device=DEVICE, requires_grad=True)
+    slopes = torch.rand(2, 2, device=DEVICE)
+    layout = torch.tensor([True, False], device=DEVICE).reshape(1, 2, 1, 1)
     op = torch.ops.tileattn.attention_fwd.default
     torch.library.opcheck(op, (q, k, v, True, 0.2, 30, -1, 4.0, slopes, layout))
     qd, kd, vd = (t.detach() for t in (q, k, v))
@@ -432,10 +436,10 @@ def test_opcheck_varlen(path):
     torch.manual_seed(3)
     lens = (17, 0, 40)
     cu = _cu(lens)
-    q = torch.randn(sum(lens), 4, 32, device=DEVICE, requires_grad=True)
-    k = torch.randn(sum(lens), 2, 32, device=DEVICE, requires_grad=True)
-    v = torch.randn(sum(lens), 2, 32, device=DEVICE, requires_grad=True)
-    slopes = torch.rand(4, device=DEVICE)
+    q = torch.randn(sum(lens), 2, 16, device=DEVICE, requires_grad=True)
+    k = torch.randn(sum(lens), 1, 16, device=DEVICE, requires_grad=True)
+    v = torch.randn(sum(lens), 1, 16, device=DEVICE, requires_grad=True)
+    slopes = torch.rand(2, device=DEVICE)
     torch.library.opcheck(torch.ops.tileattn.attention_varlen_fwd.default,
                           (q, k, v, cu, cu, 40, 40, True, 0.2, 8, -1, 3.0, slopes))
     qd, kd, vd = (t.detach() for t in (q, k, v))
@@ -447,12 +451,12 @@ def test_opcheck_varlen(path):
 
 def test_compile_fullgraph_variants(path):
     torch.manual_seed(4)
-    q = torch.randn(1, 4, 140, 32, device=DEVICE, requires_grad=True)
-    k = torch.randn(1, 2, 140, 32, device=DEVICE, requires_grad=True)
-    v = torch.randn(1, 2, 140, 32, device=DEVICE, requires_grad=True)
+    q = torch.randn(1, 2, 140, 16, device=DEVICE, requires_grad=True)
+    k = torch.randn(1, 1, 140, 16, device=DEVICE, requires_grad=True)
+    v = torch.randn(1, 1, 140, 16, device=DEVICE, requires_grad=True)
     lens = (30, 1, 109)
     cu = _cu(lens)
-    slopes = torch.rand(4, device=DEVICE)
+    slopes = torch.rand(2, device=DEVICE)
     layout = torch.tensor([[True, False], [True, True]], device=DEVICE)[None, None]
 
     def layer(q, k, v):
@@ -463,7 +467,10 @@ def test_compile_fullgraph_variants(path):
         return (out * out).sum() + lse.sum() + (packed * packed).sum()
 
     torch._dynamo.reset()
-    compiled = torch.compile(layer, fullgraph=True)
+    # aot_eager traces the ops through their fake impls and autograd formulas
+    # like the default backend, without code generation (test_custom_op.py
+    # covers inductor)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     loss = compiled(q, k, v)
     grads = torch.autograd.grad(loss, (q, k, v))
     ref_loss = layer(q, k, v)
