@@ -81,6 +81,28 @@ _COMBINE_ROWS = 16
 _APPEND_ROWS = 16
 
 
+def _strides4(t: torch.Tensor, prefix: str) -> dict:
+    return {f"stride_{prefix}{s}": t.stride(i) for i, s in enumerate("bhnd")}
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # float32 gets full fp32 products (tf32 would break the accuracy rule); 16-bit ignores it
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_per_block(device_index: int) -> int:
+    try:
+        props = triton.runtime.driver.active.utils.get_device_properties(device_index)
+        return int(props["max_shared_mem"])
+    except Exception:  # pragma: no cover - unknown driver: be conservative
+        return 96 * 1024
+
+
+def _smem_limit(device: torch.device) -> int:
+    return _smem_per_block(device.index or 0)
+
+
 def decode_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
     """Shared memory of a partial program: the Q tile and K, V tiles
     buffered ``num_stages`` deep."""
@@ -123,7 +145,7 @@ def _device_sms(device: torch.device) -> int:
 
 def _prune(configs_in, named_args, **kwargs):
     args = {**named_args, **kwargs}
-    limit = launch._smem_limit(args["Q"].device)
+    limit = _smem_limit(args["Q"].device)
     elem = args["K"].element_size()
     page = args["PAGE_SIZE"]
     keep = []
@@ -156,7 +178,7 @@ def _tuned_partial():
 
 
 def _first_fitting(block_m: int, head_dim: int, elem: int, page_size: int, device: torch.device) -> DecodeConfig:
-    limit = launch._smem_limit(device)
+    limit = _smem_limit(device)
     for c in DECODE_CONFIGS:
         if page_size % c.block_n and page_size >= c.block_n:
             continue
@@ -182,8 +204,8 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capaci
     grid = (triton.cdiv(n_new, _APPEND_ROWS), hkv, b)
     _append_kv_kernel[grid](
         K_NEW=k_new, V_NEW=v_new, K=k_cache, V=v_cache, SEQLENS=cache_seqlens, BLOCK_TABLE=bt,
-        **launch._strides4(k_new, "kn"), **launch._strides4(v_new, "vn"),
-        **launch._strides4(k_cache, "k"), **launch._strides4(v_cache, "v"),
+        **_strides4(k_new, "kn"), **_strides4(v_new, "vn"),
+        **_strides4(k_cache, "k"), **_strides4(v_cache, "v"),
         stride_tb=bt.stride(0) if paged else 0, stride_tn=bt.stride(1) if paged else 0,
         N_NEW=n_new, CAPACITY=capacity, NUM_PAGES=k_cache.shape[0] if paged else 1,
         HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_T=_APPEND_ROWS,
@@ -240,7 +262,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
         K_DESC=_descriptor(k_cache) if tma else k_cache, V_DESC=_descriptor(v_cache) if tma else v_cache,
         SEQLENS=cache_seqlens, BLOCK_TABLE=block_table if paged else cache_seqlens,
         SLOPES=alibi_slopes if alibi_slopes is not None else lse, O=o_part, LSE=l_part,
-        **launch._strides4(q, "q"), **launch._strides4(k_cache, "k"), **launch._strides4(v_cache, "v"),
+        **_strides4(q, "q"), **_strides4(k_cache, "k"), **_strides4(v_cache, "v"),
         stride_tb=block_table.stride(0) if paged else 0, stride_tn=block_table.stride(1) if paged else 0,
         stride_sb=(alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0),
         stride_sh=(alibi_slopes.stride(-1) if alibi_slopes is not None else 0),
@@ -255,7 +277,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
         PAGE_SIZE=page_size,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
         HAS_ALIBI=alibi_slopes is not None,
-        DOT_PRECISION=launch._dot_precision(q.dtype), USE_TMA=tma,
+        DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma,
     )
     grid = (num_splits, hkv * m_blocks, b)
     if config is None and configs.interpreter_active():
@@ -273,7 +295,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
         n_rows = b * hq * n_q
         _decode_combine_kernel[(triton.cdiv(n_rows, _COMBINE_ROWS),)](
             O_PART=o_part, LSE_PART=l_part, O=out, LSE=lse,
-            **launch._strides4(out, "o"),
+            **_strides4(out, "o"),
             stride_lb=lse.stride(0), stride_lh=lse.stride(1), stride_ln=lse.stride(2),
             N_ROWS=n_rows, N_HEADS=hq, N_Q=n_q, NUM_SPLITS=num_splits,
             HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_R=_COMBINE_ROWS,
