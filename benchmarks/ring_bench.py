@@ -112,13 +112,16 @@ def parse_args(argv=None):
     p.add_argument("--hw", default="auto", help="cost-model hardware name (default: from the device name)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu runs gloo (smoke test)")
     p.add_argument("--timeout", type=float, default=300.0, help="process-group timeout in seconds")
-    p.add_argument("--skip-check", action="store_true")
+    p.add_argument("--skip-check", action="store_true", help="time only")
+    p.add_argument("--check-only", action="store_true", help="run the correctness checks only")
     p.add_argument("--check-max-local", type=int, default=None, help="cap the local length of the checks")
     p.add_argument("--autotune", action="store_true",
                    help="autotune the kernels (default: the first fitting config of each table)")
     args = p.parse_args(argv)
     if not args.plot and not args.out:
         p.error("--out is required (or --plot DIR)")
+    if args.check_only and args.skip_check:
+        p.error("--check-only and --skip-check exclude each other")
     return args
 
 
@@ -529,7 +532,7 @@ def main(argv=None) -> int:
         log(ctx, f"checks: {sum(c['passed'] for c in checks)}/{len(checks)} passed ({time.time() - t0:.0f} s)")
     hw = _hw(ctx, args)
     rows, steps = [], []
-    for n in args.seqlens:
+    for n in ([] if args.check_only else args.seqlens):
         chunks = ctx.world * 2
         if n % chunks:
             log(ctx, f"skip {n} tokens: not a multiple of {chunks}")

@@ -184,6 +184,7 @@ def _case_worker(rank: int, world: int, port: int, outdir: str) -> None:
         # the last rank names a layout that does not exist
         "one-rank-rejects": lambda: ring_attention(x, x, x, layout="zigzagg" if rank == world - 1 else "zigzag"),
         "causal-mismatch": lambda: ring_attention(x, x, x, causal=rank == 0),
+        "scale-mismatch": lambda: ring_attention(x, x, x, scale=0.5 if rank == 0 else 0.25),
     }
     for name, call in bad.items():
         try:
@@ -293,7 +294,8 @@ def test_profile_records_every_step(world, ring_results):
 
 @pytest.mark.parametrize("name,who,match", [
     ("length-mismatch", "all", "disagree on the local sequence length"),
-    ("causal-mismatch", "all", "causal: the ranks' calls disagree"),
+    ("causal-mismatch", "all", "causal: the ranks' calls disagree on the causal flag"),
+    ("scale-mismatch", "all", r"scale: .*softmax scale \(rank 0: 0\.5, rank 1: 0\.25"),
     ("one-rank-rejects", "last", "layout must be one of"),
     ("one-rank-rejects", "others", r"rank\(s\) \[\d\] rejected their arguments"),
 ])
@@ -573,3 +575,34 @@ def test_ring_benchmark_runs_on_cpu_processes(tmp_path):
     steps = list(csv.DictReader(open(tmp_path / "ring_steps.csv")))
     assert {int(r["rank"]) for r in steps} == {0, 1}
     assert (tmp_path / "ring_scaling.png").stat().st_size > 0 and (tmp_path / "ring_steps.png").exists()
+
+
+# ---------------------------------------------------------------------------
+# CUDA path (world size 1 over NCCL: the kernels, the merge and CUDA-event
+# timing; several GPUs: benchmarks/ring_bench.py)
+# ---------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only case: needs a CUDA device")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_single_gpu_ring_over_nccl(layout):
+    assert not dist.is_initialized()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=dev,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        g = torch.Generator(device=dev).manual_seed(11)
+        q, k, v = (torch.randn(2, h, 1024, 128, generator=g, device=dev).to(torch.bfloat16).requires_grad_()
+                   for h in (8, 2, 2))
+        do = torch.randn(2, 8, 1024, 128, generator=g, device=dev).to(torch.bfloat16)
+        prof = RingProfile()
+        out, lse = ring_attention(q, k, v, causal=True, layout=layout, return_lse=True, profile=prof)
+        grads = torch.autograd.grad(out, (q, k, v), do)
+        ref_out, ref_lse = tileattn.attention(q, k, v, causal=True, return_lse=True)
+        ref_grads = torch.autograd.grad(ref_out, (q, k, v), do)
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), (out, lse) + grads, (ref_out, ref_lse) + ref_grads):
+            assert max_error(a, b) <= FLOOR[torch.float32], name  # one block: the same kernels, the same result
+        recs = prof.records()
+        assert [(r.phase, r.kind) for r in recs] == [("forward", "diagonal"), ("backward", "diagonal")]
+        assert all(r.compute_ms > 0 for r in recs)
+    finally:
+        dist.destroy_process_group()

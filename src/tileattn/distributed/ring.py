@@ -106,10 +106,10 @@ class _Ring:
 # ---------------------------------------------------------------------------
 _DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
 _FIELDS = ("status", "batch", "query heads", "key/value heads", "local sequence length", "head_dim", "dtype",
-           "causal", "layout", "scale", "gradient requirement")
+           "causal flag", "layout", "softmax scale", "gradient requirement")
 _FIELD_ARGS = {"batch": "q", "query heads": "q", "key/value heads": "k, v", "local sequence length": "q, k, v",
-               "head_dim": "q, k, v", "dtype": "q, k, v", "causal": "causal", "layout": "layout",
-               "scale": "scale", "gradient requirement": "q, k, v"}
+               "head_dim": "q, k, v", "dtype": "q, k, v", "causal flag": "causal", "layout": "layout",
+               "softmax scale": "scale", "gradient requirement": "q, k, v"}
 
 
 def _validate_local(q, k, v, causal, scale, layout, group, check_shards, profile) -> float:
@@ -149,13 +149,13 @@ def _meta_row(ok: bool, q, k, causal, scale, layout) -> list[int]:
 
 
 def _shown(field: str, value: int):
-    if field == "scale":
+    if field == "softmax scale":
         return struct.unpack("<d", struct.pack("<q", value))[0]
     if field == "dtype":
         return {c: str(d).replace("torch.", "") for d, c in _DTYPE_CODES.items()}.get(value, value)
     if field == "layout":
         return LAYOUTS[value]
-    if field in ("causal", "gradient requirement"):
+    if field in ("causal flag", "gradient requirement"):
         return bool(value)
     return value
 
