@@ -13,17 +13,24 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from tileattn import configs
+from tileattn.launch import _BOX_ROWS
 from tileattn.kernels.bwd import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
 from tileattn.kernels.fwd import _attn_fwd_kernel
 
 _TY = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 
 
-def _signature(kernel, ptr_ty, constexprs):
+def _signature(kernel, ptr_ty, constexprs, boxes=None):
+    """Argument types; ``boxes`` maps the descriptor arguments (TMA path) to
+    their tile height."""
     sig = {}
+    boxes = boxes or {}
     for name in kernel.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
+        elif name in boxes:
+            elem = ptr_ty.lstrip("*")
+            sig[name] = f"tensordesc<{elem}[1,1,{boxes[name]},{constexprs['BLOCK_D']}]>"
         elif name.isupper() and len(name) <= 5 and not name.startswith("N_") and name != "LSE2" or name == "LSE2":
             sig[name] = "*fp32" if name in ("LSE", "LSE2", "DELTA") else ptr_ty
         elif name in ("qk_scale", "sm_scale"):
@@ -37,7 +44,9 @@ def compile_one(kernel, cfg, head_dim, dtype, causal, arch, use_tma=True):
     constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim), "BLOCK_M": cfg.block_m,
                   "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal,
                   "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32", "USE_TMA": use_tma}
-    sig = _signature(kernel, _TY[dtype], constexprs)
+    kind = {_attn_fwd_kernel: "fwd", _attn_bwd_dkdv_kernel: "dkdv", _attn_bwd_dq_kernel: "dq"}[kernel]
+    boxes = {name: constexprs[rows] for name, rows in _BOX_ROWS[kind].items()} if use_tma else None
+    sig = _signature(kernel, _TY[dtype], constexprs, boxes)
     src = ASTSource(fn=kernel, signature=sig, constexprs={(kernel.arg_names.index(k),): v
                                                           for k, v in constexprs.items()})
     target = GPUTarget("cuda", arch, 32)

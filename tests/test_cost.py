@@ -268,18 +268,19 @@ def test_default_configs_are_first_fitting_of_each_table():
             want = configs.fitting(configs.candidates(kind, d), d, 2, smem, kind=kind)[0]
             assert getattr(chosen, kind) == want
             assert chosen_configs(smem, d)[kind] == want
-    assert default_configs(128, 2, smem).dq.name == "M64-N128-w8-s3"
-    assert default_configs(128, 2, smem).dkdv.name == "M32-N128-w8-s3"
+    assert default_configs(128, 2, smem).dq == configs.DQ_CONFIGS[128][0]
+    assert default_configs(128, 2, smem).dkdv == configs.DKDV_CONFIGS[128][0]
 
 
 def test_tiled_backward_uses_dq_table_and_explicit_configs():
     s = AttentionShape(1, 4, 4096, 128, causal=True)
     t = tiled_traffic(s, smem_per_block=232448)
-    assert t.params["dkdv_config"] == "M32-N128-w8-s3" and t.params["dq_config"] == "M64-N128-w8-s3"
+    dkdv0, dq0 = configs.DKDV_CONFIGS[128][0].name, configs.DQ_CONFIGS[128][0].name
+    assert t.params["dkdv_config"] == dkdv0 and t.params["dq_config"] == dq0
     assert [p.kernel for p in t.passes] == ["fwd", "preprocess", "dkdv", "dq"]
     small = KernelConfig(32, 32, 4, 1)
     u = tiled_traffic(s, dq_config=small, smem_per_block=232448)
-    assert u.params["dq_config"] == small.name and u.params["dkdv_config"] == "M32-N128-w8-s3"
+    assert u.params["dq_config"] == small.name and u.params["dkdv_config"] == dkdv0
     # without L2 reuse the dQ kernel's K/V loads grow as its BLOCK_M shrinks
     dq_bytes = lambda cfg: kernel_bytes(s, "dq", cfg)  # noqa: E731
     assert dq_bytes(KernelConfig(32, 128, 8, 3)) > dq_bytes(KernelConfig(64, 128, 8, 3))

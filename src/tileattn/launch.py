@@ -4,11 +4,13 @@ validates before anything reaches this module) and no autograd (``ops.py``).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import configs
 from .configs import KernelConfig
@@ -26,15 +28,6 @@ MAX_GRID_YZ = 65535
 
 # Tests set this to run the portable pointer path where TMA would be used.
 FORCE_POINTER_PATH = False
-
-
-@functools.lru_cache(maxsize=None)
-def _tma_scratch(device: torch.device):
-    """The allocator for the global scratch that in-kernel tensor descriptors
-    live in, on ``device`` (one function object per device)."""
-    def alloc(size: int, alignment: int, stream):
-        return torch.empty(size, dtype=torch.int8, device=device)
-    return alloc
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,17 +50,73 @@ def use_tma(*tensors: torch.Tensor) -> bool:
         if tensors[0].dtype == torch.float32:
             return False
     for t in tensors:
-        elem = t.element_size()
         if t.stride(-1) != 1 or t.data_ptr() % 16:
             return False
-        # dims of size 1 are never stepped over (the row stride is always used)
-        if any((st * elem) % 16 for i, (st, n) in enumerate(zip(t.stride()[:-1], t.shape[:-1]))
-               if n > 1 or i == t.dim() - 2):
-            return False
-    # Triton keeps the allocator in a context variable, i.e. per thread:
-    # autograd runs the backward on its own thread, so set it on every call
-    triton.set_allocator(_tma_scratch(tensors[0].device))
+        elem, shape, strides, last = t.element_size(), t.shape, t.stride(), t.dim() - 2
+        for i in range(last + 1):
+            # dims of size 1 are never stepped over (the row stride always is)
+            if (strides[i] * elem) % 16 and (shape[i] > 1 or i == last):
+                return False
     return True
+
+
+def _descriptor_defaults() -> dict | None:
+    """Default values of TensorDescriptor's fields beyond (base, shape,
+    strides, block_shape), or None if a field has no default (then the
+    regular constructor is used)."""
+    out = {}
+    for f in dataclasses.fields(TensorDescriptor):
+        if f.name in ("base", "shape", "strides", "block_shape"):
+            continue
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # pragma: no cover - not in triton 3.6
+            return None
+        else:  # pragma: no cover
+            return None
+    return out
+
+
+_DESC_DEFAULTS = _descriptor_defaults()
+
+
+def _descriptor(t: torch.Tensor) -> TensorDescriptor:
+    """A host-built descriptor over a whole (B, H, N, D) tensor.  Its box
+    (1, 1, rows, BLOCK_D) is set per launch by :func:`_set_boxes`, once the
+    config (and so the tile height) is known.  ``use_tma`` has checked the
+    alignment already, so the constructor's own checks (a few microseconds
+    per descriptor, seven per backward call) are skipped."""
+    elem = t.element_size()
+    shape, strides = list(t.shape), list(t.stride())
+    # a dim of size 1 is never stepped over: give it any 16-byte aligned stride
+    for i in range(len(shape) - 2):
+        if shape[i] == 1:
+            strides[i] = 16 // elem
+    if _DESC_DEFAULTS is None:  # pragma: no cover - a future TensorDescriptor
+        return TensorDescriptor(t, shape, strides, [1, 1, 16, 16])
+    desc = TensorDescriptor.__new__(TensorDescriptor)
+    desc.__dict__.update(_DESC_DEFAULTS, base=t, shape=shape, strides=strides, block_shape=[1, 1, 16, 16])
+    return desc
+
+
+# Which tile height (meta-parameter) each descriptor argument is read with.
+_BOX_ROWS = {
+    "fwd": {"Q": "BLOCK_M", "O": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N"},
+    "dkdv": {"Q": "BLOCK_M", "DO": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N", "DK": "BLOCK_N", "DV": "BLOCK_N"},
+    "dq": {"Q": "BLOCK_M", "DO": "BLOCK_M", "DQ": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N"},
+}
+
+
+def _set_boxes(kind: str):
+    def hook(args):
+        if args["USE_TMA"]:
+            for name, rows in _BOX_ROWS[kind].items():
+                args[name].block_shape = [1, 1, args[rows], args["BLOCK_D"]]
+    return hook
+
+
+def _tensor(x):
+    return x.base if isinstance(x, TensorDescriptor) else x
 
 
 def _empty_like(t: torch.Tensor, dtype=None) -> torch.Tensor:
@@ -108,8 +157,9 @@ def _prune(kind: str):
     def prune(cfgs, named_args, **kwargs):
         args = {**named_args, **kwargs}
         head_dim = args["HEAD_DIM"]
-        elem = args["Q"].element_size()
-        limit = _smem_limit(args["Q"].device)
+        q = _tensor(args["Q"])
+        elem = q.element_size()
+        limit = _smem_limit(q.device)
         allowed = {c.name for c in configs.fitting(configs.candidates(kind, head_dim), head_dim, elem, limit,
                                                    kind=kind)}
         kept = [c for c in cfgs if _name(c) in allowed]
@@ -121,13 +171,14 @@ def _name(cfg: "triton.Config") -> str:
     return KernelConfig(cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages).name
 
 
-def _triton_configs(table) -> list:
+def _triton_configs(kind: str) -> list:
     seen, out = set(), []
-    for cfgs in table.values():
+    for cfgs in configs.TABLES[kind].values():
         for c in cfgs:
             if c.name not in seen:
                 seen.add(c.name)
-                out.append(triton.Config(c.as_meta(), num_warps=c.num_warps, num_stages=c.num_stages))
+                out.append(triton.Config(c.as_meta(), num_warps=c.num_warps, num_stages=c.num_stages,
+                                         pre_hook=_set_boxes(kind)))
     return out
 
 
@@ -138,7 +189,7 @@ _KERNELS = {"fwd": _attn_fwd_kernel, "dkdv": _attn_bwd_dkdv_kernel, "dq": _attn_
 @functools.lru_cache(maxsize=None)
 def _tuned(kind: str):
     """The autotuned kernel of each kind (built on first use, GPU only)."""
-    return triton.autotune(configs=_triton_configs(configs.TABLES[kind]), key=_TUNE_KEY,
+    return triton.autotune(configs=_triton_configs(kind), key=_TUNE_KEY,
                            prune_configs_by={"early_config_prune": _prune(kind)})(_KERNELS[kind])
 
 
@@ -148,24 +199,46 @@ def _autotune_enabled() -> bool:
     return os.environ.get("TILEATTN_AUTOTUNE", "1") != "0"
 
 
+# (kind, device, dtype, autotune key values) -> the config the autotuner
+# chose: later calls launch it directly and skip the autotuner's bookkeeping
+_TUNED_CHOICE: dict = {}
+
+
 def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter_cfg: KernelConfig, **args):
     """Run ``kernel`` with a forced config, the interpreter's single config, the
     table's first fitting config (autotuning off), or autotuning."""
     if config is None and configs.interpreter_active():
         config = interpreter_cfg
     if config is None and not _autotune_enabled():
-        head_dim, q = args["HEAD_DIM"], args["Q"]
+        head_dim, q = args["HEAD_DIM"], _tensor(args["Q"])
         config = configs.fitting(configs.candidates(kind, head_dim), head_dim, q.element_size(),
                                  _smem_limit(q.device), kind=kind)[0]
     if config is not None:
         meta = config.as_meta()
+        _set_boxes(kind)({**args, **meta})
         kernel[grid_of(meta)](**args, **meta, num_warps=config.num_warps, num_stages=config.num_stages)
-    else:
-        _tuned(kind)[grid_of](**args)
+        return
+    q = _tensor(args["Q"])
+    key = (kind, q.device, q.dtype, *(args[k] for k in _TUNE_KEY))
+    chosen = _TUNED_CHOICE.get(key)
+    if chosen is None:
+        tuned = _tuned(kind)
+        tuned[grid_of](**args)
+        _TUNED_CHOICE[key] = tuned.best_config
+        return
+    meta = chosen.all_kwargs()
+    _set_boxes(kind)({**args, **meta})
+    kernel[grid_of(meta)](**args, **meta)
+
+
+_STRIDE_NAMES: dict = {}
 
 
 def _strides4(t: torch.Tensor, prefix: str) -> dict:
-    return {f"stride_{prefix}{s}": t.stride(i) for i, s in enumerate("bhnd")}
+    names = _STRIDE_NAMES.get(prefix)
+    if names is None:
+        names = _STRIDE_NAMES[prefix] = tuple(f"stride_{prefix}{s}" for s in "bhnd")
+    return dict(zip(names, t.stride()))
 
 
 def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = None):
@@ -182,14 +255,16 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     def grid(meta):
         return (triton.cdiv(n_q, meta["BLOCK_M"]), hq, b)
 
+    tma = use_tma(q, k, v, o)
+    tiles = (lambda t: _descriptor(t)) if tma else (lambda t: t)
     _launch("fwd", _attn_fwd_kernel, grid, config, configs.INTERPRETER_FWD,
-            Q=q, K=k, V=v, O=o, LSE=lse,
+            Q=tiles(q), K=tiles(k), V=tiles(v), O=tiles(o), LSE=lse,
             **_strides4(q, "q"), **_strides4(k, "k"), **_strides4(v, "v"), **_strides4(o, "o"),
             stride_lb=lse.stride(0), stride_lh=lse.stride(1),
             GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
             N_Q_BUCKET=_bucket(n_q), N_K_BUCKET=_bucket(n_k),
             HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=bool(causal),
-            DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=use_tma(q, k, v, o))
+            DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma)
     return o, lse
 
 
@@ -214,13 +289,15 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
         N_HEADS=hq, N_Q=n_q, HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block,
         HAS_DLSE=has_dlse)
 
-    common = dict(Q=q, K=k, V=v, DO=do, LSE2=lse2, DELTA=delta,
+    tma = use_tma(q, k, v, do, dq, dk, dv)
+    tiles = (lambda t: _descriptor(t)) if tma else (lambda t: t)
+    common = dict(Q=tiles(q), K=tiles(k), V=tiles(v), DO=tiles(do), LSE2=lse2, DELTA=delta,
                   **_strides4(q, "q"), **_strides4(k, "k"), **_strides4(v, "v"), **_strides4(do, "do"),
                   N_HEADS=hq, GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k,
                   sm_scale=scale, qk_scale=scale * LOG2E,
                   N_Q_BUCKET=_bucket(n_q), N_K_BUCKET=_bucket(n_k),
                   HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=bool(causal),
-                  DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=use_tma(q, k, v, do, dq, dk, dv))
+                  DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma)
 
     def grid_kv(meta):
         return (triton.cdiv(n_k, meta["BLOCK_N"]), hkv, b)
@@ -229,8 +306,8 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
         return (triton.cdiv(n_q, meta["BLOCK_M"]), hq, b)
 
     _launch("dkdv", _attn_bwd_dkdv_kernel, grid_kv, per_kind.get("dkdv"), configs.INTERPRETER_BWD,
-            DK=dk, DV=dv, **_strides4(dk, "dk"), **_strides4(dv, "dv"), **common)
+            DK=tiles(dk), DV=tiles(dv), **_strides4(dk, "dk"), **_strides4(dv, "dv"), **common)
     _launch("dq", _attn_bwd_dq_kernel, grid_q, per_kind.get("dq"), configs.INTERPRETER_BWD,
-            DQ=dq, **_strides4(dq, "dq"), **common)
+            DQ=tiles(dq), **_strides4(dq, "dq"), **common)
     return dq, dk, dv
 

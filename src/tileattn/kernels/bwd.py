@@ -57,7 +57,7 @@ def _attn_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_src, do_src, lse2_ptrs, delta_ptrs, offs_n,
+def _dkdv_inner(dk, dv, k, v, q_src, do_src, off_b, off_h, lse2_ptrs, delta_ptrs, offs_n,
                 lo, hi, N_Q, N_K, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                 MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
@@ -65,14 +65,16 @@ def _dkdv_inner(dk, dv, k, v, q_src, do_src, lse2_ptrs, delta_ptrs, offs_n,
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + rows
         m_ok = offs_m < N_Q
-        q = load_rows(q_src, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
+        q = load_rows(q_src, off_b, off_h, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True,
+                      USE_TMA)
         lse2 = tl.load(lse2_ptrs + offs_m, mask=m_ok, other=float("inf"))
         qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
         p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
         if MASKED:
             visible = offs_n[:, None] <= offs_m[None, :] + (N_K - N_Q)
             p_t = tl.where(visible, p_t, 0.0)
-        do = load_rows(do_src, start_m, N_Q, stride_don, stride_dod, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
+        do = load_rows(do_src, off_b, off_h, start_m, N_Q, stride_don, stride_dod, BLOCK_M, HEAD_DIM, BLOCK_D, True,
+                       USE_TMA)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         delta = tl.load(delta_ptrs + offs_m, mask=m_ok, other=0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
@@ -102,55 +104,49 @@ def _attn_bwd_dkdv_kernel(
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
 
-    k_src = tile_source(head_base(K, off_b, off_hk, stride_kb, stride_kh),
-                        N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-    v_src = tile_source(head_base(V, off_b, off_hk, stride_vb, stride_vh),
-                        N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-    k = load_rows(k_src, start_n, N_K, stride_kn, stride_kd, BLOCK_N, HEAD_DIM, BLOCK_D, True, USE_TMA)
-    v = load_rows(v_src, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    k_src = tile_source(K, off_b, off_hk, stride_kb, stride_kh, USE_TMA)
+    v_src = tile_source(V, off_b, off_hk, stride_vb, stride_vh, USE_TMA)
+    k = load_rows(k_src, off_b, off_hk, start_n, N_K, stride_kn, stride_kd, BLOCK_N, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    v = load_rows(v_src, off_b, off_hk, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D, True, USE_TMA)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
     lo, full_start = causal_query_bounds(start_n, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
     for g in range(GROUP_SIZE):
         off_h = off_hk * GROUP_SIZE + g
-        q_src = tile_source(head_base(Q, off_b, off_h, stride_qb, stride_qh),
-                            N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
-        do_src = tile_source(head_base(DO, off_b, off_h, stride_dob, stride_doh),
-                             N_Q, stride_don, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
+        q_src = tile_source(Q, off_b, off_h, stride_qb, stride_qh, USE_TMA)
+        do_src = tile_source(DO, off_b, off_h, stride_dob, stride_doh, USE_TMA)
         row0 = (off_b.to(tl.int64) * N_HEADS + off_h) * N_Q
         if IS_CAUSAL:
             dk, dv = _dkdv_inner(
-                dk, dv, k, v, q_src, do_src, LSE2 + row0, DELTA + row0, offs_n,
+                dk, dv, k, v, q_src, do_src, off_b, off_h, LSE2 + row0, DELTA + row0, offs_n,
                 lo, full_start, N_Q, N_K, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
                 MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
         dk, dv = _dkdv_inner(
-            dk, dv, k, v, q_src, do_src, LSE2 + row0, DELTA + row0, offs_n,
+            dk, dv, k, v, q_src, do_src, off_b, off_h, LSE2 + row0, DELTA + row0, offs_n,
             full_start, N_Q, N_Q, N_K, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
             HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
             MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
 
     dk = dk * sm_scale
-    dk_dst = tile_source(head_base(DK, off_b, off_hk, stride_dkb, stride_dkh),
-                         N_K, stride_dkn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-    dv_dst = tile_source(head_base(DV, off_b, off_hk, stride_dvb, stride_dvh),
-                         N_K, stride_dvn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-    store_rows(dk_dst, start_n, dk.to(DK.dtype.element_ty), N_K, stride_dkn, stride_dkd,
+    dk_dst = tile_source(DK, off_b, off_hk, stride_dkb, stride_dkh, USE_TMA)
+    dv_dst = tile_source(DV, off_b, off_hk, stride_dvb, stride_dvh, USE_TMA)
+    store_rows(dk_dst, off_b, off_hk, start_n, dk, N_K, stride_dkn, stride_dkd,
                BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-    store_rows(dv_dst, start_n, dv.to(DV.dtype.element_ty), N_K, stride_dvn, stride_dvd,
+    store_rows(dv_dst, off_b, off_hk, start_n, dv, N_K, stride_dvn, stride_dvd,
                BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse2, delta, k_src, v_src, offs_m, offs_n,
+def _dq_inner(dq, q, do, lse2, delta, k_src, v_src, off_b, off_hk, offs_m, offs_n,
               lo, hi, N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
               IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
               USE_TMA: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
-        k = load_rows(k_src, start_n, N_K, stride_kn, stride_kd, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
-        v = load_rows(v_src, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        k = load_rows(k_src, off_b, off_hk, start_n, N_K, stride_kn, stride_kd, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        v = load_rows(v_src, off_b, off_hk, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         p = tl.math.exp2(qk * qk_scale - lse2[:, None])
         if MASKED:
@@ -188,16 +184,13 @@ def _attn_bwd_dq_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     m_ok = offs_m < N_Q
 
-    q_src = tile_source(head_base(Q, off_b, off_h, stride_qb, stride_qh),
-                        N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
-    do_src = tile_source(head_base(DO, off_b, off_h, stride_dob, stride_doh),
-                         N_Q, stride_don, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
-    k_src = tile_source(head_base(K, off_b, off_hk, stride_kb, stride_kh),
-                        N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-    v_src = tile_source(head_base(V, off_b, off_hk, stride_vb, stride_vh),
-                        N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-    q = load_rows(q_src, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
-    do = load_rows(do_src, start_m, N_Q, stride_don, stride_dod, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    q_src = tile_source(Q, off_b, off_h, stride_qb, stride_qh, USE_TMA)
+    do_src = tile_source(DO, off_b, off_h, stride_dob, stride_doh, USE_TMA)
+    k_src = tile_source(K, off_b, off_hk, stride_kb, stride_kh, USE_TMA)
+    v_src = tile_source(V, off_b, off_hk, stride_vb, stride_vh, USE_TMA)
+    q = load_rows(q_src, off_b, off_h, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    do = load_rows(do_src, off_b, off_h, start_m, N_Q, stride_don, stride_dod, BLOCK_M, HEAD_DIM, BLOCK_D, True,
+                   USE_TMA)
     row0 = (off_b.to(tl.int64) * N_HEADS + off_h) * N_Q
     lse2 = tl.load(LSE2 + row0 + offs_m, mask=m_ok, other=float("inf"))
     delta = tl.load(DELTA + row0 + offs_m, mask=m_ok, other=0.0)
@@ -205,17 +198,16 @@ def _attn_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full_end, hi = causal_key_bounds(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
     dq = _dq_inner(
-        dq, q, do, lse2, delta, k_src, v_src, offs_m, offs_n,
+        dq, q, do, lse2, delta, k_src, v_src, off_b, off_hk, offs_m, offs_n,
         0, full_end, N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
         HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
         IS_CAUSAL=IS_CAUSAL, MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
     dq = _dq_inner(
-        dq, q, do, lse2, delta, k_src, v_src, offs_m, offs_n,
+        dq, q, do, lse2, delta, k_src, v_src, off_b, off_hk, offs_m, offs_n,
         full_end, hi, N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
         HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
         IS_CAUSAL=IS_CAUSAL, MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
     dq = dq * sm_scale
-    dq_dst = tile_source(head_base(DQ, off_b, off_h, stride_dqb, stride_dqh),
-                         N_Q, stride_dqn, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
-    store_rows(dq_dst, start_m, dq.to(DQ.dtype.element_ty), N_Q, stride_dqn, stride_dqd,
+    dq_dst = tile_source(DQ, off_b, off_h, stride_dqb, stride_dqh, USE_TMA)
+    store_rows(dq_dst, off_b, off_h, start_m, dq, N_Q, stride_dqn, stride_dqd,
                BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)

@@ -83,26 +83,29 @@ def causal_query_bounds(start_n, N_Q, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
-def tile_source(base, n_rows, stride_n, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr,
-                BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
-    """Where (BLOCK_R, BLOCK_D) tiles of the (n_rows, HEAD_DIM) matrix at ``base``
-    come from: a tensor descriptor (TMA on Hopper: the copy engine moves whole
-    tiles, zero-fills rows/columns past the edge, and no thread holds
-    addresses) or, on the portable path, the base pointer itself."""
+def tile_source(arg, off_b, off_h, stride_b, stride_h, USE_TMA: tl.constexpr):
+    """Where the tiles of the (off_b, off_h) head of a (B, H, N, D) tensor come
+    from.  With ``USE_TMA`` the kernel argument is a host-built tensor
+    descriptor over the whole 4-D tensor (the Hopper copy engine moves whole
+    tiles, zero-fills rows/columns past the edge of each head, and no thread
+    holds addresses or builds descriptors); it is returned as is and indexed
+    with (off_b, off_h) at each load.  Otherwise the argument is the tensor's
+    base pointer and the head's base pointer is returned."""
     if USE_TMA:
-        src = tl.make_tensor_descriptor(base, shape=[n_rows, HEAD_DIM], strides=[stride_n, 1],
-                                        block_shape=[BLOCK_R, BLOCK_D])
+        src = arg
     else:
-        src = base
+        src = head_base(arg, off_b, off_h, stride_b, stride_h)
     return src
 
 
 @triton.jit
-def load_rows(src, start, n_rows, stride_n, stride_d, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr,
-              BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, USE_TMA: tl.constexpr):
-    """Rows [start, start + BLOCK_R) of a tile source, zero past the edges."""
+def load_rows(src, off_b, off_h, start, n_rows, stride_n, stride_d, BLOCK_R: tl.constexpr,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr,
+              USE_TMA: tl.constexpr):
+    """Rows [start, start + BLOCK_R) of one head, zero past the edges."""
     if USE_TMA:
-        x = src.load([start, 0])
+        # the (1, 1, R, D) box is rank-reduced by the compiler: no data movement
+        x = src.load([off_b, off_h, start, 0]).reshape([BLOCK_R, BLOCK_D])
     else:
         rows = tl.arange(0, BLOCK_R)
         offs_d = tl.arange(0, BLOCK_D)
@@ -112,16 +115,17 @@ def load_rows(src, start, n_rows, stride_n, stride_d, BLOCK_R: tl.constexpr, HEA
 
 
 @triton.jit
-def store_rows(dst, start, x, n_rows, stride_n, stride_d, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
-    """Store rows [start, start + BLOCK_R) of x, clipped at the edges."""
+def store_rows(dst, off_b, off_h, start, x, n_rows, stride_n, stride_d, BLOCK_R: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
+    """Store rows [start, start + BLOCK_R) of x into one head, clipped at the edges."""
     if USE_TMA:
-        dst.store([start, 0], x)
+        dst.store([off_b, off_h, start, 0], x.to(dst.dtype).reshape([1, 1, BLOCK_R, BLOCK_D]))
     else:
         rows = tl.arange(0, BLOCK_R)
         offs_d = tl.arange(0, BLOCK_D)
         ptrs = dst + tl.cast(start, tl.int64) * stride_n + (rows[:, None] * stride_n + offs_d[None, :] * stride_d)
-        store_tile(ptrs, x, start + rows < n_rows, offs_d < HEAD_DIM, HEAD_DIM != BLOCK_D)
+        store_tile(ptrs, x.to(dst.dtype.element_ty), start + rows < n_rows, offs_d < HEAD_DIM,
+                   HEAD_DIM != BLOCK_D)
 
 
 @triton.jit

@@ -17,13 +17,13 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, offs_m, offs_n,
+def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n,
                lo, hi, N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
                USE_TMA: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
-        k = load_rows(k_src, start_n, N_K, stride_kn, stride_kd, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        k = load_rows(k_src, off_b, off_hk, start_n, N_K, stride_kn, stride_kd, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         s = qk * qk_scale
         if MASKED:
@@ -42,7 +42,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, offs_m, offs_n,
         p = tl.math.exp2(s - m_ref[:, None])
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_rows(v_src, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        v = load_rows(v_src, off_b, off_hk, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -72,16 +72,12 @@ def _attn_fwd_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
 
-    q_src = tile_source(head_base(Q, off_b, off_h, stride_qb, stride_qh),
-                        N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
-    k_src = tile_source(head_base(K, off_b, off_hk, stride_kb, stride_kh),
-                        N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-    v_src = tile_source(head_base(V, off_b, off_hk, stride_vb, stride_vh),
-                        N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-    o_dst = tile_source(head_base(O, off_b, off_h, stride_ob, stride_oh),
-                        N_Q, stride_on, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
+    q_src = tile_source(Q, off_b, off_h, stride_qb, stride_qh, USE_TMA)
+    k_src = tile_source(K, off_b, off_hk, stride_kb, stride_kh, USE_TMA)
+    v_src = tile_source(V, off_b, off_hk, stride_vb, stride_vh, USE_TMA)
+    o_dst = tile_source(O, off_b, off_h, stride_ob, stride_oh, USE_TMA)
 
-    q = load_rows(q_src, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    q = load_rows(q_src, off_b, off_h, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -89,12 +85,12 @@ def _attn_fwd_kernel(
 
     full_end, hi = causal_key_bounds(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_src, v_src, offs_m, offs_n,
+        acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n,
         0, full_end, N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
         HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
         IS_CAUSAL=IS_CAUSAL, MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_src, v_src, offs_m, offs_n,
+        acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n,
         full_end, hi, N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
         HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
         IS_CAUSAL=IS_CAUSAL, MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
@@ -104,7 +100,7 @@ def _attn_fwd_kernel(
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
-    store_rows(o_dst, start_m, out.to(O.dtype.element_ty), N_Q, stride_on, stride_od,
+    store_rows(o_dst, off_b, off_h, start_m, out, N_Q, stride_on, stride_od,
                BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
     lse_ptrs = head_base(LSE, off_b, off_h, stride_lb, stride_lh) + offs_m
     tl.store(lse_ptrs, lse, mask=offs_m < N_Q)
