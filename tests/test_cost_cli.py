@@ -138,3 +138,17 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
                              capture_output=True, text=True, timeout=120).stdout
     for sid in SECTION_IDS:
         assert f'id="{sid}"' in dom
+
+
+def test_calibrated_h200_entry_loads_as_measured():
+    """The entry `tileattn calibrate` wrote on the H200 (docs/results/h200)
+    loads as user hardware, with measured copy bandwidth and bf16 rate."""
+    from pathlib import Path
+
+    from tileattn.cost.hardware import load_hardware_file
+    path = Path(__file__).resolve().parents[1] / "docs" / "results" / "h200" / "calibrated_h200.json"
+    hw = load_hardware_file(path)
+    assert hw.name == "nvidia-h200-calibrated" and hw.has_measured()
+    assert 3.5e12 < hw.bandwidth("measured") < 4.8e12      # datasheet: 4.8 TB/s
+    assert 6e14 < hw.peak("bf16", "measured") < 9.9e14     # datasheet dense bf16: 989 TFLOP/s
+    assert hw.ridge_point("bf16", "measured") == pytest.approx(hw.peak("bf16", "measured") / hw.bandwidth("measured"))
