@@ -13,6 +13,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import configs
+from .block_mask import BLOCK_K as MASK_BLOCK_K, BLOCK_Q as MASK_BLOCK_Q, kernel_block_lists
 from .configs import KernelConfig
 from .kernels.bwd import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess_kernel
 from .kernels.fwd import _attn_fwd_kernel
@@ -111,7 +112,8 @@ def _set_boxes(kind: str):
     def hook(args):
         if args["USE_TMA"]:
             for name, rows in _BOX_ROWS[kind].items():
-                args[name].block_shape = [1, 1, args[rows], args["BLOCK_D"]]
+                if isinstance(args[name], TensorDescriptor):
+                    args[name].block_shape = [1, 1, args[rows], args["BLOCK_D"]]
     return hook
 
 
@@ -163,6 +165,8 @@ def _prune(kind: str):
         allowed = {c.name for c in configs.fitting(configs.candidates(kind, head_dim), head_dim, elem, limit,
                                                    kind=kind)}
         kept = [c for c in cfgs if _name(c) in allowed]
+        if args.get("BLOCK_SPARSE"):
+            kept = [c for c in kept if _tiles_divide_mask(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"])]
         return kept or cfgs[:1]
     return prune
 
@@ -182,7 +186,13 @@ def _triton_configs(kind: str) -> list:
     return out
 
 
-_TUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "HEAD_DIM", "IS_CAUSAL", "DOT_PRECISION", "USE_TMA"]
+def _tiles_divide_mask(block_m: int, block_n: int) -> bool:
+    """A kernel tile must lie inside one block of a block-sparse layout."""
+    return MASK_BLOCK_Q % block_m == 0 and MASK_BLOCK_K % block_n == 0
+
+
+_TUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "HEAD_DIM", "IS_CAUSAL", "DOT_PRECISION", "USE_TMA",
+             "IS_VARLEN", "HAS_WINDOW", "HAS_SOFTCAP", "HAS_ALIBI", "BLOCK_SPARSE"]
 _KERNELS = {"fwd": _attn_fwd_kernel, "dkdv": _attn_bwd_dkdv_kernel, "dq": _attn_bwd_dq_kernel}
 
 
@@ -211,15 +221,21 @@ def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter
         config = interpreter_cfg
     if config is None and not _autotune_enabled():
         head_dim, q = args["HEAD_DIM"], _tensor(args["Q"])
-        config = configs.fitting(configs.candidates(kind, head_dim), head_dim, q.element_size(),
-                                 _smem_limit(q.device), kind=kind)[0]
+        fits = configs.fitting(configs.candidates(kind, head_dim), head_dim, q.element_size(),
+                               _smem_limit(q.device), kind=kind)
+        if args.get("BLOCK_SPARSE"):
+            fits = [c for c in fits if _tiles_divide_mask(c.block_m, c.block_n)] or fits
+        config = fits[0]
+    if config is not None and args.get("BLOCK_SPARSE") and not _tiles_divide_mask(config.block_m, config.block_n):
+        raise ValueError(f"config {config.name}: block-sparse attention needs tiles that divide the layout's "
+                         f"{MASK_BLOCK_Q} x {MASK_BLOCK_K} blocks")
     if config is not None:
         meta = config.as_meta()
         _set_boxes(kind)({**args, **meta})
         kernel[grid_of(meta)](**args, **meta, num_warps=config.num_warps, num_stages=config.num_stages)
         return
     q = _tensor(args["Q"])
-    key = (kind, q.device, q.dtype, *(args[k] for k in _TUNE_KEY))
+    key = (kind, q.device, q.dtype, *(args.get(k) for k in _TUNE_KEY))
     chosen = _TUNED_CHOICE.get(key)
     if chosen is None:
         tuned = _tuned(kind)
@@ -241,42 +257,112 @@ def _strides4(t: torch.Tensor, prefix: str) -> dict:
     return dict(zip(names, t.stride()))
 
 
-def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = None):
-    """Forward launch. Returns (out like q, lse float32 (B, Hq, Nq))."""
+class _Variants:
+    """The kernel arguments of the variants that are on (none for a plain call).
+
+    Packed sequences arrive as (1, H, total, D) views with ``cu_seqlens_*``;
+    the batch axis of the grid then runs over the sequences."""
+
+    def __init__(self, q, k, causal, scale, *, window=None, softcap=None, alibi_slopes=None, block_mask=None,
+                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+        self.varlen = cu_seqlens_q is not None
+        n_q, n_k = q.shape[2], k.shape[2]
+        self.batch = cu_seqlens_q.numel() - 1 if self.varlen else q.shape[0]
+        self.len_q = int(max_seqlen_q) if self.varlen else n_q   # rows per sequence the grid covers
+        self.len_k = int(max_seqlen_k) if self.varlen else n_k
+        self.causal = bool(causal)   # IS_CAUSAL of the kernels
+        self.window = window
+        self.block_mask = block_mask
+        self.args = {}
+        if self.varlen:
+            self.args.update(CU_SEQLENS_Q=cu_seqlens_q, CU_SEQLENS_K=cu_seqlens_k, IS_VARLEN=True)
+        if window is not None:
+            left, right = window
+            if causal:
+                right = 0
+            # unbounded sides: a bound past every sequence (no int32 overflow)
+            left = self.len_k if left < 0 else min(left, self.len_k)
+            right = self.len_q if right < 0 else min(right, self.len_q)
+            # causal is folded into the window's right side
+            self.args.update(win_left=left, win_right=right, HAS_WINDOW=True)
+            self.causal = False
+        if softcap:
+            self.args.update(softcap_scale=scale / softcap, softcap_log2=softcap * LOG2E, HAS_SOFTCAP=True)
+        if alibi_slopes is not None:
+            slopes = alibi_slopes.to(device=q.device, dtype=torch.float32)
+            if slopes.dim() == 1:
+                self.args.update(ALIBI=slopes, stride_ab=0, stride_ah=slopes.stride(0))
+            else:
+                self.args.update(ALIBI=slopes, stride_ab=slopes.stride(0), stride_ah=slopes.stride(1))
+            self.args["HAS_ALIBI"] = True
+        self.lists = None
+        if block_mask is not None:
+            self.lists = kernel_block_lists(block_mask, n_q, n_k, causal=causal, window=window)
+
+    def kernel_args(self, kind: str) -> dict:
+        """Arguments for the ``fwd``, ``dkdv`` or ``dq`` kernel."""
+        args = dict(self.args)
+        if self.lists is not None:
+            lst = self.lists
+            full_num, full_idx, part_num, part_idx = (
+                (lst.q_full_num, lst.q_full_idx, lst.q_part_num, lst.q_part_idx) if kind == "dkdv" else
+                (lst.kv_full_num, lst.kv_full_idx, lst.kv_part_num, lst.kv_part_idx))
+            bb, hb = full_idx.shape[0], full_idx.shape[1]
+            # broadcast layouts (batch or heads of size 1) get stride 0
+            args.update(BS_FULL_NUM=full_num, BS_FULL_IDX=full_idx, BS_PART_NUM=part_num, BS_PART_IDX=part_idx,
+                        stride_bs_nb=full_num.stride(0) if bb > 1 else 0,
+                        stride_bs_nh=full_num.stride(1) if hb > 1 else 0,
+                        stride_bs_ib=full_idx.stride(0) if bb > 1 else 0,
+                        stride_bs_ih=full_idx.stride(1) if hb > 1 else 0,
+                        stride_bs_ir=full_idx.stride(2), BLOCK_SPARSE=True,
+                        MASK_BLOCK_Q=MASK_BLOCK_Q, MASK_BLOCK_K=MASK_BLOCK_K)
+        return args
+
+
+def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = None, **variants):
+    """Forward launch. Returns (out like q, lse float32 (B, Hq, Nq)).
+
+    ``variants``: ``window=(left, right)``, ``softcap=c``, ``alibi_slopes``,
+    ``block_mask`` (see ``tileattn.attention``) and, for packed sequences
+    given as (1, H, total, D) views, ``cu_seqlens_q``, ``cu_seqlens_k``,
+    ``max_seqlen_q``, ``max_seqlen_k`` (lse is then (1, Hq, total_q))."""
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
+    var = _Variants(q, k, causal, scale, **variants)
     o = _empty_like(q)
     lse = _empty((b, hq, n_q), q.device)
-    if n_q == 0 or b == 0:
+    if n_q == 0 or b == 0 or var.batch == 0:
         return o, lse
     if n_k == 0:  # nothing to attend to: every row is empty
         return o.zero_(), lse.fill_(float("-inf"))
 
     def grid(meta):
-        return (triton.cdiv(n_q, meta["BLOCK_M"]), hq, b)
+        return (triton.cdiv(var.len_q, meta["BLOCK_M"]), hq, var.batch)
 
     tma = use_tma(q, k, v, o)
     tiles = (lambda t: _descriptor(t)) if tma else (lambda t: t)
     _launch("fwd", _attn_fwd_kernel, grid, config, configs.INTERPRETER_FWD,
-            Q=tiles(q), K=tiles(k), V=tiles(v), O=tiles(o), LSE=lse,
+            Q=tiles(q), K=tiles(k), V=tiles(v), O=o if var.varlen else tiles(o), LSE=lse,
             **_strides4(q, "q"), **_strides4(k, "k"), **_strides4(v, "v"), **_strides4(o, "o"),
             stride_lb=lse.stride(0), stride_lh=lse.stride(1),
             GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
-            N_Q_BUCKET=_bucket(n_q), N_K_BUCKET=_bucket(n_k),
-            HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=bool(causal),
-            DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma)
+            N_Q_BUCKET=_bucket(var.len_q), N_K_BUCKET=_bucket(var.len_k),
+            HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=var.causal,
+            DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma, **var.kernel_args("fwd"))
     return o, lse
 
 
 def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
-             config: KernelConfig | dict | None = None):
+             config: KernelConfig | dict | None = None, **variants):
     """Backward launch. Returns (dq like q, dk like k, dv like v).  ``config``
-    forces both kernels' config, or {"dkdv": ..., "dq": ...} each."""
+    forces both kernels' config, or {"dkdv": ..., "dq": ...} each;
+    ``variants`` as for :func:`attn_fwd`."""
     per_kind = config if isinstance(config, dict) else {"dkdv": config, "dq": config}
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
+    var = _Variants(q, k, causal, scale, **variants)
     dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
-    if b == 0 or n_k == 0 or n_q == 0:
+    if b == 0 or n_k == 0 or n_q == 0 or var.batch == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     lse = lse.contiguous()
     delta = _empty((b, hq, n_q), q.device)
@@ -295,19 +381,22 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
                   **_strides4(q, "q"), **_strides4(k, "k"), **_strides4(v, "v"), **_strides4(do, "do"),
                   N_HEADS=hq, GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k,
                   sm_scale=scale, qk_scale=scale * LOG2E,
-                  N_Q_BUCKET=_bucket(n_q), N_K_BUCKET=_bucket(n_k),
-                  HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=bool(causal),
+                  N_Q_BUCKET=_bucket(var.len_q), N_K_BUCKET=_bucket(var.len_k),
+                  HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=var.causal,
                   DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma)
+    # packed sequences store through pointers, clipped at each sequence's end
+    out_tiles = (lambda t: t) if var.varlen else tiles
 
     def grid_kv(meta):
-        return (triton.cdiv(n_k, meta["BLOCK_N"]), hkv, b)
+        return (triton.cdiv(var.len_k, meta["BLOCK_N"]), hkv, var.batch)
 
     def grid_q(meta):
-        return (triton.cdiv(n_q, meta["BLOCK_M"]), hq, b)
+        return (triton.cdiv(var.len_q, meta["BLOCK_M"]), hq, var.batch)
 
     _launch("dkdv", _attn_bwd_dkdv_kernel, grid_kv, per_kind.get("dkdv"), configs.INTERPRETER_BWD,
-            DK=tiles(dk), DV=tiles(dv), **_strides4(dk, "dk"), **_strides4(dv, "dv"), **common)
+            DK=out_tiles(dk), DV=out_tiles(dv), **_strides4(dk, "dk"), **_strides4(dv, "dv"), **common,
+            **var.kernel_args("dkdv"))
     _launch("dq", _attn_bwd_dq_kernel, grid_q, per_kind.get("dq"), configs.INTERPRETER_BWD,
-            DQ=tiles(dq), **_strides4(dq, "dq"), **common)
+            DQ=out_tiles(dq), **_strides4(dq, "dq"), **common, **var.kernel_args("dq"))
     return dq, dk, dv
 

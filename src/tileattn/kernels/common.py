@@ -1,8 +1,13 @@
-"""Pieces shared by the forward and backward kernels: tile loads and the
-causal block bounds.  Pure ``@triton.jit`` code, no torch.
+"""Pieces shared by the forward and backward kernels: tile loads, the
+causal and sliding-window block bounds, and the score variants (softcap,
+ALiBi).  Pure ``@triton.jit`` code, no torch.
 
 Causal masking is bottom-right aligned: query row ``i`` sees key ``j`` iff
-``j <= i + (N_K - N_Q)``.  docs/design.md derives the block bounds below.
+``j <= i + (N_K - N_Q)``.  A sliding window ``(left, right)`` keeps
+``i + N_K - N_Q - left <= j <= i + N_K - N_Q + right`` (the launcher folds
+causal into ``right = 0`` and gives unbounded sides a bound past the
+sequence).  docs/design.md derives the causal block bounds; docs/variants.md
+the window ones.
 """
 import triton
 import triton.language as tl
@@ -133,3 +138,92 @@ def head_base(ptr, off_b, off_h, stride_b, stride_h):
     """Pointer to the (off_b, off_h) slice of a (B, H, N, D) tensor.  The
     offset is 64-bit: B*H*N*D may exceed 2**31 elements."""
     return ptr + off_b.to(tl.int64) * stride_b + off_h.to(tl.int64) * stride_h
+
+
+@triton.jit
+def window_key_bounds(start_m, N_Q, N_K, win_left, win_right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For the query block starting at ``start_m`` under a sliding window:
+    (lo, full_lo, full_end, hi).
+
+    Key tiles [full_lo, full_end) lie inside the window of every row of the
+    block and inside N_K: no mask.  Tiles [lo, full_lo) and [full_end, hi)
+    need the window (and N_K) mask.  Tiles outside [lo, hi) are hidden from
+    every row and never loaded.  Row i sees keys [i + diag - left, i + diag +
+    right]: both ends grow with i, so the block's first and last rows decide.
+    """
+    diag = N_K - N_Q
+    last = tl.minimum(start_m + BLOCK_M, N_Q) - 1
+    hi = tl.minimum(tl.maximum(last + diag + win_right + 1, 0), N_K)
+    lo = tl.minimum(tl.maximum(start_m + diag - win_left, 0), N_K)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    # every row's window starts at or before the last row's start
+    full_lo = tl.maximum(last + diag - win_left, 0)
+    full_lo = ((full_lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    # ... and ends at or after the first row's end
+    full_end = (tl.maximum(start_m + diag + win_right + 1, 0) // BLOCK_N) * BLOCK_N
+    full_end = tl.minimum(full_end, (N_K // BLOCK_N) * BLOCK_N)
+    full_end = tl.minimum(tl.maximum(full_end, full_lo), hi)
+    return lo, full_lo, full_end, hi
+
+
+@triton.jit
+def window_query_bounds(start_n, N_Q, N_K, win_left, win_right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For the key block starting at ``start_n`` under a sliding window:
+    (lo, full_lo, full_end, hi) over query rows, as :func:`window_key_bounds`
+    (key j is seen by rows [j - diag - right, j - diag + left]).  Rows past
+    N_Q need no mask (their lse is +inf, so P = 0)."""
+    diag = N_K - N_Q
+    last_n = tl.minimum(start_n + BLOCK_N, N_K) - 1
+    lo = tl.minimum(tl.maximum(start_n - diag - win_right, 0), N_Q)
+    lo = (lo // BLOCK_M) * BLOCK_M
+    hi = tl.minimum(tl.maximum(last_n - diag + win_left + 1, 0), N_Q)
+    full_lo = tl.maximum(last_n - diag - win_right, 0)
+    full_lo = ((full_lo + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_end = (tl.maximum(start_n - diag + win_left + 1, 0) // BLOCK_M) * BLOCK_M
+    full_end = tl.minimum(tl.maximum(full_end, full_lo), hi)
+    return lo, full_lo, full_end, hi
+
+
+@triton.jit
+def window_visible(rows, cols, diag, win_left, win_right):
+    """Pairs (row i, key j) inside the window: broadcastable index tiles."""
+    rel = cols - (rows + diag)
+    return (rel >= -win_left) & (rel <= win_right)
+
+
+@triton.jit
+def tanh(x):
+    """tanh in float32 from exp2 (no libdevice: the same code runs under the
+    interpreter).  (1 - e) / (1 + e) with e = exp(-2|x|) loses relative
+    accuracy as |x| -> 0; there an odd Taylor series to x^9 is exact to
+    float32 rounding (error < 1e-8 at |x| = 0.25)."""
+    ax = tl.abs(x)
+    e = tl.math.exp2(-2.8853900817779268 * ax)   # exp(-2|x|)
+    big = (1.0 - e) / (1.0 + e)
+    x2 = ax * ax
+    small = ax * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * (
+        -0.05396825396825397 + x2 * 0.021869488536155203))))
+    t = tl.where(ax < 0.25, small, big)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def scores(qk, rows, cols, diag, qk_scale, softcap_scale, softcap_log2, alibi_log2,
+           HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """Scores in log2 units of a tile of q.k products, with the variants:
+    softcap c * tanh(scale * qk / c) (``softcap_scale = scale / c``,
+    ``softcap_log2 = c * log2(e)``), then the ALiBi bias -slope * |i + diag - j|
+    (``alibi_log2 = slope * log2(e)``; ``rows``/``cols`` broadcastable query
+    and key index tiles).  Returns (s, t) with t = tanh(...) for the softcap's
+    derivative 1 - t^2 (t = qk, unused, without softcap)."""
+    if HAS_SOFTCAP:
+        t = tanh(qk * softcap_scale)
+        s = t * softcap_log2
+    else:
+        t = qk
+        s = qk * qk_scale
+    if HAS_ALIBI:
+        s = s - alibi_log2 * tl.abs(rows + diag - cols).to(tl.float32)
+    return s, t

@@ -7,45 +7,110 @@ rescale the fp32 accumulator whenever the max grows.  S and P never leave the
 chip.  Key tiles hidden by the causal mask are never visited; only the tiles
 on the diagonal or at the N_K edge pay for masking (``MASKED`` stage).
 The rescaling identity is derived in docs/design.md.
+
+Variants are constexpr switches; with all of them off the kernel is the
+plain one above (docs/variants.md):
+  ``IS_VARLEN``    packed sequences: batch index = sequence, rows offset by
+                   ``CU_SEQLENS_*``; programs past a sequence's end exit;
+  ``HAS_WINDOW``   sliding window: key tiles outside every row's window are
+                   skipped, the window's edge tiles are masked;
+  ``HAS_SOFTCAP``  c * tanh(s / c) on the scaled scores;
+  ``HAS_ALIBI``    -slope * |i + Nk - Nq - j| added to them;
+  ``BLOCK_SPARSE`` walk the lists of visible BLOCK_Q x BLOCK_K blocks of the
+                   query block's row (full blocks unmasked, partial ones
+                   masked) instead of a range of key tiles.
 """
 import triton
 import triton.language as tl
 
-from .common import causal_key_bounds, head_base, load_rows, store_rows, tile_source
+from .common import causal_key_bounds, head_base, load_rows, scores, store_rows, tile_source, window_key_bounds
 
 LN2 = tl.constexpr(0.6931471805599453)
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _fwd_tile(acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n, start_n,
+              N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
+              k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+              IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              USE_TMA: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
+              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    if IS_VARLEN:
+        # rows are absolute in the packed tensor; past the sequence's end the
+        # loads return other sequences' rows (masked below, never stored)
+        k = load_rows(k_src, off_b, off_hk, k_row0 + start_n, k_end, stride_kn, stride_kd, BLOCK_N, HEAD_DIM,
+                      BLOCK_D, MASKED, USE_TMA)
+    else:
+        k = load_rows(k_src, off_b, off_hk, start_n, N_K, stride_kn, stride_kd, BLOCK_N, HEAD_DIM, BLOCK_D,
+                      MASKED, USE_TMA)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if HAS_SOFTCAP or HAS_ALIBI:
+        s, _ = scores(qk, offs_m[:, None], (start_n + offs_n)[None, :], N_K - N_Q, qk_scale, softcap_scale,
+                      softcap_log2, alibi_log2, HAS_SOFTCAP, HAS_ALIBI)
+    else:
+        s = qk * qk_scale
+    if MASKED:
+        n_idx = start_n + offs_n
+        visible = (n_idx < N_K)[None, :]
+        if HAS_WINDOW:
+            rel = n_idx[None, :] - (offs_m[:, None] + (N_K - N_Q))
+            visible = visible & (rel >= -win_left) & (rel <= win_right)
+        elif IS_CAUSAL:
+            visible = visible & (n_idx[None, :] <= offs_m[:, None] + (N_K - N_Q))
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:
+        # a row with nothing visible yet keeps m = -inf: subtract 0 instead
+        # so exp2 gives 0, not NaN
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    p = tl.math.exp2(s - m_ref[:, None])
+    alpha = tl.math.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if IS_VARLEN:
+        v = load_rows(v_src, off_b, off_hk, k_row0 + start_n, k_end, stride_vn, stride_vd, BLOCK_N, HEAD_DIM,
+                      BLOCK_D, MASKED, USE_TMA)
+    else:
+        v = load_rows(v_src, off_b, off_hk, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D,
+                      MASKED, USE_TMA)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
 
 
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n,
                lo, hi, N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
+               k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, block_idx,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-               USE_TMA: tl.constexpr):
-    for start_n in range(lo, hi, BLOCK_N):
-        k = load_rows(k_src, off_b, off_hk, start_n, N_K, stride_kn, stride_kd, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = qk * qk_scale
-        if MASKED:
-            n_idx = start_n + offs_n
-            visible = (n_idx < N_K)[None, :]
-            if IS_CAUSAL:
-                visible = visible & (n_idx[None, :] <= offs_m[:, None] + (N_K - N_Q))
-            s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        if MASKED:
-            # a row with nothing visible yet keeps m = -inf: subtract 0 instead
-            # so exp2 gives 0, not NaN
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_ref = m_new
-        p = tl.math.exp2(s - m_ref[:, None])
-        alpha = tl.math.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_rows(v_src, off_b, off_hk, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-        m_i = m_new
+               USE_TMA: tl.constexpr, IS_VARLEN: tl.constexpr = False, HAS_WINDOW: tl.constexpr = False,
+               HAS_SOFTCAP: tl.constexpr = False, HAS_ALIBI: tl.constexpr = False,
+               BLOCK_SPARSE: tl.constexpr = False, MASK_BLOCK_K: tl.constexpr = 128):
+    """Key tiles [lo, hi) in steps of BLOCK_N or, with BLOCK_SPARSE, the
+    entries [lo, hi) of the sub-tile list of ``block_idx`` (each listed block
+    of MASK_BLOCK_K keys holds MASK_BLOCK_K // BLOCK_N tiles)."""
+    if BLOCK_SPARSE:
+        for it in range(lo, hi):
+            sub = it % (MASK_BLOCK_K // BLOCK_N)
+            start_n = tl.load(block_idx + it // (MASK_BLOCK_K // BLOCK_N)) * MASK_BLOCK_K + sub * BLOCK_N
+            acc, l_i, m_i = _fwd_tile(
+                acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n, start_n,
+                N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
+                k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2,
+                HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, MASKED, DOT_PRECISION, USE_TMA,
+                IS_VARLEN, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI)
+    else:
+        for start_n in range(lo, hi, BLOCK_N):
+            acc, l_i, m_i = _fwd_tile(
+                acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n, start_n,
+                N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
+                k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2,
+                HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, MASKED, DOT_PRECISION, USE_TMA,
+                IS_VARLEN, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI)
     return acc, l_i, m_i
 
 
@@ -62,6 +127,16 @@ def _attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    # variants (None / unused unless their switch is on)
+    CU_SEQLENS_Q=None, CU_SEQLENS_K=None,
+    win_left=None, win_right=None,
+    softcap_scale=None, softcap_log2=None,
+    ALIBI=None, stride_ab=None, stride_ah=None,
+    BS_FULL_NUM=None, BS_FULL_IDX=None, BS_PART_NUM=None, BS_PART_IDX=None,
+    stride_bs_nb=None, stride_bs_nh=None, stride_bs_ib=None, stride_bs_ih=None, stride_bs_ir=None,
+    IS_VARLEN: tl.constexpr = False, HAS_WINDOW: tl.constexpr = False, HAS_SOFTCAP: tl.constexpr = False,
+    HAS_ALIBI: tl.constexpr = False, BLOCK_SPARSE: tl.constexpr = False,
+    MASK_BLOCK_Q: tl.constexpr = 128, MASK_BLOCK_K: tl.constexpr = 128,
 ):
     # heaviest causal blocks (last rows) first: better tail balance
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -72,35 +147,106 @@ def _attn_fwd_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
 
-    q_src = tile_source(Q, off_b, off_h, stride_qb, stride_qh, USE_TMA)
-    k_src = tile_source(K, off_b, off_hk, stride_kb, stride_kh, USE_TMA)
-    v_src = tile_source(V, off_b, off_hk, stride_vb, stride_vh, USE_TMA)
-    o_dst = tile_source(O, off_b, off_h, stride_ob, stride_oh, USE_TMA)
-
-    q = load_rows(q_src, off_b, off_h, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    if IS_VARLEN:
+        # the tensors are (1, H, total, D) views; off_b is the sequence
+        q_row0 = tl.load(CU_SEQLENS_Q + off_b)
+        n_q = tl.load(CU_SEQLENS_Q + off_b + 1) - q_row0
+        k_row0 = tl.load(CU_SEQLENS_K + off_b)
+        n_k = tl.load(CU_SEQLENS_K + off_b + 1) - k_row0
+        if start_m >= n_q:
+            return
+        t_b = 0
+        q_src = tile_source(Q, t_b, off_h, stride_qb, stride_qh, USE_TMA)
+        k_src = tile_source(K, t_b, off_hk, stride_kb, stride_kh, USE_TMA)
+        v_src = tile_source(V, t_b, off_hk, stride_vb, stride_vh, USE_TMA)
+        # stores go through pointers, clipped at the sequence's end
+        o_dst = tile_source(O, t_b, off_h, stride_ob, stride_oh, False)
+        q = load_rows(q_src, t_b, off_h, q_row0 + start_m, q_row0 + n_q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM,
+                      BLOCK_D, True, USE_TMA)
+        k_end = k_row0 + n_k
+    else:
+        t_b = off_b
+        n_q = N_Q
+        n_k = N_K
+        k_row0 = 0
+        k_end = N_K
+        q_src = tile_source(Q, off_b, off_h, stride_qb, stride_qh, USE_TMA)
+        k_src = tile_source(K, off_b, off_hk, stride_kb, stride_kh, USE_TMA)
+        v_src = tile_source(V, off_b, off_hk, stride_vb, stride_vh, USE_TMA)
+        o_dst = tile_source(O, off_b, off_h, stride_ob, stride_oh, USE_TMA)
+        q = load_rows(q_src, off_b, off_h, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True,
+                      USE_TMA)
+    if HAS_ALIBI:
+        alibi_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * LOG2E
+    else:
+        alibi_log2 = 0.0
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    full_end, hi = causal_key_bounds(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n,
-        0, full_end, N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-        HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-        IS_CAUSAL=IS_CAUSAL, MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n,
-        full_end, hi, N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-        HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-        IS_CAUSAL=IS_CAUSAL, MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
+    if BLOCK_SPARSE:
+        # this query block's row of the layout: full blocks, then partial ones
+        row = start_m // MASK_BLOCK_Q
+        nb = off_b * stride_bs_nb + off_h * stride_bs_nh + row
+        ib = off_b.to(tl.int64) * stride_bs_ib + off_h * stride_bs_ih + row * stride_bs_ir
+        n_full = tl.load(BS_FULL_NUM + nb) * (MASK_BLOCK_K // BLOCK_N)
+        n_part = tl.load(BS_PART_NUM + nb) * (MASK_BLOCK_K // BLOCK_N)
+        acc, l_i, m_i = _fwd_inner(
+            acc, l_i, m_i, q, k_src, v_src, t_b, off_hk, offs_m, offs_n,
+            0, n_full, n_q, n_k, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
+            k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, BS_FULL_IDX + ib,
+            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, IS_CAUSAL=IS_CAUSAL, MASKED=False,
+            DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW,
+            HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_SPARSE=True, MASK_BLOCK_K=MASK_BLOCK_K)
+        acc, l_i, m_i = _fwd_inner(
+            acc, l_i, m_i, q, k_src, v_src, t_b, off_hk, offs_m, offs_n,
+            0, n_part, n_q, n_k, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
+            k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, BS_PART_IDX + ib,
+            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, IS_CAUSAL=IS_CAUSAL, MASKED=True,
+            DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW,
+            HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_SPARSE=True, MASK_BLOCK_K=MASK_BLOCK_K)
+    else:
+        if HAS_WINDOW:
+            # masked left edge [lo, full_lo), then the two stages below
+            lo, full_lo, full_end, hi = window_key_bounds(start_m, n_q, n_k, win_left, win_right, BLOCK_M, BLOCK_N)
+            acc, l_i, m_i = _fwd_inner(
+                acc, l_i, m_i, q, k_src, v_src, t_b, off_hk, offs_m, offs_n,
+                lo, full_lo, n_q, n_k, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
+                k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, None,
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, IS_CAUSAL=IS_CAUSAL, MASKED=True,
+                DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW,
+                HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
+        else:
+            full_lo = 0
+            full_end, hi = causal_key_bounds(start_m, n_q, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        acc, l_i, m_i = _fwd_inner(
+            acc, l_i, m_i, q, k_src, v_src, t_b, off_hk, offs_m, offs_n,
+            full_lo, full_end, n_q, n_k, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
+            k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, None,
+            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+            IS_CAUSAL=IS_CAUSAL, MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
+            IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
+        acc, l_i, m_i = _fwd_inner(
+            acc, l_i, m_i, q, k_src, v_src, t_b, off_hk, offs_m, offs_n,
+            full_end, hi, n_q, n_k, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
+            k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, None,
+            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+            IS_CAUSAL=IS_CAUSAL, MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
+            IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
 
     # rows that saw no key: output 0, lse -inf (never 0/0)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
-    store_rows(o_dst, off_b, off_h, start_m, out, N_Q, stride_on, stride_od,
-               BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
-    lse_ptrs = head_base(LSE, off_b, off_h, stride_lb, stride_lh) + offs_m
-    tl.store(lse_ptrs, lse, mask=offs_m < N_Q)
+    if IS_VARLEN:
+        store_rows(o_dst, t_b, off_h, q_row0 + start_m, out, q_row0 + n_q, stride_on, stride_od,
+                   BLOCK_M, HEAD_DIM, BLOCK_D, False)
+        lse_ptrs = head_base(LSE, t_b, off_h, stride_lb, stride_lh) + q_row0 + offs_m
+        tl.store(lse_ptrs, lse, mask=offs_m < n_q)
+    else:
+        store_rows(o_dst, off_b, off_h, start_m, out, N_Q, stride_on, stride_od,
+                   BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
+        lse_ptrs = head_base(LSE, off_b, off_h, stride_lb, stride_lh) + offs_m
+        tl.store(lse_ptrs, lse, mask=offs_m < N_Q)
