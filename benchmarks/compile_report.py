@@ -2,10 +2,12 @@
 the compiler's resource report: registers, shared memory, spills.
 
     python benchmarks/compile_report.py --arch 90 [--head-dim 64 128] [--dtype bf16]
+    python benchmarks/compile_report.py --head-dim 128 --variant varlen window   # with variants on
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import re
 
 import triton
@@ -40,13 +42,36 @@ def _signature(kernel, ptr_ty, constexprs, boxes=None):
     return sig
 
 
-def compile_one(kernel, cfg, head_dim, dtype, causal, arch, use_tma=True):
+# The variants' switches and the types of the arguments each one uses.
+VARIANTS = {
+    "varlen": ({"IS_VARLEN": True}, {"CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32"}),
+    "window": ({"HAS_WINDOW": True}, {"win_left": "i32", "win_right": "i32"}),
+    "softcap": ({"HAS_SOFTCAP": True}, {"softcap_scale": "fp32", "softcap_log2": "fp32"}),
+    "alibi": ({"HAS_ALIBI": True}, {"ALIBI": "*fp32", "stride_ab": "i32", "stride_ah": "i32"}),
+    "block_sparse": ({"BLOCK_SPARSE": True}, {
+        **{n: "*i32" for n in ("BS_FULL_NUM", "BS_FULL_IDX", "BS_PART_NUM", "BS_PART_IDX")},
+        **{n: "i32" for n in ("stride_bs_nb", "stride_bs_nh", "stride_bs_ib", "stride_bs_ih", "stride_bs_ir")}}),
+}
+
+
+def compile_one(kernel, cfg, head_dim, dtype, causal, arch, use_tma=True, variants=()):
     constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim), "BLOCK_M": cfg.block_m,
-                  "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal,
+                  "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal and "window" not in variants,
                   "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32", "USE_TMA": use_tma}
+    types = {}
+    for name in variants:
+        constexprs.update(VARIANTS[name][0])
+        types.update(VARIANTS[name][1])
+    # the other variants' arguments keep their defaults (switches off, pointers None)
+    constexprs.update({p.name: p.default for p in kernel.params
+                       if p.name not in constexprs and p.name not in types
+                       and p.default is not inspect.Parameter.empty})
     kind = {_attn_fwd_kernel: "fwd", _attn_bwd_dkdv_kernel: "dkdv", _attn_bwd_dq_kernel: "dq"}[kernel]
     boxes = {name: constexprs[rows] for name, rows in _BOX_ROWS[kind].items()} if use_tma else None
+    if boxes and "varlen" in variants:  # packed sequences store through pointers
+        boxes = {n: r for n, r in boxes.items() if n not in ("O", "DQ", "DK", "DV")}
     sig = _signature(kernel, _TY[dtype], constexprs, boxes)
+    sig.update(types)
     src = ASTSource(fn=kernel, signature=sig, constexprs={(kernel.arg_names.index(k),): v
                                                           for k, v in constexprs.items()})
     target = GPUTarget("cuda", arch, 32)
@@ -78,6 +103,8 @@ def main():
     ap.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--dtype", default="bf16", choices=sorted(_TY))
     ap.add_argument("--pointer-path", action="store_true", help="the portable path instead of TMA")
+    ap.add_argument("--variant", nargs="+", default=[], choices=sorted(VARIANTS),
+                    help="compile with these variants switched on (default: the plain kernels)")
     args = ap.parse_args()
     rows = []
     for d in args.head_dim:
@@ -88,7 +115,7 @@ def main():
                 for causal in (False, True):
                     try:
                         regs, smem, spills, wgmma, _ = compile_one(kernel, cfg, d, args.dtype, causal, args.arch,
-                                                                              not args.pointer_path)
+                                                                   not args.pointer_path, tuple(args.variant))
                         rows.append((kind, d, cfg.name, causal, regs, smem, spills, wgmma))
                     except Exception as e:  # report and go on
                         msg = re.sub(r"\s+", " ", str(e))[:120]
