@@ -17,7 +17,7 @@ from tileattn.reference import (alibi_bias, block_mask_dense, causal_mask, stand
 from tileattn.testing import check_accuracy
 
 from conftest import DEVICE
-from test_attention import DT_NAME, SEED_OFFSET
+from test_attention import DT_NAME, SEED_OFFSET, pointer_path  # noqa: F401  (fixture)
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 
@@ -338,13 +338,18 @@ VARLEN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: c.id)
-def test_varlen(case, path):
+def assert_varlen(case: VarlenCase):
     mine, lowp, ref64 = run_varlen(case)
     tq = sum(case.lens_q)
     assert mine[0].shape == (tq, case.hq, case.d) and mine[1].shape == (case.hq, tq)
+    assert mine[0].dtype == case.dtype and mine[1].dtype == torch.float32
     for name, got, r64, rlp in zip(("out", "lse", "dq", "dk", "dv"), mine, ref64, lowp):
         check_accuracy(f"{case.id} {name}", got, r64, rlp, case.dtype)
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: c.id)
+def test_varlen(case, path):
+    assert_varlen(case)
 
 
 def test_varlen_matches_dense_per_sequence(path):
@@ -358,6 +363,28 @@ def test_varlen_matches_dense_per_sequence(path):
         seq = [t[s0:s1].transpose(0, 1)[None] for t in (q, k, v)]
         ref = tileattn.attention(*seq, causal=True, window=(9, -1))
         assert (out[s0:s1].float() - ref[0].transpose(0, 1).float()).abs().max() < 2e-3
+
+
+# ---------------------------------------------------------------------------
+# the portable pointer path (where tensor descriptors would run)
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("case", [WINDOW_CASES[5], SOFTCAP_ALIBI_CASES[-1], BLOCK_CASES[2]], ids=lambda c: c.id)
+def test_pointer_path_variants(case, pointer_path):
+    assert_case(case)
+
+
+@pytest.mark.parametrize("case", [VARLEN_CASES[1], VARLEN_CASES[5]], ids=lambda c: c.id)
+def test_pointer_path_varlen(case, pointer_path):
+    assert_varlen(case)
+
+
+def test_block_sparse_needs_tiles_inside_blocks(kernels):
+    """A forced config whose tiles straddle the layout's blocks is refused."""
+    from tileattn.configs import KernelConfig
+    q = torch.randn(1, 1, 300, 16, device=DEVICE)
+    layout = torch.ones(1, 1, 3, 3, dtype=torch.bool, device=DEVICE)
+    with pytest.raises(ValueError, match="tiles that divide"):
+        launch.attn_fwd(q, q, q, False, 0.25, config=KernelConfig(32, 256, 4, 1), block_mask=layout)
 
 
 # ---------------------------------------------------------------------------
