@@ -298,7 +298,7 @@ def test_profile_records_every_step(world, ring_results):
     ("scale-mismatch", "all", r"scale: .*softmax scale \(rank 0: 0\.5, rank 1: 0\.25"),
     ("one-rank-rejects", "last", "layout must be one of"),
     ("one-rank-rejects", "others", r"rank\(s\) \[\d\] rejected their arguments"),
-])
+], ids=["length-all", "causal-all", "scale-all", "rejects-last", "rejects-others"])
 @pytest.mark.parametrize("world", [2, 4])
 def test_disagreeing_calls_fail_on_every_rank(world, name, who, match, ring_results):
     d = ring_results(world)
