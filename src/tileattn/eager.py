@@ -1,0 +1,64 @@
+"""The eager-mode fast path to the Triton kernels.
+
+``tileattn::attention_fwd`` / ``tileattn::attention_bwd`` are
+``torch.library`` custom ops: that is what ``torch.compile``, fake tensors
+and ``opcheck`` need.  In plain eager execution the dispatcher glue around a
+Python custom op (alias checks, the generated autograd function,
+re-dispatch) costs far more host time than the launch itself: measured on
+the H200 host, ~0.9 ms of a 1.5 ms forward+backward step (docs/perf-notes.md,
+v2).  At N <= 1k the GPU work of one call is 0.1-0.9 ms, so the kernels
+waited for Python.
+
+When nothing traces the call (no ``torch.compile``, no dispatch mode such as
+fake tensors, only plain tensors), :func:`attention` runs the same
+launchers through a plain ``torch.autograd.Function`` instead.  Both routes
+call ``launch.attn_fwd`` / ``launch.attn_bwd`` with the same arguments, so
+their results are bitwise identical (tested).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import ops
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _no_dispatch_mode() -> bool:
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+    except ImportError:  # pragma: no cover - a torch without it: stay on the custom op
+        return False
+    return _get_current_dispatch_mode() is None
+
+
+def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether a dense call can take the eager fast path."""
+    return (type(q) in _PLAIN and type(k) in _PLAIN and type(v) in _PLAIN
+            and ops.uses_triton(q) and not torch.compiler.is_compiling() and _no_dispatch_mode())
+
+
+class _KernelAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, scale: float):
+        from . import launch
+        out, lse = launch.attn_fwd(q, k, v, causal, scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.scale = causal, scale
+        # an unused lse gets no gradient (None), not a tensor of zeros
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        from . import launch
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = launch.attn_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.scale, dlse=dlse)
+        return dq, dk, dv, None, None
+
+
+def attention(q, k, v, causal: bool, scale: float):
+    """(out, lse) of the dense kernels without the custom-op dispatch."""
+    return _KernelAttention.apply(q, k, v, causal, scale)

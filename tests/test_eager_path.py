@@ -1,0 +1,66 @@
+"""The eager fast path (plain autograd.Function) and the custom-op path run
+the same launchers: same outputs and gradients, bit for bit; anything that
+traces the call stays on the custom op."""
+import pytest
+import torch
+
+import tileattn
+from tileattn import eager, ops
+
+
+def _run(q, k, v, do, causal, route, monkeypatch):
+    monkeypatch.setattr(eager, "applies", lambda *a: route == "eager")
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    out, lse = tileattn.attention(qq, kk, vv, causal=causal, return_lse=True)
+    (out * do).sum().backward()
+    return out, lse, qq.grad, kk.grad, vv.grad
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_eager_route_matches_custom_op_bitwise(kernels, causal, monkeypatch):
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 4, 40, 32, generator=g)
+    k, v = (torch.randn(1, 2, 48, 32, generator=g) for _ in range(2))
+    do = torch.randn(1, 4, 40, 32, generator=g)
+    a = _run(q, k, v, do, causal, "eager", monkeypatch)
+    b = _run(q, k, v, do, causal, "op", monkeypatch)
+    for name, x, y in zip(("out", "lse", "dq", "dk", "dv"), a, b):
+        assert torch.equal(x, y), name
+    ref = tileattn.reference.standard_attention(q.double(), k.double(), v.double(), causal=causal)
+    assert (a[0].double() - ref).abs().max() < 1e-4
+
+
+def test_eager_route_taken_for_plain_tensors_on_the_kernels(kernels, monkeypatch):
+    calls = []
+    real = eager._KernelAttention.apply
+    monkeypatch.setattr(eager._KernelAttention, "apply", lambda *a: calls.append(1) or real(*a))
+    q = torch.randn(1, 2, 16, 16)
+    tileattn.attention(q, q.clone(), q.clone())
+    assert calls == [1]
+
+
+def test_lse_gradient_flows_on_eager_route(kernels):
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 24, 16, generator=g, dtype=torch.float32).requires_grad_() for _ in range(3))
+    out, lse = tileattn.attention(q, k, v, return_lse=True)
+    (lse.sum() + out.sum()).backward()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    o64, l64 = tileattn.reference.standard_attention(q64, k64, v64, return_lse=True)
+    (l64.sum() + o64.sum()).backward()
+    for x, y in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        assert (x.double() - y).abs().max() < 1e-4
+
+
+def test_traced_calls_stay_on_the_custom_op(kernels):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q = torch.empty(1, 2, 16, 16)
+        assert not eager.applies(q, q, q)
+    plain = torch.randn(1, 2, 16, 16)
+    assert eager.applies(plain, plain, plain)
+
+
+def test_torch_path_never_takes_the_eager_route():
+    with tileattn.use_backend("torch"):
+        q = torch.randn(1, 2, 16, 16)
+        assert not ops.uses_triton(q) and not eager.applies(q, q, q)
