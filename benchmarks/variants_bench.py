@@ -91,7 +91,8 @@ def bench_varlen(a, device, dtype, rows):
                 flops = varlen_flops(n_lens, n_lens, h, d, causal=causal, mode=mode)
                 res[name] = (ms, flops / (ms * 1e-3) / 1e12)
             rows.append({"section": "varlen", "mode": mode, "causal": causal, "heads": h, "head_dim": d,
-                         "tokens": total, "seqlens": " ".join(map(str, lens)), "dense_shape": f"{a.varlen_seqs}x{dense_n}",
+                         "tokens": total, "seqlens": " ".join(map(str, lens)),
+                         "dense_shape": f"{a.varlen_seqs}x{dense_n}",
                          "ms": res["varlen"][0], "tflops": res["varlen"][1], "dense_ms": res["dense"][0],
                          "dense_tflops": res["dense"][1], "tflops_ratio": res["varlen"][1] / res["dense"][1]})
             _log(rows[-1])

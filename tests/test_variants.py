@@ -352,6 +352,51 @@ def test_varlen(case, path):
     assert_varlen(case)
 
 
+def test_varlen_sequences_are_isolated(path):
+    """NaN in one packed sequence stays in it: loads that run past a
+    sequence's end (tensor descriptors read the next sequence's rows) are
+    zeroed, forward and backward."""
+    torch.manual_seed(23)
+    lens = (45, 30, 50)
+    cu = _cu(lens)
+    q, k, v = (torch.randn(sum(lens), 2, 16, device=DEVICE).requires_grad_() for _ in range(3))
+    with torch.no_grad():
+        for t in (q, k, v):
+            t[45:75] = float("nan")              # the middle sequence
+    out = tileattn.attention_varlen(q, k, v, cu, cu, 50, 50, causal=True)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    keep = torch.cat([torch.arange(45), torch.arange(75, 125)])
+    for name, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+        assert torch.isfinite(t[keep]).all(), f"NaN of another sequence reached {name}"
+    for s0, s1 in ((0, 45), (75, 125)):
+        seq = [t[s0:s1].detach().transpose(0, 1)[None].double() for t in (q, k, v)]
+        ref = standard_attention(*seq, causal=True)[0].transpose(0, 1)
+        assert (out[s0:s1].double() - ref).abs().max() < 1e-5
+
+
+def test_window_skips_keys_outside_every_window(kernels):
+    """Key tiles outside every row's window are never loaded: NaN there leaves
+    outputs and gradients finite (forward, dK/dV and dQ kernels)."""
+    torch.manual_seed(24)
+    q = torch.randn(1, 2, 40, 16, device=DEVICE, requires_grad=True)
+    k = torch.randn(1, 2, 200, 16, device=DEVICE)
+    v = torch.randn(1, 2, 200, 16, device=DEVICE)
+    with torch.no_grad():
+        k[:, :, :128] = float("nan")             # rows see keys [i + 150, i + 160] only
+        v[:, :, :128] = float("nan")
+    k.requires_grad_()
+    v.requires_grad_()
+    out = tileattn.attention(q, k, v, causal=True, window=(10, -1))
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    for name, t in (("out", out), ("dq", dq), ("dk", dk[:, :, 128:]), ("dv", dv[:, :, 128:])):
+        assert torch.isfinite(t).all(), f"{name}: a tile outside the window was read"
+    assert torch.equal(dk[:, :, :128], torch.zeros_like(dk[:, :, :128]))
+    mask = causal_mask(40, 200, DEVICE) | window_mask(40, 200, (10, -1), DEVICE)
+    ref = standard_attention(q.detach().double(), k.detach()[:, :, 128:].double(), v.detach()[:, :, 128:].double(),
+                             mask=mask[:, 128:])
+    assert (out.double() - ref).abs().max() < 1e-5
+
+
 def test_varlen_matches_dense_per_sequence(path):
     """Each packed sequence gives what ``attention`` gives on it alone."""
     torch.manual_seed(21)

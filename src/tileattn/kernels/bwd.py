@@ -24,8 +24,8 @@ runs on them unchanged.
 import triton
 import triton.language as tl
 
-from .common import (causal_key_bounds, causal_query_bounds, head_base, load_rows, load_tile, scores, store_rows,
-                     tile_source, window_key_bounds, window_query_bounds)
+from .common import (causal_key_bounds, causal_query_bounds, head_base, load_rows, load_seq_rows, load_tile, scores,
+                     store_rows, tile_source, window_key_bounds, window_query_bounds)
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -75,8 +75,9 @@ def _dkdv_tile(dk, dv, k, v, q_src, do_src, off_b, off_h, lse2_ptrs, delta_ptrs,
     offs_m = start_m + tl.arange(0, BLOCK_M)
     m_ok = offs_m < N_Q
     if IS_VARLEN:
-        q = load_rows(q_src, off_b, off_h, q_row0 + start_m, q_end, stride_qn, stride_qd, BLOCK_M, HEAD_DIM,
-                      BLOCK_D, True, USE_TMA)
+        # only the masked stages reach past the sequence's last row
+        q = load_seq_rows(q_src, off_b, off_h, q_row0 + start_m, q_end, stride_qn, stride_qd, BLOCK_M, HEAD_DIM,
+                          BLOCK_D, MASKED, USE_TMA)
     else:
         q = load_rows(q_src, off_b, off_h, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True,
                       USE_TMA)
@@ -96,8 +97,8 @@ def _dkdv_tile(dk, dv, k, v, q_src, do_src, off_b, off_h, lse2_ptrs, delta_ptrs,
             visible = offs_n[:, None] <= offs_m[None, :] + (N_K - N_Q)
             p_t = tl.where(visible, p_t, 0.0)
     if IS_VARLEN:
-        do = load_rows(do_src, off_b, off_h, q_row0 + start_m, q_end, stride_don, stride_dod, BLOCK_M, HEAD_DIM,
-                       BLOCK_D, True, USE_TMA)
+        do = load_seq_rows(do_src, off_b, off_h, q_row0 + start_m, q_end, stride_don, stride_dod, BLOCK_M,
+                           HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
     else:
         do = load_rows(do_src, off_b, off_h, start_m, N_Q, stride_don, stride_dod, BLOCK_M, HEAD_DIM, BLOCK_D,
                        True, USE_TMA)
@@ -211,6 +212,11 @@ def _attn_bwd_dkdv_kernel(
     else:
         lo, full_start = causal_query_bounds(start_n, n_q, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
         full_end = n_q
+        hi = n_q
+    if IS_VARLEN:
+        # a sequence's last, partial query tile runs in the masked stage, whose
+        # loads zero the rows past the sequence
+        full_end = tl.maximum(tl.minimum(full_end, (n_q // BLOCK_M) * BLOCK_M), full_start)
     for g in range(GROUP_SIZE):
         off_h = off_hk * GROUP_SIZE + g
         q_src = tile_source(Q, t_b, off_h, stride_qb, stride_qh, USE_TMA)
@@ -261,8 +267,8 @@ def _attn_bwd_dkdv_kernel(
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
                 MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL,
                 IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
-            if HAS_WINDOW:
-                # the window's upper edge
+            if HAS_WINDOW or IS_VARLEN:
+                # the window's upper edge / the sequence's last tile
                 dk, dv = _dkdv_inner(
                     dk, dv, k, v, q_src, do_src, t_b, off_h, LSE2 + row0, DELTA + row0, offs_n,
                     full_end, hi, n_q, n_k, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
@@ -297,9 +303,9 @@ def _dq_tile(dq, q, do, lse2, delta, k_src, v_src, off_b, off_hk, offs_m, offs_n
              USE_TMA: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     if IS_VARLEN:
-        k = load_rows(k_src, off_b, off_hk, k_row0 + start_n, k_end, stride_kn, stride_kd, BLOCK_N, HEAD_DIM,
+        k = load_seq_rows(k_src, off_b, off_hk, k_row0 + start_n, k_end, stride_kn, stride_kd, BLOCK_N, HEAD_DIM,
                       BLOCK_D, MASKED, USE_TMA)
-        v = load_rows(v_src, off_b, off_hk, k_row0 + start_n, k_end, stride_vn, stride_vd, BLOCK_N, HEAD_DIM,
+        v = load_seq_rows(v_src, off_b, off_hk, k_row0 + start_n, k_end, stride_vn, stride_vd, BLOCK_N, HEAD_DIM,
                       BLOCK_D, MASKED, USE_TMA)
     else:
         k = load_rows(k_src, off_b, off_hk, start_n, N_K, stride_kn, stride_kd, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED,

@@ -120,6 +120,23 @@ def load_rows(src, off_b, off_h, start, n_rows, stride_n, stride_d, BLOCK_R: tl.
 
 
 @triton.jit
+def load_seq_rows(src, off_b, off_h, start, end, stride_n, stride_d, BLOCK_R: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr,
+                  USE_TMA: tl.constexpr):
+    """Rows [start, start + BLOCK_R) of a packed (1, H, total, D) tensor, zero
+    from row ``end`` on: a tensor descriptor would return the next sequence's
+    rows there, and a NaN or inf in another sequence must not reach this one
+    (0 * NaN in a matmul)."""
+    x = load_rows(src, off_b, off_h, start, end, stride_n, stride_d, BLOCK_R, HEAD_DIM, BLOCK_D, CHECK_ROWS,
+                  USE_TMA)
+    if USE_TMA:
+        if CHECK_ROWS:
+            rows = start + tl.arange(0, BLOCK_R)
+            x = tl.where((rows < end)[:, None], x, tl.zeros_like(x))
+    return x
+
+
+@triton.jit
 def store_rows(dst, off_b, off_h, start, x, n_rows, stride_n, stride_d, BLOCK_R: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
     """Store rows [start, start + BLOCK_R) of x into one head, clipped at the edges."""

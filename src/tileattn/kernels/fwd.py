@@ -23,7 +23,8 @@ plain one above (docs/variants.md):
 import triton
 import triton.language as tl
 
-from .common import causal_key_bounds, head_base, load_rows, scores, store_rows, tile_source, window_key_bounds
+from .common import (causal_key_bounds, head_base, load_rows, load_seq_rows, scores, store_rows, tile_source,
+                     window_key_bounds)
 
 LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -71,7 +72,7 @@ def _fwd_tile(acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n, sta
     alpha = tl.math.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, 1)
     if IS_VARLEN:
-        v = load_rows(v_src, off_b, off_hk, k_row0 + start_n, k_end, stride_vn, stride_vd, BLOCK_N, HEAD_DIM,
+        v = load_seq_rows(v_src, off_b, off_hk, k_row0 + start_n, k_end, stride_vn, stride_vd, BLOCK_N, HEAD_DIM,
                       BLOCK_D, MASKED, USE_TMA)
     else:
         v = load_rows(v_src, off_b, off_hk, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D,
