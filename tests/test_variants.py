@@ -652,3 +652,15 @@ def test_bad_varlen_input(name, path, no_launch):
     make, kwargs, exc, msg = BAD_VARLEN[name]
     with pytest.raises(exc, match=msg):
         tileattn.attention_varlen(*make(), **kwargs)
+
+
+def test_cu_seqlens_checked_again_after_in_place_change(path):
+    """A cu_seqlens tensor that passed is not copied to the host again, unless
+    it changes in place."""
+    q = _t(8, 2, 16, dtype=F32)
+    cu = _cu((3, 5))
+    tileattn.attention_varlen(q, q, q, cu, cu, 5, 5)
+    tileattn.attention_varlen(q, q, q, cu, cu, 5, 5)
+    cu[1] = 9
+    with pytest.raises(ValueError, match="cu_seqlens_q must be non-decreasing"):
+        tileattn.attention_varlen(q, q, q, cu, cu, 5, 5)

@@ -228,10 +228,16 @@ def _check_max_seqlen(name: str, value) -> int:
 def check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q: int,
                             max_seqlen_k: int) -> None:
     """The value checks of ``attention_varlen``'s cumulative lengths (run by
-    the op itself, before anything is launched: one small device-to-host copy)."""
+    the op itself, before anything is launched: one small device-to-host
+    copy).  A tensor that passed is marked with its version counter, so the
+    layers of a model that share one ``cu_seqlens`` pay for the copy once,
+    and an in-place change is checked again."""
     for name, cu, total, max_name, max_len in (
             ("cu_seqlens_q", cu_seqlens_q, total_q, "max_seqlen_q", max_seqlen_q),
             ("cu_seqlens_k", cu_seqlens_k, total_k, "max_seqlen_k", max_seqlen_k)):
+        stamp = (cu._version, cu.data_ptr(), total, max_len)
+        if getattr(cu, "_tileattn_checked", None) == stamp:
+            continue
         vals = cu.tolist()
         if vals[0] != 0:
             raise ValueError(f"{name} must start at 0, got {vals[0]}")
@@ -246,6 +252,7 @@ def check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: i
         if longest > max_len:
             raise ValueError(f"{max_name} = {max_len} is smaller than the longest sequence in {name} "
                              f"({longest}, sequence {lens.index(longest)})")
+        cu._tileattn_checked = stamp
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
@@ -271,8 +278,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     Returns:
         out (total_q, Hq, D), or (out, lse).
 
-    The cumulative lengths are checked (one small device-to-host copy)
-    before anything is launched.
+    The cumulative lengths are checked before anything is launched (one
+    small device-to-host copy the first time a ``cu_seqlens`` tensor is seen,
+    again after it is modified in place).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_packed(name, t)
