@@ -359,7 +359,8 @@ def test_varlen_sequences_are_isolated(path):
     torch.manual_seed(23)
     lens = (45, 30, 50)
     cu = _cu(lens)
-    q, k, v = (torch.randn(sum(lens), 2, 16, device=DEVICE).requires_grad_() for _ in range(3))
+    # 16-bit inputs: on a GPU they take the tensor-descriptor loads that read past a sequence's end
+    q, k, v = (torch.randn(sum(lens), 2, 16, device=DEVICE, dtype=F16).requires_grad_() for _ in range(3))
     with torch.no_grad():
         for t in (q, k, v):
             t[45:75] = float("nan")              # the middle sequence
@@ -371,7 +372,7 @@ def test_varlen_sequences_are_isolated(path):
     for s0, s1 in ((0, 45), (75, 125)):
         seq = [t[s0:s1].detach().transpose(0, 1)[None].double() for t in (q, k, v)]
         ref = standard_attention(*seq, causal=True)[0].transpose(0, 1)
-        assert (out[s0:s1].double() - ref).abs().max() < 1e-5
+        assert (out[s0:s1].double() - ref).abs().max() < 5e-3
 
 
 def test_window_skips_keys_outside_every_window(kernels):
