@@ -7,6 +7,9 @@ import torch
 import tileattn
 from tileattn import eager, ops
 
+# the kernels run on the GPU where there is one, else under the interpreter
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def _run(q, k, v, do, causal, route, monkeypatch):
     monkeypatch.setattr(eager, "applies", lambda *a: route == "eager")
@@ -19,36 +22,36 @@ def _run(q, k, v, do, causal, route, monkeypatch):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_eager_route_matches_custom_op_bitwise(kernels, causal, monkeypatch):
     g = torch.Generator().manual_seed(7)
-    q = torch.randn(1, 4, 40, 32, generator=g)
-    k, v = (torch.randn(1, 2, 48, 32, generator=g) for _ in range(2))
-    do = torch.randn(1, 4, 40, 32, generator=g)
+    q = torch.randn(1, 4, 40, 32, generator=g).to(DEV)
+    k, v = (torch.randn(1, 2, 48, 32, generator=g).to(DEV) for _ in range(2))
+    do = torch.randn(1, 4, 40, 32, generator=g).to(DEV)
     a = _run(q, k, v, do, causal, "eager", monkeypatch)
     b = _run(q, k, v, do, causal, "op", monkeypatch)
     for name, x, y in zip(("out", "lse", "dq", "dk", "dv"), a, b):
         assert torch.equal(x, y), name
-    ref = tileattn.reference.standard_attention(q.double(), k.double(), v.double(), causal=causal)
-    assert (a[0].double() - ref).abs().max() < 1e-4
+    ref = tileattn.reference.standard_attention(q.cpu().double(), k.cpu().double(), v.cpu().double(), causal=causal)
+    assert (a[0].cpu().double() - ref).abs().max() < 1e-4
 
 
 def test_eager_route_taken_for_plain_tensors_on_the_kernels(kernels, monkeypatch):
     calls = []
     real = eager._KernelAttention.apply
     monkeypatch.setattr(eager._KernelAttention, "apply", lambda *a: calls.append(1) or real(*a))
-    q = torch.randn(1, 2, 16, 16)
+    q = torch.randn(1, 2, 16, 16, device=DEV)
     tileattn.attention(q, q.clone(), q.clone())
     assert calls == [1]
 
 
 def test_lse_gradient_flows_on_eager_route(kernels):
     g = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(1, 2, 24, 16, generator=g, dtype=torch.float32).requires_grad_() for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 24, 16, generator=g).to(DEV).requires_grad_() for _ in range(3))
     out, lse = tileattn.attention(q, k, v, return_lse=True)
     (lse.sum() + out.sum()).backward()
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    q64, k64, v64 = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
     o64, l64 = tileattn.reference.standard_attention(q64, k64, v64, return_lse=True)
     (l64.sum() + o64.sum()).backward()
     for x, y in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
-        assert (x.double() - y).abs().max() < 1e-4
+        assert (x.cpu().double() - y).abs().max() < 1e-4
 
 
 def test_traced_calls_stay_on_the_custom_op(kernels):
@@ -56,7 +59,7 @@ def test_traced_calls_stay_on_the_custom_op(kernels):
     with FakeTensorMode():
         q = torch.empty(1, 2, 16, 16)
         assert not eager.applies(q, q, q)
-    plain = torch.randn(1, 2, 16, 16)
+    plain = torch.randn(1, 2, 16, 16, device=DEV)
     assert eager.applies(plain, plain, plain)
 
 
