@@ -215,6 +215,8 @@ def parse(argv=None):
     ap.add_argument("--autotune", action="store_true", help="autotune each variant (slow: minutes)")
     ap.add_argument("--quick", action="store_true", help="fewer points")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (checks the script, e.g. on CPU)")
+    ap.add_argument("--plot-from", metavar="JSON", default=None,
+                    help="only draw window.png and block_sparse.png into --out from a variants.json")
     a = ap.parse_args(argv)
     if a.quick:
         a.windows, a.window_ns, a.densities = [256, 1024, 4096, -1], [4096, 16384], [0.5, 0.2]
@@ -225,8 +227,69 @@ def parse(argv=None):
     return a
 
 
+def plot(rows: list[dict], meta: dict, out: Path) -> list[Path]:
+    """Time vs window (fixed N) and vs N (fixed window); time vs block density
+    beside the cost model's prediction."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"{meta.get('gpu', '')}, {meta.get('dtype', '')}, torch {meta.get('torch', '')}, triton {meta.get('triton', '')}"
+    written = []
+    win = [r for r in rows if r["section"] == "window"]
+    if win:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        for mode in sorted({r["mode"] for r in win}):
+            w = sorted((r for r in win if r["sweep"] == "vs_window" and r["mode"] == mode),
+                       key=lambda r: r["window"] if r["window"] >= 0 else float("inf"))
+            if w:
+                labels = [str(r["window"]) if r["window"] >= 0 else "none" for r in w]
+                axes[0].plot(range(len(w)), [r["ms"] for r in w], marker="o", label=mode)
+                axes[0].set_xticks(range(len(w)), labels)
+            n = sorted((r for r in win if r["sweep"] == "vs_n" and r["mode"] == mode), key=lambda r: r["seqlen"])
+            if n:
+                axes[1].plot([r["seqlen"] for r in n], [r["ms"] for r in n], marker="o", label=mode)
+        axes[0].set(xlabel="left window (keys before each query; none = causal only)", ylabel="ms",
+                    title="time vs window, fixed N")
+        axes[1].set(xlabel="sequence length N", ylabel="ms", title="time vs N, fixed window")
+        axes[1].set_xscale("log", base=2)
+        for ax in axes:
+            ax.grid(alpha=0.3)
+            ax.legend()
+            ax.set_ylim(bottom=0)
+        fig.suptitle(f"sliding window: {title}", fontsize=9)
+        fig.tight_layout()
+        written.append(out / "window.png")
+        fig.savefig(written[-1], dpi=120)
+        plt.close(fig)
+    sp = [r for r in rows if r["section"] == "block_sparse"]
+    if sp:
+        fig, ax = plt.subplots(figsize=(5.5, 4))
+        for mode in sorted({r["mode"] for r in sp}):
+            m = sorted((r for r in sp if r["mode"] == mode), key=lambda r: r["density"])
+            ax.plot([r["density"] for r in m], [r["ms"] for r in m], marker="o", label=f"{mode} measured")
+            if all(r.get("model_ms") is not None for r in m):
+                ax.plot([r["density"] for r in m], [r["model_ms"] for r in m], ls="--", label=f"{mode} model")
+        ax.set(xlabel="block density", ylabel="ms", title="block-sparse: time vs density")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_ylim(bottom=0)
+        fig.suptitle(title, fontsize=8)
+        fig.tight_layout()
+        written.append(out / "block_sparse.png")
+        fig.savefig(written[-1], dpi=120)
+        plt.close(fig)
+    return written
+
+
 def main(argv=None) -> int:
     a = parse(argv)
+    if a.plot_from:
+        import json
+        data = json.loads(Path(a.plot_from).read_text())
+        for p in plot(data["rows"], data.get("meta", {}), Path(a.out)):
+            print(f"wrote {p}")
+        return 0
     if not a.autotune:
         os.environ.setdefault("TILEATTN_AUTOTUNE", "0")
     if a.device == "cuda" and not torch.cuda.is_available():
