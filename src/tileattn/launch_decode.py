@@ -6,7 +6,12 @@ before anything reaches this module).
 Split count (``num_splits=0``), :func:`choose_num_splits`:
 
 * ``base`` = programs per split = batch x kv heads x query blocks.
-* The GPU should hold at least ``PROGRAMS_PER_SM`` (2) programs per SM, so
+* If one split already gives at least ``ONE_WAVE`` (90%) of the SMs a
+  program, it is not split: each program then streams its whole cache at
+  full bandwidth, and splitting only adds partial outputs and the combine
+  (H200, B=16, Hkv=8, d=128: 1 split beat 2 at every cache length, 4k-128k,
+  0.15 vs 0.23 ms at 4k; docs/perf-notes.md).
+* Otherwise the GPU should hold at least ``PROGRAMS_PER_SM`` (2) programs per SM, so
   that one program's memory stalls overlap another's: ``slots = 2 x SMs``.
 * A split count ``s`` fills ``base * s / slots`` waves; its efficiency is
   that over the next whole number of waves (the last wave partly idle).
@@ -15,8 +20,8 @@ Split count (``num_splits=0``), :func:`choose_num_splits`:
   nothing from splitting and each split costs a partial output and a term of
   the combine.
 * The smallest ``s`` whose efficiency is within 5% of the best allowed one
-  wins.  E.g. B=16, Hkv=8, Nq*group <= 64 on 132 SMs: base 128, s=2 fills
-  256 of 264 slots (97%); B=1, Hkv=8 at 32k keys: s=32 (256 programs).
+  wins.  E.g. B=1, Hkv=8 at 32k keys on 132 SMs: s=32 (256 programs);
+  B=16, Hkv=8 (base 128 >= 0.9 x 132): no split.
 
 The rule uses the cache *capacity* (contiguous: its max_seqlen; paged:
 max_blocks x page_size), not the actual lengths, so the host never waits for
@@ -43,6 +48,7 @@ PROGRAMS_PER_SM = 2
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
 _EFFICIENCY_SLACK = 0.95
+ONE_WAVE = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +126,8 @@ def choose_num_splits(programs_per_split: int, capacity: int, num_sms: int,
                       max_splits: int = MAX_SPLITS) -> int:
     """The split count for ``num_splits=0`` (the rule is in this module's docstring)."""
     if programs_per_split <= 0 or capacity <= 0:
+        return 1
+    if programs_per_split >= ONE_WAVE * num_sms:
         return 1
     limit = max(1, min(max_splits, capacity // min_keys))
     slots = max(1, num_sms * programs_per_sm)
