@@ -63,6 +63,19 @@ def test_traced_calls_stay_on_the_custom_op(kernels):
     assert eager.applies(plain, plain, plain)
 
 
+def test_func_transforms_do_not_take_the_eager_route(kernels):
+    """Under torch.func transforms the tensors are wrappers without storage:
+    the call goes to the custom op, as it did before the eager route."""
+    seen = []
+
+    def loss(q):
+        seen.append(eager.applies(q, q, q))
+        return q.sum()
+
+    torch.func.grad(loss)(torch.randn(1, 2, 8, 16, device=DEV))
+    assert seen == [False]
+
+
 def test_torch_path_never_takes_the_eager_route():
     with tileattn.use_backend("torch"):
         q = torch.randn(1, 2, 16, 16)

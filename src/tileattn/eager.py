@@ -9,8 +9,9 @@ the H200 host, ~0.9 ms of a 1.5 ms forward+backward step (docs/perf-notes.md,
 v2).  At N <= 1k the GPU work of one call is 0.1-0.9 ms, so the kernels
 waited for Python.
 
-When nothing traces the call (no ``torch.compile``, no dispatch mode such as
-fake tensors, only plain tensors), :func:`attention` runs the same
+When nothing traces or transforms the call (no ``torch.compile``, no
+dispatch mode such as fake tensors, no ``torch.func`` transform, only plain
+tensors), :func:`attention` runs the same
 launchers through a plain ``torch.autograd.Function`` instead.  Both routes
 call ``launch.attn_fwd`` / ``launch.attn_bwd`` with the same arguments, so
 their results are bitwise identical (tested).
@@ -32,22 +33,35 @@ def _no_dispatch_mode() -> bool:
     return _get_current_dispatch_mode() is None
 
 
+def _no_functorch() -> bool:
+    # torch.func transforms (grad, vmap, ...) hand wrapper tensors that have
+    # no storage for a kernel; leave such calls to the custom op (which
+    # raises torch's own error for transforms it does not support)
+    check = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return check is not None and not check()
+
+
 def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether a dense call can take the eager fast path."""
     return (type(q) in _PLAIN and type(k) in _PLAIN and type(v) in _PLAIN
-            and ops.uses_triton(q) and not torch.compiler.is_compiling() and _no_dispatch_mode())
+            and ops.uses_triton(q) and not torch.compiler.is_compiling() and _no_dispatch_mode()
+            and _no_functorch())
 
 
 class _KernelAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float):
+    def forward(q, k, v, causal: bool, scale: float):
         from . import launch
-        out, lse = launch.attn_fwd(q, k, v, causal, scale)
+        return launch.attn_fwd(q, k, v, causal, scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, causal, scale = inputs
+        out, lse = output
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.scale = causal, scale
         # an unused lse gets no gradient (None), not a tensor of zeros
         ctx.set_materialize_grads(False)
-        return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
