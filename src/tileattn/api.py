@@ -25,6 +25,19 @@ def _check_tensor(name: str, t) -> None:
                          f"got shape {tuple(t.shape)}")
 
 
+def check_path_dtype(what: str, q) -> bool:
+    """TypeError unless the path that ``q`` selects (kernels or PyTorch)
+    supports its dtype; returns whether the kernels run."""
+    on_kernels = ops.uses_triton(q)
+    allowed = _GPU_DTYPES if on_kernels else _CPU_DTYPES
+    if q.dtype not in allowed:
+        where = "the GPU path" if on_kernels else "the CPU path"
+        hint = " (float64 runs on CPU tensors)" if q.dtype == torch.float64 else ""
+        raise TypeError(f"{what} dtype {q.dtype} is not supported on {where}; expected one of "
+                        f"{', '.join(str(d) for d in allowed)}{hint}")
+    return on_kernels
+
+
 def validate(q, k, v, causal, scale) -> float:
     """Check arguments; return the softmax scale to use."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -36,13 +49,7 @@ def validate(q, k, v, causal, scale) -> float:
     if q.device != k.device or q.device != v.device:
         raise ValueError(f"q, k and v must be on one device, got q on {q.device}, k on {k.device}, "
                          f"v on {v.device}")
-    on_kernels = ops.uses_triton(q)
-    allowed = _GPU_DTYPES if on_kernels else _CPU_DTYPES
-    if q.dtype not in allowed:
-        where = "the GPU path" if on_kernels else "the CPU path"
-        hint = " (float64 runs on CPU tensors)" if q.dtype == torch.float64 else ""
-        raise TypeError(f"q, k, v dtype {q.dtype} is not supported on {where}; expected one of "
-                        f"{', '.join(str(d) for d in allowed)}{hint}")
+    on_kernels = check_path_dtype("q, k, v", q)
     b, hq, n_q, d = q.shape
     if k.shape[0] != b or v.shape[0] != b:
         raise ValueError(f"batch size must agree: q has {b}, k has {k.shape[0]}, v has {v.shape[0]}")

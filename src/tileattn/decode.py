@@ -16,13 +16,12 @@ from typing import Optional
 import torch
 
 from . import ops, reference_decode
+from .api import check_path_dtype
 
 __all__ = ["attention_with_kvcache"]
 
 MAX_HEAD_DIM = 256
 MAX_NUM_SPLITS = 256
-_GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_CPU_DTYPES = _GPU_DTYPES + (torch.float64,)
 _MAX_GRID_YZ = 65535
 
 
@@ -86,13 +85,7 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, cau
         if t.dtype != q.dtype:
             raise TypeError(f"{name} dtype {t.dtype} differs from q dtype {q.dtype}; q, k_cache, v_cache, "
                             f"k_new and v_new must share one dtype")
-    on_kernels = ops.uses_triton(q)
-    allowed = _GPU_DTYPES if on_kernels else _CPU_DTYPES
-    if q.dtype not in allowed:
-        where = "the GPU path" if on_kernels else "the CPU path"
-        hint = " (float64 runs on CPU tensors)" if q.dtype == torch.float64 else ""
-        raise TypeError(f"q dtype {q.dtype} is not supported on {where}; expected one of "
-                        f"{', '.join(str(d) for d in allowed)}{hint}")
+    on_kernels = check_path_dtype("q", q)
 
     _check_index_tensor("cache_seqlens", cache_seqlens, 1, "(batch,)")
     if block_table is not None:

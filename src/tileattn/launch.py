@@ -147,12 +147,18 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _smem_limit(device: torch.device) -> int:
+@functools.lru_cache(maxsize=None)
+def _smem_per_block(device_index: int) -> int:
     try:
-        props = triton.runtime.driver.active.utils.get_device_properties(device.index or 0)
+        props = triton.runtime.driver.active.utils.get_device_properties(device_index)
         return int(props["max_shared_mem"])
     except Exception:  # pragma: no cover - unknown driver: be conservative
         return 96 * 1024
+
+
+def _smem_limit(device: torch.device) -> int:
+    """Shared memory per block on ``device`` (queried once per device)."""
+    return _smem_per_block(device.index or 0)
 
 
 def _prune(kind: str):

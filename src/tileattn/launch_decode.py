@@ -37,7 +37,6 @@ import os
 
 import torch
 import triton
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import configs, launch
 from .kernels.decode import _append_kv_kernel, _decode_combine_kernel, _decode_partial_kernel
@@ -87,26 +86,11 @@ _COMBINE_ROWS = 16
 _APPEND_ROWS = 16
 
 
-def _strides4(t: torch.Tensor, prefix: str) -> dict:
-    return {f"stride_{prefix}{s}": t.stride(i) for i, s in enumerate("bhnd")}
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    # float32 gets full fp32 products (tf32 would break the accuracy rule); 16-bit ignores it
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-@functools.lru_cache(maxsize=None)
-def _smem_per_block(device_index: int) -> int:
-    try:
-        props = triton.runtime.driver.active.utils.get_device_properties(device_index)
-        return int(props["max_shared_mem"])
-    except Exception:  # pragma: no cover - unknown driver: be conservative
-        return 96 * 1024
-
-
-def _smem_limit(device: torch.device) -> int:
-    return _smem_per_block(device.index or 0)
+# tensor bookkeeping shared with the training launcher
+_strides4 = launch._strides4
+_dot_precision = launch._dot_precision
+_smem_limit = launch._smem_limit
+_descriptor = launch._descriptor
 
 
 def decode_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
@@ -218,17 +202,6 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capaci
         N_NEW=n_new, CAPACITY=capacity, NUM_PAGES=k_cache.shape[0] if paged else 1,
         HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_T=_APPEND_ROWS,
         PAGE_SIZE=k_cache.shape[2] if paged else 0)
-
-
-def _descriptor(t: torch.Tensor) -> TensorDescriptor:
-    """A host-built descriptor over a whole 4-D cache; the box is set per
-    config by :func:`_set_boxes`."""
-    elem = t.element_size()
-    # a dim of size 1 is never stepped over: any 16-byte aligned stride will do
-    strides = [st if (n > 1 or i == t.dim() - 2) else 16 // elem
-               for i, (st, n) in enumerate(zip(t.stride(), t.shape))]
-    strides[-1] = 1
-    return TensorDescriptor(t, list(t.shape), strides, [1, 1, 16, 16])
 
 
 def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new: int, capacity: int,
