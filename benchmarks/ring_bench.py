@@ -11,7 +11,7 @@ values of these variables and sets them when unset):
 
 Plots from saved results (no GPU needed):
 
-    python benchmarks/ring_bench.py --plot docs/results/h200/ring
+    python benchmarks/ring_bench.py --plot docs/results/h200/ring [--reanalyse]
 
 Smoke run on CPU processes (gloo; tiny shapes):
 
@@ -31,7 +31,10 @@ What it does, with W = the number of processes:
    scaling efficiency = t_1 / (W t_W).  One extra profiled call records each
    step's compute and exposed wait on every rank; the transfer alone is timed
    with ``time_ring_exchange`` on buffers of the same size, so
-   ``hidden_fraction = 1 - exposed wait / transfer time``.
+   ``hidden_fraction = 1 - exposed wait / transfer time`` over the transfers
+   that have compute to hide behind; the backward's final dK/dV hop home
+   comes after the last compute step and is reported apart
+   (``final_hop_ms``, ``final_wait_ms``; see ``overlap_columns``).
 3. Model: ``tileattn.cost.interconnect.predict_ring`` with the catalogue's
    numbers (``model_*``) and calibrated with this run's single-GPU TFLOP/s
    and measured link bandwidth (``model_cal_*``).
@@ -96,6 +99,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="directory for results (CSV, JSON lines, plots)")
     p.add_argument("--plot", metavar="DIR", help="only draw the plots from DIR/ring_bench.csv and exit")
+    p.add_argument("--reanalyse", action="store_true",
+                   help="with --plot: first recompute the overlap columns from DIR/ring_steps.csv")
     p.add_argument("--seqlens", nargs="+", type=_tokens, default=[_tokens(s) for s in ("32k", "64k", "128k", "256k")],
                    help="global sequence lengths (tokens over all GPUs; suffixes k, M)")
     p.add_argument("--batch", type=int, default=1)
@@ -346,8 +351,6 @@ def run_point(ctx: Ctx, args, n: int, mask: str, hw) -> tuple[list[dict], list[d
         recs = [dict(r.as_dict(), rank=ctx.rank) for r in prof.records()]
         gathered = [None] * w
         dist.all_gather_object(gathered, recs)
-        per_rank = [(sum(r["compute_ms"] for r in rs), sum(r["wait_ms"] for r in rs)) for rs in gathered]
-        rows[mode].update(step_compute_ms=max(c for c, _ in per_rank), step_wait_ms=max(x for _, x in per_rank))
         steps += [dict(base, mode=mode, **r) for rs in gathered for r in rs]
     # the transfers alone, same sizes
     shape = RingShape(b, hq, hkv, n, d, w, causal, layout, args.dtype)
@@ -357,9 +360,8 @@ def run_point(ctx: Ctx, args, n: int, mask: str, hw) -> tuple[list[dict], list[d
     t_dkv = time_ring_exchange(dkv_bytes, device=ctx.device, repeats=max(3, args.reps)) if w > 1 else 0.0
     link_bw = kv_bytes / (t_kv * 1e-3) if t_kv else None
     for mode, row in rows.items():
-        transfer = (w - 1) * t_kv + (w * t_dkv if mode == "fwd_bwd" else 0.0)
-        row.update(transfer_ms=transfer, link_gbs_measured=(link_bw or 0) / 1e9,
-                   hidden_fraction=(max(0.0, 1.0 - row["step_wait_ms"] / transfer) if transfer else None))
+        row.update(link_gbs_measured=(link_bw or 0) / 1e9, t_kv_ms=t_kv, t_dkv_ms=t_dkv)
+        row.update(overlap_columns(mode, w, t_kv, t_dkv, [s for s in steps if s["mode"] == mode]))
     del q, k, v, do
     # one GPU on the whole sequence (each rank runs it; the fastest counts)
     if args.single_max is None or n <= args.single_max:
@@ -404,6 +406,61 @@ def run_point(ctx: Ctx, args, n: int, mask: str, hw) -> tuple[list[dict], list[d
                 row.update(model_cal_ms=pred.time_s * 1e3, model_cal_efficiency=pred.efficiency,
                            model_cal_tflops_fwd=tflops["fwd"], model_cal_tflops_bwd=tflops["bwd"])
     return list(rows.values()), steps
+
+
+def overlap_columns(mode: str, world: int, t_kv: float, t_dkv: float, records: list[dict]) -> dict:
+    """How much of the ring's communication hid behind compute, from one
+    profiled call's per-step records (all ranks) and the transfers timed alone.
+
+    A transfer posted while compute remains can hide: in the forward the
+    ``world - 1`` K/V hops, in the backward also ``world - 1`` hops of K/V
+    with the dK/dV accumulators.  The backward's last dK/dV hop (record kind
+    ``dkdv-return``) brings the gradients home after the last compute step,
+    so nothing can hide it; its wait is reported apart (``final_wait_ms``,
+    whose excess over ``final_hop_ms`` is the neighbour finishing later).
+
+    ``hidden_fraction = 1 - loop_wait_ms / loop_transfer_ms`` with
+    ``loop_wait_ms`` the largest over ranks of the waits outside the last hop.
+    """
+    ranks = sorted({int(r["rank"]) for r in records})
+    loop_wait = final_wait = compute = 0.0
+    for rank in ranks:
+        mine = [r for r in records if int(r["rank"]) == rank]
+        compute = max(compute, sum(float(r["compute_ms"]) for r in mine))
+        loop_wait = max(loop_wait, sum(float(r["wait_ms"]) for r in mine if r["kind"] != "dkdv-return"))
+        final_wait = max(final_wait, sum(float(r["wait_ms"]) for r in mine if r["kind"] == "dkdv-return"))
+    hops = world - 1
+    loop_transfer = hops * t_kv + (hops * (t_kv + t_dkv) if mode == "fwd_bwd" else 0.0)
+    final_hop = t_dkv if mode == "fwd_bwd" and world > 1 else 0.0
+    return dict(step_compute_ms=compute, step_wait_ms=loop_wait + final_wait, loop_transfer_ms=loop_transfer,
+                loop_wait_ms=loop_wait, final_hop_ms=final_hop, final_wait_ms=final_wait,
+                transfer_ms=loop_transfer + final_hop,
+                hidden_fraction=(max(0.0, 1.0 - loop_wait / loop_transfer) if loop_transfer else None))
+
+
+def reanalyse(out: Path) -> None:
+    """Recompute the overlap columns of a saved run from its per-step records
+    (older runs kept only the total transfer: the two hop times are recovered
+    from it and the measured link bandwidth)."""
+    from tileattn.cost.interconnect import RingShape, ring_step_bytes
+
+    rows, steps = _read_csv(out / "ring_bench.csv"), _read_csv(out / "ring_steps.csv")
+    key = lambda r: (r["mask"], int(r["seqlen"]))  # noqa: E731
+    for row in rows:
+        w = int(row["world_size"])
+        if row.get("t_kv_ms") is None:
+            shape = RingShape(int(row["batch"]), int(row["heads"]), int(row["kv_heads"]), int(row["seqlen"]),
+                              int(row["head_dim"]), w, bool(row["causal"]), row["layout"], row["dtype"])
+            t_kv = ring_step_bytes(shape, "fwd") / (row["link_gbs_measured"] * 1e9) * 1e3
+            both = next(r for r in rows if key(r) == key(row) and r["mode"] == "fwd_bwd")
+            # the earlier run's total for fwd_bwd was (w - 1) t_kv + w t_dkv
+            row.update(t_kv_ms=t_kv, t_dkv_ms=(both["transfer_ms"] - (w - 1) * t_kv) / w)
+    for row in rows:
+        mine = [s for s in steps if key(s) == key(row) and s["mode"] == row["mode"]]
+        row.update(overlap_columns(row["mode"], int(row["world_size"]), row["t_kv_ms"], row["t_dkv_ms"], mine))
+    _write_csv(out / "ring_bench.csv", rows)
+    with open(out / "ring_bench.jsonl", "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 # ---------------------------------------------------------------------------
@@ -464,7 +521,7 @@ def plot(out: Path) -> list[str]:
         ax = axes[1][j]
         for key, label, style in (("efficiency", "measured", "o-"), ("model_efficiency", "model (catalogue)", "--"),
                                   ("model_cal_efficiency", "model (calibrated)", ":"),
-                                  ("hidden_fraction", "transfer hidden", "^-")):
+                                  ("hidden_fraction", "in-loop transfer hidden", "^-")):
             pts = [(xi, r.get(key)) for xi, r in zip(x, sel) if r.get(key) is not None]
             if pts:
                 ax.plot(*zip(*pts), style, label=label)
@@ -511,6 +568,8 @@ def plot(out: Path) -> list[str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.plot:
+        if args.reanalyse:
+            reanalyse(Path(args.plot))
         for p in plot(Path(args.plot)):
             print("wrote", p)
         return 0
