@@ -65,3 +65,38 @@ def test_hundred_backward_passes_bitwise_equal():
         again = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
         for name, a, b in zip(("dq", "dk", "dv"), first, again):
             assert torch.equal(a, b), f"{name} differs on repeat {i}"
+
+
+def _fwd_bwd_launchers(q, k, v, do, causal):
+    launch = tileattn.launch
+    o, lse = launch.attn_fwd(q, k, v, causal, q.shape[-1] ** -0.5)
+    return (o, lse) + launch.attn_bwd(do, q, k, v, o, lse, causal, q.shape[-1] ** -0.5)
+
+
+def test_direct_launches_match_regular_launches(monkeypatch):
+    """Later calls of a specialisation skip Triton's binder (launch._run); the
+    outputs must be bitwise those of regular launches, also when calls of
+    other specialisations (length not a multiple of 16, strided views, fp16,
+    causal) come in between and share the cache."""
+    launch = tileattn.launch
+    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
+    torch.manual_seed(3)
+
+    def make(n, dtype, strided):
+        if strided:  # (B, N, H, D) memory seen as (B, H, N, D)
+            return [torch.randn(2, n, 4, 64, device="cuda", dtype=dtype).transpose(1, 2) for _ in range(4)]
+        return [torch.randn(2, 4, n, 64, device="cuda", dtype=dtype) for _ in range(4)]
+
+    cases = {f"{n}-{str(dt)[6:]}-{'strided' if st else 'dense'}-{'causal' if c else 'full'}": (make(n, dt, st), c)
+             for n, dt, st, c in ((128, torch.bfloat16, False, False), (100, torch.bfloat16, False, True),
+                                  (128, torch.float16, True, False), (257, torch.float16, True, True))}
+    monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
+    want = {name: _fwd_bwd_launchers(*t, c) for name, (t, c) in cases.items()}
+    monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "1")
+    launch._DIRECT.clear()
+    for _ in range(3):   # first round fills the cache, the others launch directly
+        for name, (t, c) in cases.items():
+            got = _fwd_bwd_launchers(*t, c)
+            for part, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want[name]):
+                assert torch.equal(g, w), f"{name} {part}"
+    assert launch._DIRECT, "no call took the direct path"

@@ -49,19 +49,18 @@ def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 class _KernelAttention(torch.autograd.Function):
+    # The classic forward(ctx, ...) form on purpose: with a separate
+    # setup_context, Function.apply binds the arguments through
+    # inspect.signature on every call (tens of microseconds of host time).
     @staticmethod
-    def forward(q, k, v, causal: bool, scale: float):
+    def forward(ctx, q, k, v, causal: bool, scale: float):
         from . import launch
-        return launch.attn_fwd(q, k, v, causal, scale)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        q, k, v, causal, scale = inputs
-        out, lse = output
+        out, lse = launch.attn_fwd(q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.scale = causal, scale
         # an unused lse gets no gradient (None), not a tensor of zeros
         ctx.set_materialize_grads(False)
+        return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):

@@ -215,9 +215,87 @@ def _autotune_enabled() -> bool:
     return os.environ.get("TILEATTN_AUTOTUNE", "1") != "0"
 
 
-# (kind, device, dtype, autotune key values) -> the config the autotuner
-# chose: later calls launch it directly and skip the autotuner's bookkeeping
+# (kind, device, dtype, autotune key values) -> (meta-parameters, launch
+# options) of the config the autotuner chose: later calls launch it directly
+# and skip the autotuner's bookkeeping
 _TUNED_CHOICE: dict = {}
+
+
+# ---------------------------------------------------------------------------
+# Direct launches.  Triton's ``kernel[grid](**kwargs)`` binds ~60 arguments,
+# builds a cache key from their specialisation and looks the compiled kernel
+# up on every call: ~40 of the ~60 microseconds one launch costs the host
+# (H200 host, benchmarks/launch_cost.py).  After the first call of a
+# specialisation the compiled kernel is kept here, under a key that holds
+# everything Triton specialises on (for triton 3.6: an int's equality to 1,
+# divisibility by 16 and 32/64-bit range; a tensor's dtype and 16-byte
+# alignment; a descriptor's dtype and block shape; every constexpr value; the
+# launch options), and later calls go straight to its launcher.  A key finer
+# than Triton's only costs a miss, which takes the regular path.
+# TILEATTN_DIRECT_LAUNCH=0 turns this off.
+# ---------------------------------------------------------------------------
+_DIRECT: dict = {}
+_DIRECT_MAX = 4096
+_PARAMS: dict = {}
+
+
+def _direct_enabled() -> bool:
+    return os.environ.get("TILEATTN_DIRECT_LAUNCH", "1") != "0"
+
+
+def _params(kernel):
+    """(name, default, is_constexpr) of each parameter, in signature order."""
+    got = _PARAMS.get(kernel)
+    if got is None:
+        got = _PARAMS[kernel] = tuple((p.name, p.default, p.is_constexpr) for p in kernel.params)
+    return got
+
+
+def _spec(v, constexpr: bool):
+    if constexpr:
+        return v
+    t = type(v)
+    if t is int:
+        return (v == 1, v % 16 == 0, -2**31 <= v < 2**31, v < 2**63)
+    if t is float:
+        return float
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() % 16 == 0)
+    if t is TensorDescriptor:
+        return (v.base.dtype, *v.block_shape, v.padding)
+    if v is None or t is bool or t is str:
+        return (t, v)
+    raise TypeError  # anything else: the regular path
+
+
+def _run(kernel, grid: tuple, options: dict, args: dict) -> None:
+    """``kernel[grid](**args, **options)``, through the direct-launch cache."""
+    if not _direct_enabled():
+        kernel[grid](**args, **options)
+        return
+    driver = triton.runtime.driver.active
+    device = driver.get_current_device()
+    params = _params(kernel)
+    values = [args[name] if name in args else default for name, default, _ in params]
+    try:
+        key = (kernel, device, triton.knobs.runtime.debug, *options.items(),
+               *[_spec(v, cx) for v, (_, _, cx) in zip(values, params)])
+    except TypeError:
+        kernel[grid](**args, **options)
+        return
+    compiled = _DIRECT.get(key)
+    if compiled is None:
+        compiled = kernel[grid](**args, **options)
+        if compiled is not None and not hasattr(compiled, "result"):
+            if len(_DIRECT) >= _DIRECT_MAX:
+                _DIRECT.clear()
+            _DIRECT[key] = compiled
+        return
+    stream = driver.get_current_stream(device)
+    runtime = triton.knobs.runtime
+    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata(grid, stream, *values), runtime.launch_enter_hook,
+                 runtime.launch_exit_hook, *values)
 
 
 def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter_cfg: KernelConfig, **args):
@@ -238,7 +316,11 @@ def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter
     if config is not None:
         meta = config.as_meta()
         _set_boxes(kind)({**args, **meta})
-        kernel[grid_of(meta)](**args, **meta, num_warps=config.num_warps, num_stages=config.num_stages)
+        if configs.interpreter_active():
+            kernel[grid_of(meta)](**args, **meta, num_warps=config.num_warps, num_stages=config.num_stages)
+        else:
+            _run(kernel, grid_of(meta), {"num_warps": config.num_warps, "num_stages": config.num_stages},
+                 {**args, **meta})
         return
     q = _tensor(args["Q"])
     key = (kind, q.device, q.dtype, *(args.get(k) for k in _TUNE_KEY))
@@ -246,11 +328,12 @@ def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter
     if chosen is None:
         tuned = _tuned(kind)
         tuned[grid_of](**args)
-        _TUNED_CHOICE[key] = tuned.best_config
+        best = tuned.best_config
+        _TUNED_CHOICE[key] = (best.kwargs, {k: v for k, v in best.all_kwargs().items() if k not in best.kwargs})
         return
-    meta = chosen.all_kwargs()
+    meta, options = chosen
     _set_boxes(kind)({**args, **meta})
-    kernel[grid_of(meta)](**args, **meta)
+    _run(kernel, grid_of(meta), options, {**args, **meta})
 
 
 _STRIDE_NAMES: dict = {}

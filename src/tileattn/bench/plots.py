@@ -148,7 +148,7 @@ def plot_memory(rows: list[dict], path) -> Path:
         if not ax.lines and not ax.collections:
             ax.text(0.5, 0.5, "no peak-memory data\n(measured on CUDA only)", ha="center", va="center",
                     transform=ax.transAxes, fontsize=8, color="grey")
-    out = _finish(fig, axes, len(panels), path, _title(rows, "peak memory (max_memory_allocated)"))
+    out = _finish(fig, axes, len(panels), path, _title(rows, "peak memory of the step (max_memory_allocated less what earlier work left)"))
     plt.close(fig)
     return out
 

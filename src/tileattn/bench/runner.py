@@ -12,6 +12,13 @@ and the achieved HBM bandwidth from the IO model's bytes for the provider
 Modes: ``fwd`` times a forward under ``torch.no_grad``; ``bwd`` times
 ``torch.autograd.grad`` through a graph built once; ``fwd_bwd`` times both.
 
+Peak memory (CUDA): ``torch.cuda.max_memory_allocated`` over one call of the
+timed step, counted from a reset just before it, less what is then alive
+besides the point's inputs (q, k, v, dO): memory that earlier work left
+behind, such as the cuBLAS workspaces of the float32 reference check, is not
+the step's.  So it is the inputs plus everything the step allocates at its
+peak.
+
 Correctness: on the first (smallest) N of each configuration every
 provider's forward output -- and, for modes with a backward, dq, dk and dv
 for the same upstream gradient -- is compared with a float32
@@ -23,6 +30,7 @@ cannot win.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import statistics
 import time
@@ -260,7 +268,18 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+def _residue_bytes(device, *inputs) -> int:
+    """Bytes allocated on ``device`` beyond the given tensors' storages."""
+    if device.type != "cuda":
+        return 0
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in inputs if t is not None}
+    return max(0, torch.cuda.memory_allocated(device) - sum(storages.values()))
+
+
 def _clear(device):
+    # tensors held by reference cycles (an out-of-memory error's traceback
+    # frames, say) would otherwise stay alive into the next measurement
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
@@ -327,11 +346,16 @@ def run_sweep(cfg: BenchConfig, *, metadata: Optional[dict] = None,
                             if not ok:
                                 wrong_at[(d, causal, mode, name)] = n
                             _clear(device)
+                    # the peak counter was reset just now (_clear): what is alive
+                    # besides this point's inputs (cuBLAS workspaces left by the
+                    # float32 reference check, other providers' caches) is not the
+                    # step's and is taken out of its peak
+                    residue = _residue_bytes(device, q, k, v, dout)
                     step = _prepare(prov.fn, q, k, v, causal, mode, dout)
                     step()
                     _sync(device)
                     if device.type == "cuda":
-                        row.peak_mem_bytes = int(torch.cuda.max_memory_allocated(device))
+                        row.peak_mem_bytes = int(torch.cuda.max_memory_allocated(device)) - residue
                     row.ms = time_ms(step, device, warmup_ms=cfg.warmup_ms, rep_ms=cfg.rep_ms,
                                      cpu_repeats=cfg.cpu_repeats)
                     row.tflops = tflops_of(flops, row.ms)
