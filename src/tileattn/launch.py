@@ -244,10 +244,13 @@ def _direct_enabled() -> bool:
 
 
 def _params(kernel):
-    """(name, default, is_constexpr) of each parameter, in signature order."""
+    """((name, default) of each parameter in signature order, the positions of
+    the constexpr ones, the positions of the others)."""
     got = _PARAMS.get(kernel)
     if got is None:
-        got = _PARAMS[kernel] = tuple((p.name, p.default, p.is_constexpr) for p in kernel.params)
+        got = _PARAMS[kernel] = (tuple((p.name, p.default) for p in kernel.params),
+                                 tuple(i for i, p in enumerate(kernel.params) if p.is_constexpr),
+                                 tuple(i for i, p in enumerate(kernel.params) if not p.is_constexpr))
     return got
 
 
@@ -275,11 +278,11 @@ def _run(kernel, grid: tuple, options: dict, args: dict) -> None:
         return
     driver = triton.runtime.driver.active
     device = driver.get_current_device()
-    params = _params(kernel)
-    values = [args[name] if name in args else default for name, default, _ in params]
+    params, constexprs, runtime_args = _params(kernel)
+    values = [args[name] if name in args else default for name, default in params]
     try:
         key = (kernel, device, triton.knobs.runtime.debug, *options.items(),
-               *[_spec(v, cx) for v, (_, _, cx) in zip(values, params)])
+               *[values[i] for i in constexprs], *[_spec(values[i], False) for i in runtime_args])
     except TypeError:
         kernel[grid](**args, **options)
         return
@@ -293,6 +296,7 @@ def _run(kernel, grid: tuple, options: dict, args: dict) -> None:
         return
     stream = driver.get_current_stream(device)
     runtime = triton.knobs.runtime
+    grid = tuple(grid) + (1,) * (3 - len(grid))
     compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
                  compiled.launch_metadata(grid, stream, *values), runtime.launch_enter_hook,
                  runtime.launch_exit_hook, *values)

@@ -13,9 +13,9 @@ Modes: ``fwd`` times a forward under ``torch.no_grad``; ``bwd`` times
 ``torch.autograd.grad`` through a graph built once; ``fwd_bwd`` times both.
 
 Peak memory (CUDA): ``torch.cuda.max_memory_allocated`` over one call of the
-timed step, counted from a reset just before it, less what is then alive
-besides the point's inputs (q, k, v, dO): memory that earlier work left
-behind, such as the cuBLAS workspaces of the float32 reference check, is not
+timed step after a first (compiling, autotuning) call, less what was alive
+before that first call besides the point's inputs (q, k, v, dO): memory
+that earlier work left behind, such as the cuBLAS workspaces of the float32 reference check, is not
 the step's.  So it is the inputs plus everything the step allocates at its
 peak.
 
@@ -352,6 +352,12 @@ def run_sweep(cfg: BenchConfig, *, metadata: Optional[dict] = None,
                     # step's and is taken out of its peak
                     residue = _residue_bytes(device, q, k, v, dout)
                     step = _prepare(prov.fn, q, k, v, causal, mode, dout)
+                    # a first call compiles and autotunes (the autotuner's timing
+                    # buffers are not the step's); the peak is of the second
+                    step()
+                    _sync(device)
+                    if device.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats(device)
                     step()
                     _sync(device)
                     if device.type == "cuda":
