@@ -58,3 +58,12 @@ def test_unknown_argument_types_take_the_regular_path():
     import numpy as np
     with pytest.raises(TypeError):
         launch._spec(np.int64(16), False)
+
+
+def test_direct_launches_only_on_checked_triton_versions(monkeypatch):
+    import triton
+    checked = triton.__version__.startswith(launch.DIRECT_LAUNCH_VERSIONS)
+    monkeypatch.delenv("TILEATTN_DIRECT_LAUNCH", raising=False)
+    assert launch._direct_enabled() == checked
+    monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
+    assert not launch._direct_enabled()

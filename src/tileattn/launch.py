@@ -232,15 +232,21 @@ _TUNED_CHOICE: dict = {}
 # alignment; a descriptor's dtype and block shape; every constexpr value; the
 # launch options), and later calls go straight to its launcher.  A key finer
 # than Triton's only costs a miss, which takes the regular path.
-# TILEATTN_DIRECT_LAUNCH=0 turns this off.
+# The compiled kernel's launcher is called with Triton's own calling
+# convention, which is not public API: direct launches are on only for the
+# Triton versions this was checked against (tests/test_launch_key.py, and the
+# bitwise GPU test in tests/test_gpu.py); other versions take the regular
+# path.  TILEATTN_DIRECT_LAUNCH=0 turns them off.
 # ---------------------------------------------------------------------------
 _DIRECT: dict = {}
 _DIRECT_MAX = 4096
 _PARAMS: dict = {}
+DIRECT_LAUNCH_VERSIONS = ("3.6.",)
+_DIRECT_SUPPORTED = triton.__version__.startswith(DIRECT_LAUNCH_VERSIONS)
 
 
 def _direct_enabled() -> bool:
-    return os.environ.get("TILEATTN_DIRECT_LAUNCH", "1") != "0"
+    return _DIRECT_SUPPORTED and os.environ.get("TILEATTN_DIRECT_LAUNCH", "1") != "0"
 
 
 def _params(kernel):
