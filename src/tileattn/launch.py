@@ -289,10 +289,10 @@ def _run(kernel, grid: tuple, options: dict, args: dict) -> None:
     try:
         key = (kernel, device, triton.knobs.runtime.debug, *options.items(),
                *[values[i] for i in constexprs], *[_spec(values[i], False) for i in runtime_args])
-    except TypeError:
+        compiled = _DIRECT.get(key)
+    except TypeError:   # an argument of a type the key does not know, or unhashable
         kernel[grid](**args, **options)
         return
-    compiled = _DIRECT.get(key)
     if compiled is None:
         compiled = kernel[grid](**args, **options)
         if compiled is not None and not hasattr(compiled, "result"):

@@ -24,8 +24,8 @@ runs on them unchanged.
 import triton
 import triton.language as tl
 
-from .common import (causal_key_bounds, causal_query_bounds, head_base, load_rows, load_seq_rows, load_tile, scores,
-                     store_rows, tile_source, window_key_bounds, window_query_bounds)
+from .common import (causal_key_bounds, causal_query_bounds, head_base, load_rows, load_seq_rows, load_tile,
+                     pair_visible, scores, store_rows, tile_source, window_key_bounds, window_query_bounds)
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -89,13 +89,9 @@ def _dkdv_tile(dk, dv, k, v, q_src, do_src, off_b, off_h, lse2_ptrs, delta_ptrs,
         p_t = tl.math.exp2(s_t - lse2[None, :])
     else:
         p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
-    if MASKED:
-        if HAS_WINDOW:
-            rel = offs_n[:, None] - (offs_m[None, :] + (N_K - N_Q))
-            p_t = tl.where((rel >= -win_left) & (rel <= win_right), p_t, 0.0)
-        elif IS_CAUSAL:
-            visible = offs_n[:, None] <= offs_m[None, :] + (N_K - N_Q)
-            p_t = tl.where(visible, p_t, 0.0)
+    if MASKED and (HAS_WINDOW or IS_CAUSAL):
+        p_t = tl.where(pair_visible(offs_m[None, :], offs_n[:, None], N_K - N_Q, win_left, win_right, HAS_WINDOW),
+                       p_t, 0.0)
     if IS_VARLEN:
         do = load_seq_rows(do_src, off_b, off_h, q_row0 + start_m, q_end, stride_don, stride_dod, BLOCK_M,
                            HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
@@ -322,11 +318,9 @@ def _dq_tile(dq, q, do, lse2, delta, k_src, v_src, off_b, off_hk, offs_m, offs_n
     if MASKED:
         n_idx = start_n + offs_n
         visible = (n_idx < N_K)[None, :]
-        if HAS_WINDOW:
-            rel = n_idx[None, :] - (offs_m[:, None] + (N_K - N_Q))
-            visible = visible & (rel >= -win_left) & (rel <= win_right)
-        elif IS_CAUSAL:
-            visible = visible & (n_idx[None, :] <= offs_m[:, None] + (N_K - N_Q))
+        if HAS_WINDOW or IS_CAUSAL:
+            visible = visible & pair_visible(offs_m[:, None], n_idx[None, :], N_K - N_Q, win_left, win_right,
+                                             HAS_WINDOW)
         p = tl.where(visible, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
     ds = p * (dp - delta[:, None])

@@ -204,10 +204,16 @@ def window_query_bounds(start_n, N_Q, N_K, win_left, win_right, BLOCK_M: tl.cons
 
 
 @triton.jit
-def window_visible(rows, cols, diag, win_left, win_right):
-    """Pairs (row i, key j) inside the window: broadcastable index tiles."""
-    rel = cols - (rows + diag)
-    return (rel >= -win_left) & (rel <= win_right)
+def pair_visible(rows, cols, diag, win_left, win_right, HAS_WINDOW: tl.constexpr):
+    """Pairs (query row i, key j) that the sliding window (``HAS_WINDOW``)
+    or else the causal mask leaves visible, both aligned bottom-right
+    (``diag = N_K - N_Q``): broadcastable index tiles in, a boolean tile out.
+    The one definition of the mask for the forward, dK/dV and dQ kernels."""
+    if HAS_WINDOW:
+        rel = cols - (rows + diag)
+        return (rel >= -win_left) & (rel <= win_right)
+    else:
+        return cols <= rows + diag
 
 
 @triton.jit

@@ -23,8 +23,8 @@ plain one above (docs/variants.md):
 import triton
 import triton.language as tl
 
-from .common import (causal_key_bounds, head_base, load_rows, load_seq_rows, scores, store_rows, tile_source,
-                     window_key_bounds)
+from .common import (causal_key_bounds, head_base, load_rows, load_seq_rows, pair_visible, scores, store_rows,
+                     tile_source, window_key_bounds)
 
 LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -55,11 +55,9 @@ def _fwd_tile(acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n, sta
     if MASKED:
         n_idx = start_n + offs_n
         visible = (n_idx < N_K)[None, :]
-        if HAS_WINDOW:
-            rel = n_idx[None, :] - (offs_m[:, None] + (N_K - N_Q))
-            visible = visible & (rel >= -win_left) & (rel <= win_right)
-        elif IS_CAUSAL:
-            visible = visible & (n_idx[None, :] <= offs_m[:, None] + (N_K - N_Q))
+        if HAS_WINDOW or IS_CAUSAL:
+            visible = visible & pair_visible(offs_m[:, None], n_idx[None, :], N_K - N_Q, win_left, win_right,
+                                             HAS_WINDOW)
         s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     if MASKED:
@@ -73,7 +71,7 @@ def _fwd_tile(acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n, sta
     l_i = l_i * alpha + tl.sum(p, 1)
     if IS_VARLEN:
         v = load_seq_rows(v_src, off_b, off_hk, k_row0 + start_n, k_end, stride_vn, stride_vd, BLOCK_N, HEAD_DIM,
-                      BLOCK_D, MASKED, USE_TMA)
+                          BLOCK_D, MASKED, USE_TMA)
     else:
         v = load_rows(v_src, off_b, off_hk, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D,
                       MASKED, USE_TMA)
