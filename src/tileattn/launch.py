@@ -279,7 +279,7 @@ def _spec(v, constexpr: bool):
 
 def _run(kernel, grid: tuple, options: dict, args: dict) -> None:
     """``kernel[grid](**args, **options)``, through the direct-launch cache."""
-    if not _direct_enabled():
+    if not _direct_enabled() or configs.interpreter_active():
         kernel[grid](**args, **options)
         return
     driver = triton.runtime.driver.active
@@ -325,12 +325,9 @@ def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter
                          f"{MASK_BLOCK_Q} x {MASK_BLOCK_K} blocks")
     if config is not None:
         meta = config.as_meta()
-        _set_boxes(kind)({**args, **meta})
-        if configs.interpreter_active():
-            kernel[grid_of(meta)](**args, **meta, num_warps=config.num_warps, num_stages=config.num_stages)
-        else:
-            _run(kernel, grid_of(meta), {"num_warps": config.num_warps, "num_stages": config.num_stages},
-                 {**args, **meta})
+        full = {**args, **meta}
+        _set_boxes(kind)(full)
+        _run(kernel, grid_of(meta), {"num_warps": config.num_warps, "num_stages": config.num_stages}, full)
         return
     q = _tensor(args["Q"])
     key = (kind, q.device, q.dtype, *(args.get(k) for k in _TUNE_KEY))
@@ -342,8 +339,9 @@ def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter
         _TUNED_CHOICE[key] = (best.kwargs, {k: v for k, v in best.all_kwargs().items() if k not in best.kwargs})
         return
     meta, options = chosen
-    _set_boxes(kind)({**args, **meta})
-    _run(kernel, grid_of(meta), options, {**args, **meta})
+    full = {**args, **meta}
+    _set_boxes(kind)(full)
+    _run(kernel, grid_of(meta), options, full)
 
 
 _STRIDE_NAMES: dict = {}

@@ -288,10 +288,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     if meta is not None:
         full = {**args, **meta}
         _set_boxes(full)
-        if configs.interpreter_active():
-            _decode_partial_kernel[grid](**full, **options)
-        else:
-            launch._run(_decode_partial_kernel, grid, options, full)
+        launch._run(_decode_partial_kernel, grid, options, full)
 
     if num_splits > 1:
         n_rows = b * hq * n_q
@@ -302,9 +299,5 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
             N_ROWS=n_rows, N_HEADS=hq, N_Q=n_q, NUM_SPLITS=num_splits,
             HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_R=_COMBINE_ROWS,
             BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
-        grid_c = (triton.cdiv(n_rows, _COMBINE_ROWS),)
-        if configs.interpreter_active():
-            _decode_combine_kernel[grid_c](**combine)
-        else:
-            launch._run(_decode_combine_kernel, grid_c, {}, combine)
+        launch._run(_decode_combine_kernel, (triton.cdiv(n_rows, _COMBINE_ROWS),), {}, combine)
     return out, lse

@@ -14,10 +14,10 @@ Modes: ``fwd`` times a forward under ``torch.no_grad``; ``bwd`` times
 
 Peak memory (CUDA): ``torch.cuda.max_memory_allocated`` over one call of the
 timed step after a first (compiling, autotuning) call, less what was alive
-before that first call besides the point's inputs (q, k, v, dO): memory
-that earlier work left behind, such as the cuBLAS workspaces of the float32 reference check, is not
-the step's.  So it is the inputs plus everything the step allocates at its
-peak.
+before that first call besides the point's inputs (q, k, v, dO).  Memory
+that earlier work left behind, such as the cuBLAS workspaces of the float32
+reference check, is not the step's; so the figure is the inputs plus
+everything the step allocates at its peak.
 
 Correctness: on the first (smallest) N of each configuration every
 provider's forward output -- and, for modes with a backward, dq, dk and dv
@@ -346,10 +346,9 @@ def run_sweep(cfg: BenchConfig, *, metadata: Optional[dict] = None,
                             if not ok:
                                 wrong_at[(d, causal, mode, name)] = n
                             _clear(device)
-                    # the peak counter was reset just now (_clear): what is alive
-                    # besides this point's inputs (cuBLAS workspaces left by the
-                    # float32 reference check, other providers' caches) is not the
-                    # step's and is taken out of its peak
+                    # what is alive now besides this point's inputs (cuBLAS
+                    # workspaces left by the float32 reference check, other
+                    # providers' caches) is not the step's: out of its peak
                     residue = _residue_bytes(device, q, k, v, dout)
                     step = _prepare(prov.fn, q, k, v, causal, mode, dout)
                     # a first call compiles and autotunes (the autotuner's timing
