@@ -466,11 +466,11 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     lse2 = _empty((b, hq, n_q), q.device)
     pre_block = configs.INTERPRETER_BWD.block_m if configs.interpreter_active() else 64
     has_dlse = dlse is not None
-    _attn_bwd_preprocess_kernel[(triton.cdiv(n_q, pre_block), hq, b)](
+    _run(_attn_bwd_preprocess_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
         O=o, DO=do, LSE=lse, DLSE=dlse.contiguous() if has_dlse else lse, DELTA=delta, LSE2=lse2,
         **_strides4(o, "o"), **_strides4(do, "do"),
         N_HEADS=hq, N_Q=n_q, HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block,
-        HAS_DLSE=has_dlse)
+        HAS_DLSE=has_dlse))
 
     tma = use_tma(q, k, v, do, dq, dk, dv)
     tiles = (lambda t: _descriptor(t)) if tma else (lambda t: t)

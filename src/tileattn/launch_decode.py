@@ -199,14 +199,14 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capaci
     paged = block_table is not None
     bt = block_table if paged else cache_seqlens
     grid = (triton.cdiv(n_new, _APPEND_ROWS), hkv, b)
-    _append_kv_kernel[grid](
+    launch._run(_append_kv_kernel, grid, {}, dict(
         K_NEW=k_new, V_NEW=v_new, K=k_cache, V=v_cache, SEQLENS=cache_seqlens, BLOCK_TABLE=bt,
         **_strides4(k_new, "kn"), **_strides4(v_new, "vn"),
         **_strides4(k_cache, "k"), **_strides4(v_cache, "v"),
         stride_tb=bt.stride(0) if paged else 0, stride_tn=bt.stride(1) if paged else 0,
         N_NEW=n_new, CAPACITY=capacity, NUM_PAGES=k_cache.shape[0] if paged else 1,
         HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_T=_APPEND_ROWS,
-        PAGE_SIZE=k_cache.shape[2] if paged else 0)
+        PAGE_SIZE=k_cache.shape[2] if paged else 0))
 
 
 def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new: int, capacity: int,
