@@ -9,15 +9,13 @@ thread that runs it.
 from __future__ import annotations
 
 import cProfile
-import io
-import pstats
-import time
 
 import torch
 import triton
 import triton.language as tl
 
 from tileattn import launch
+from tileattn.bench.host import per_call_us, profile_text
 
 
 @triton.jit
@@ -45,17 +43,6 @@ class _Bwd(torch.autograd.Function):
         else:
             ctx.work()
         return g, None
-
-
-def per_call_us(fn, iters=1500) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters * 1e6
 
 
 def main():
@@ -88,10 +75,8 @@ def main():
                 fn()
         torch.cuda.synchronize()
         PROFILE.clear()
-        s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(14)
         print(f"--- cProfile of launch.attn_bwd inside the backward, {label} (300 calls)")
-        print(s.getvalue()[:3500])
+        print(profile_text(pr, top=14, limit=3500))
 
 
 if __name__ == "__main__":

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
-import pstats
-import time
 from pathlib import Path
 
 import torch
@@ -28,17 +25,7 @@ import triton.language as tl
 
 import tileattn
 from tileattn import launch, ops
-
-
-def per_call_us(fn, iters=2000) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters * 1e6
+from tileattn.bench.host import per_call_us, profile_text
 
 
 @triton.jit
@@ -112,10 +99,8 @@ def main():
             fn()
         torch.cuda.synchronize()
         pr.disable()
-        s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
         print(f"--- cProfile, {name} (300 calls)")
-        print(s.getvalue()[:7000])
+        print(profile_text(pr))
 
 
 if __name__ == "__main__":

@@ -7,24 +7,12 @@ Tight loops of many calls, no profiler, so the numbers are the real ones.
 """
 from __future__ import annotations
 
-import time
-
 import torch
 import triton
 
 import tileattn
 from tileattn import launch
-
-
-def per_call_us(fn, iters=3000) -> float:
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters * 1e6
+from tileattn.bench.host import per_call_us
 
 
 def main():
@@ -84,7 +72,7 @@ def main():
     print(f"{len(kw)} keyword arguments, {len(values)} bound, "
           f"{sum(1 for s in spec if s[0] != 'constexpr')} specialised")
     for name, fn in rows.items():
-        print(f"{name:52} {per_call_us(fn):8.1f} us/call", flush=True)
+        print(f"{name:52} {per_call_us(fn, iters=3000, warmup=100):8.1f} us/call", flush=True)
     # the direct launch writes the same output as the regular one
     o_ref = args["O"] if isinstance(args["O"], torch.Tensor) else args["O"].base
     kernel[grid](**kw)

@@ -226,3 +226,19 @@ def test_flex_recompile_limit_raised():
     providers.raise_recompile_limit(5000)
     limit = getattr(cfg, "recompile_limit", None) or getattr(cfg, "cache_size_limit")
     assert limit >= 5000
+
+
+def test_host_time_helpers():
+    import cProfile
+
+    from tileattn.bench.host import per_call_us, profile_text
+
+    calls = []
+    us = per_call_us(lambda: calls.append(sum(range(100))), iters=50, warmup=5)
+    assert len(calls) == 55 and 0 < us < 1e5
+    pr = cProfile.Profile()
+    pr.enable()
+    sorted(range(1000), key=lambda x: -x)
+    pr.disable()
+    text = profile_text(pr, top=5)
+    assert "sorted" in text and "tottime" in text
