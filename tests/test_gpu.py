@@ -79,6 +79,8 @@ def test_direct_launches_match_regular_launches(monkeypatch):
     other specialisations (length not a multiple of 16, strided views, fp16,
     causal) come in between and share the cache."""
     launch = tileattn.launch
+    if not launch._DIRECT_SUPPORTED:
+        pytest.skip("direct launches are off on this Triton version (launch.DIRECT_LAUNCH_VERSIONS)")
     monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
     torch.manual_seed(3)
 
