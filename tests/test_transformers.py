@@ -149,7 +149,7 @@ def test_left_padded_batch(arch):
     ms = models(arch)
     ids = _ids(3, 17, seed=_seed(arch, "pad"))
     mask = _left_padding(3, 17)
-    hf._warned.clear()
+    tileattn.sdpa.reset_fallback_warnings()
     with pytest.warns(TileattnFallbackWarning, match="explicit mask"):
         _check_logits(f"{arch} padded logits", ms, lambda m: m(ids, attention_mask=mask).logits, torch.float32,
                       select=mask.bool())
@@ -224,7 +224,7 @@ def test_training_dropout_runs_torch_sdpa():
     ref, mine = ref.to(DEVICE).train(), mine.to(DEVICE).train()
     assert (ref.config._attn_implementation, mine.config._attn_implementation) == ("sdpa", "tileattn")
     ids = _ids(2, 12, seed=_seed("dropout", "ids"))
-    hf._warned.clear()
+    tileattn.sdpa.reset_fallback_warnings()
     torch.manual_seed(1)
     with pytest.warns(TileattnFallbackWarning, match="dropout"):
         got = mine(ids).logits

@@ -51,20 +51,24 @@ class TileattnFallbackWarning(UserWarning):
     """A call that tileattn does not accelerate ran PyTorch's implementation instead."""
 
 
-_warned: set[str] = set()
+# (who, reason) pairs already reported, for this drop-in and the transformers
+# backend alike
+_warned: set[tuple[str, str]] = set()
 _warn_lock = threading.Lock()
 
 
-def _warn_once(reason: str) -> None:
-    if torch.compiler.is_compiling():  # a traced warning would break the graph
+def warn_fallback_once(who: str, reason: str, message: str) -> None:
+    """Warn ``message`` (a TileattnFallbackWarning) the first time ``who``
+    falls back for ``reason``; silent while tracing (a warning would break
+    the graph).  The warning points at the caller of the function that
+    called this one (call it from the public function)."""
+    if torch.compiler.is_compiling():
         return
     with _warn_lock:
-        if reason in _warned:
+        if (who, reason) in _warned:
             return
-        _warned.add(reason)
-    warnings.warn(f"tileattn.scaled_dot_product_attention: {reason}; running torch's "
-                  f"scaled_dot_product_attention for such calls (warned once)",
-                  TileattnFallbackWarning, stacklevel=3)
+        _warned.add((who, reason))
+    warnings.warn(message, TileattnFallbackWarning, stacklevel=3)
 
 
 def reset_fallback_warnings() -> None:
@@ -213,7 +217,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         reason = _why_not_accelerated(query, key, value, attn_mask, dropout_p, enable_gqa)
     if reason is not None:
-        _warn_once(reason)
+        warn_fallback_once("sdpa", reason, f"tileattn.scaled_dot_product_attention: {reason}; running torch's "
+                                           f"scaled_dot_product_attention for such calls (warned once)")
         return _fallback(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     q4, k4, v4 = _as_4d(query), _as_4d(key), _as_4d(value)
     scale = None if scale is None else float(scale)

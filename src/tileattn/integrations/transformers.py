@@ -27,13 +27,12 @@ This module imports transformers only inside its functions.
 """
 from __future__ import annotations
 
-import threading
 import warnings
 
 import torch
 
 from .. import api
-from ..sdpa import TileattnFallbackWarning, _torch_sdpa, _why_not_accelerated
+from ..sdpa import TileattnFallbackWarning, _torch_sdpa, _why_not_accelerated, warn_fallback_once
 
 __all__ = ["register_transformers", "tileattn_attention_forward", "tileattn_attention_mask",
            "MIN_TRANSFORMERS"]
@@ -41,21 +40,6 @@ __all__ = ["register_transformers", "tileattn_attention_forward", "tileattn_atte
 MIN_TRANSFORMERS = (4, 50)
 # names transformers reserves, and a substring transformers 5 routes to the flash-attn package
 _RESERVED = ("eager", "sdpa", "flex_attention", "paged|eager")
-
-_warned: set[str] = set()
-_warn_lock = threading.Lock()
-
-
-def _warn_once(reason: str) -> None:
-    if torch.compiler.is_compiling():  # a traced warning would break the graph
-        return
-    with _warn_lock:
-        if reason in _warned:
-            return
-        _warned.add(reason)
-    warnings.warn(f"tileattn (transformers): {reason}; these calls run torch's scaled_dot_product_attention "
-                  f"(warned once)", TileattnFallbackWarning, stacklevel=3)
-
 
 # ---------------------------------------------------------------------------
 # the attention function
@@ -119,7 +103,8 @@ def tileattn_attention_forward(module, query, key, value, attention_mask, dropou
     else:
         reason = _why_not_accelerated(query, key, value, None, 0.0, enable_gqa=True)
     if reason is not None:
-        _warn_once(reason)
+        warn_fallback_once("transformers", reason, f"tileattn (transformers): {reason}; these calls run torch's "
+                                                   f"scaled_dot_product_attention (warned once)")
         out = _torch_fallback(query, key, value, attention_mask, float(dropout or 0.0), scaling, causal, window)
     else:
         out = api.attention(query, key, value, causal=causal, scale=scaling)
