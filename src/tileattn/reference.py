@@ -341,20 +341,32 @@ def tiled_attention(q, k, v, *, causal=False, scale=None, block_n=128, return_ls
         hidden = sc.hidden(start, stop)
         if hidden is not None:
             s = s.masked_fill(hidden, float("-inf"))
-        m_new = torch.maximum(m, s.amax(dim=-1))
-        m_ref = torch.where(torch.isinf(m_new) & (m_new < 0), torch.zeros_like(m_new), m_new)
-        p = s.sub_(m_ref[..., None]).exp_()  # in place: one (Nq x block_n) buffer per step
-        alpha = torch.exp(m - m_ref)
-        l = l * alpha + p.sum(dim=-1)
-        o = o * alpha[..., None] + torch.matmul(p, vj)
-        m = m_new
-    empty = l == 0
-    l_safe = torch.where(empty, torch.ones_like(l), l)
-    out = (o / l_safe[..., None]).reshape(b, hq, n_q, v.shape[-1]).to(q.dtype)
+        m, l, o = online_softmax_step(m, l, o, s, vj)
+    out, lse = online_softmax_finish(m, l, o)
+    out = out.reshape(b, hq, n_q, v.shape[-1]).to(q.dtype)
     if not return_lse:
         return out
-    lse = torch.where(empty, torch.full_like(m, float("-inf")), m + torch.log(l_safe))
     return out, lse.reshape(b, hq, n_q).to(acc_t if acc_t == torch.float64 else torch.float32)
+
+
+def online_softmax_step(m, l, o, s, vj):
+    """One key block of the running softmax: row max ``m``, row sum ``l`` and
+    unnormalised output ``o`` updated with the block's masked scores ``s``
+    (-inf where hidden; consumed in place) and values ``vj``.  A row with
+    nothing visible yet keeps m = -inf and subtracts 0, so exp gives 0."""
+    m_new = torch.maximum(m, s.amax(dim=-1))
+    m_ref = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+    p = s.sub_(m_ref[..., None]).exp_()  # in place: one (Nq x block_n) buffer per step
+    alpha = torch.exp(m - m_ref)
+    return m_new, l * alpha + p.sum(dim=-1), o * alpha[..., None] + torch.matmul(p, vj)
+
+
+def online_softmax_finish(m, l, o):
+    """(output, lse) from the running state; rows that saw no key give 0 and -inf."""
+    empty = l == 0
+    l_safe = torch.where(empty, torch.ones_like(l), l)
+    lse = torch.where(empty, torch.full_like(m, float("-inf")), m + torch.log(l_safe))
+    return o / l_safe[..., None], lse
 
 
 def tiled_attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, dlse=None, block_n=128,

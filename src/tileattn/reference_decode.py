@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from .reference import online_softmax_finish, online_softmax_step
+
 __all__ = ["append_kv_", "gather_kv", "kvcache_attention", "combine_splits"]
 
 # keys per step inside one split: bounds the (rows x keys) score buffer
@@ -104,17 +106,8 @@ def _partial(qg, k, v, start, stop, n_k, n_q, scale, window, softcap, slopes):
         # keys past n_k may hold anything (even NaN): zero them before P @ V
         vj = torch.where((cols < n_k[:, None])[:, None, None, :, None], vj, torch.zeros((), dtype=acc_t))
         s = s.masked_fill(~visible, float("-inf"))
-        m_new = torch.maximum(m, s.amax(dim=-1))
-        m_ref = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
-        p = torch.exp(s - m_ref[..., None])
-        alpha = torch.exp(m - m_ref)
-        l = l * alpha + p.sum(dim=-1)
-        o = o * alpha[..., None] + torch.matmul(p, vj)
-        m = m_new
-    empty = l == 0
-    l_safe = torch.where(empty, torch.ones_like(l), l)
-    lse = torch.where(empty, torch.full_like(m, float("-inf")), m + torch.log(l_safe))
-    return o / l_safe[..., None], lse
+        m, l, o = online_softmax_step(m, l, o, s, vj)
+    return online_softmax_finish(m, l, o)
 
 
 def kvcache_attention(q, k_cache, v_cache, n_k, block_table=None, *, scale, window=(-1, -1), softcap=None,
