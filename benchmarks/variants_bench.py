@@ -41,11 +41,19 @@ def _time_ms(fn, device, rep_ms):
     return time_ms(fn, device, warmup_ms=max(10, rep_ms // 4), rep_ms=rep_ms, cpu_repeats=1)
 
 
-def _fwd_bwd(fn, leaves, dout):
-    def run():
+def _time_mode(fn, leaves, mode, device, rep_ms):
+    """ms per call of ``fn``: its forward under no_grad (``fwd``), or forward
+    and backward for one random upstream gradient (``fwd_bwd``)."""
+    with torch.no_grad():
         out = fn()
-        torch.autograd.grad(out, leaves, dout)
-    return run
+    if mode == "fwd":
+        with torch.no_grad():
+            return _time_ms(fn, device, rep_ms)
+    dout = torch.randn_like(out)
+
+    def run():
+        torch.autograd.grad(fn(), leaves, dout)
+    return _time_ms(run, device, rep_ms)
 
 
 def mixed_lengths(n_seqs: int, total: int, seed: int = 0, min_len: int = 64) -> list[int]:
@@ -80,14 +88,7 @@ def bench_varlen(a, device, dtype, rows):
             res = {}
             for name, fn, leaves, n_lens in (("varlen", packed, (q, k, v), lens),
                                              ("dense", dense, (qd, kd, vd), [dense_n] * a.varlen_seqs)):
-                with torch.no_grad():
-                    out = fn()
-                run = fn if mode == "fwd" else _fwd_bwd(fn, leaves, torch.randn_like(out))
-                if mode == "fwd":
-                    with torch.no_grad():
-                        ms = _time_ms(run, device, a.rep_ms)
-                else:
-                    ms = _time_ms(run, device, a.rep_ms)
+                ms = _time_mode(fn, leaves, mode, device, a.rep_ms)
                 flops = varlen_flops(n_lens, n_lens, h, d, causal=causal, mode=mode)
                 res[name] = (ms, flops / (ms * 1e-3) / 1e12)
             rows.append({"section": "varlen", "mode": mode, "causal": causal, "heads": h, "head_dim": d,
@@ -109,13 +110,7 @@ def bench_window(a, device, dtype, rows):
         for mode in ("fwd", "fwd_bwd"):
             def fn():
                 return tileattn.attention(q, k, v, causal=True, window=window)
-            with torch.no_grad():
-                out = fn()
-            if mode == "fwd":
-                with torch.no_grad():
-                    ms = _time_ms(fn, device, a.rep_ms)
-            else:
-                ms = _time_ms(_fwd_bwd(fn, (q, k, v), torch.randn_like(out)), device, a.rep_ms)
+            ms = _time_mode(fn, (q, k, v), mode, device, a.rep_ms)
             pairs = window_pairs(n, n, True, window)
             flops = {"fwd": 1.0, "fwd_bwd": 3.5}[mode] * 4.0 * h * pairs * d
             rows.append({"section": "window", "sweep": sweep, "mode": mode, "causal": True, "heads": h,
@@ -151,13 +146,7 @@ def bench_block_sparse(a, device, dtype, rows):
         for mode in ("fwd", "fwd_bwd"):
             def fn():
                 return tileattn.attention(q, k, v, block_mask=layout)
-            with torch.no_grad():
-                out = fn()
-            if mode == "fwd":
-                with torch.no_grad():
-                    ms = _time_ms(fn, device, a.rep_ms)
-            else:
-                ms = _time_ms(_fwd_bwd(fn, (q, k, v), torch.randn_like(out)), device, a.rep_ms)
+            ms = _time_mode(fn, (q, k, v), mode, device, a.rep_ms)
             if layout is None:
                 dense_ms[mode] = ms
             model = None
