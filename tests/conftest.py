@@ -27,6 +27,9 @@ from tileattn import configs, launch  # noqa: E402
 
 INTERPRETED = configs.interpreter_active()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
+# TILEATTN_TEST_SEED shifts every case's seed (fresh inputs for a repeated run)
+SEED_OFFSET = int(os.environ.get("TILEATTN_TEST_SEED", "0"))
+DT_NAME = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 
 
 def _bf16_shim(fn, n_tensor_args):

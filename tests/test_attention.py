@@ -2,7 +2,6 @@
 reference, under the accuracy rule (see ``tileattn.testing``), on the Triton
 kernels and on the pure-PyTorch tiled path."""
 import dataclasses
-import os
 import zlib
 
 import pytest
@@ -12,11 +11,7 @@ import tileattn
 from tileattn.reference import standard_attention
 from tileattn.testing import check_accuracy
 
-from conftest import DEVICE
-
-# TILEATTN_TEST_SEED shifts every case's seed (fresh inputs for a repeated run)
-SEED_OFFSET = int(os.environ.get("TILEATTN_TEST_SEED", "0"))
-DT_NAME = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+from conftest import DEVICE, DT_NAME, SEED_OFFSET
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import os
 import zlib
 from typing import Optional
 
@@ -28,10 +27,7 @@ from tileattn import launch, launch_decode, reference_decode
 from tileattn.reference import standard_attention
 from tileattn.testing import FLOOR, check_accuracy
 
-from conftest import DEVICE, HAS_CUDA, INTERPRETED
-
-SEED_OFFSET = int(os.environ.get("TILEATTN_TEST_SEED", "0"))
-DT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+from conftest import DEVICE, DT_NAME as DT, HAS_CUDA, INTERPRETED, SEED_OFFSET
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,6 @@ the same precision.
 """
 import contextlib
 import dataclasses
-import os
 import threading
 import warnings
 import zlib
@@ -22,9 +21,8 @@ from tileattn import sdpa as tsdpa
 from tileattn.sdpa import TileattnFallbackWarning
 from tileattn.testing import check_accuracy
 
-from conftest import DEVICE
+from conftest import DEVICE, SEED_OFFSET
 
-SEED_OFFSET = int(os.environ.get("TILEATTN_TEST_SEED", "0"))
 TORCH_SDPA = tsdpa._torch_sdpa
 DT = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16"}
 

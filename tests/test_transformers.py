@@ -33,9 +33,8 @@ from transformers import AutoModelForCausalLM, DynamicCache, GPT2Config, LlamaCo
 
 from tileattn.integrations import transformers as hf  # noqa: E402
 
-from conftest import DEVICE  # noqa: E402
+from conftest import DEVICE, SEED_OFFSET  # noqa: E402
 
-SEED_OFFSET = int(os.environ.get("TILEATTN_TEST_SEED", "0"))
 VOCAB = 97
 DT = {torch.float32: "fp32", torch.float64: "fp64"}
 

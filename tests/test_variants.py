@@ -16,8 +16,8 @@ from tileattn.reference import (alibi_bias, block_mask_dense, causal_mask, stand
                                 varlen_mask, window_mask)
 from tileattn.testing import check_accuracy
 
-from conftest import DEVICE
-from test_attention import DT_NAME, SEED_OFFSET, pointer_path  # noqa: F401  (fixture)
+from conftest import DEVICE, DT_NAME, SEED_OFFSET
+from test_attention import pointer_path  # noqa: F401  (fixture)
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 
