@@ -22,8 +22,8 @@ every cache full to the given length (cache_seqlens = L, no appended token).
 * Correctness: on the first cache length every provider's output is compared
   with float32 standard attention (relative Frobenius error, must be < 2e-2),
   and at every length the paged results must match the contiguous one.
-* A split sweep (num_splits 1..32 beside the heuristic's choice) runs on the
-  contiguous cache at every length, a config sweep at --config-sweep-len.
+* A split sweep (num_splits 1..32 beside the heuristic's choice) runs on
+  every layout at every length, a config sweep at --config-sweep-len.
 
 Writes decode_bench.csv and decode_bench.json (rows plus the run's metadata:
 GPU, driver, versions, commit) into --out.  Runs in about 2 minutes on an H200.
@@ -58,7 +58,7 @@ def parse_args(argv=None):
     ap.add_argument("--page-sizes", type=int, nargs="*", default=[16, 256], help="paged layouts (none: skip)")
     ap.add_argument("--sdpa", nargs="*", default=list(SDPA_BACKENDS), choices=list(SDPA_BACKENDS))
     ap.add_argument("--splits", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32],
-                    help="split counts timed on the contiguous cache (none: skip the sweep)")
+                    help="split counts timed on every layout (none: skip the sweep)")
     ap.add_argument("--config-sweep-len", type=int, default=16384,
                     help="cache length of the per-config sweep (0: skip)")
     ap.add_argument("--warmup-ms", type=int, default=25)
@@ -236,13 +236,20 @@ def main(argv=None) -> int:
                 q, kp, vp, seqlens, block_table=table, check_indices=False)
             out_p = f()
             e = rel_err(out_p, out_contig)
-            record(**base, layout=f"page{page}", provider="tileattn", num_splits=splits0, ms=do_bench(f),
+            splits_p = launch_decode.choose_num_splits(b * hkv, n, meta["sms"], paged=True)
+            record(**base, layout=f"page{page}", provider="tileattn", num_splits=splits_p, ms=do_bench(f),
                    status="ok" if e < 1e-2 else f"differs from contiguous by {e:.2e}",
                    **check("paged", out_p))
             fc = lambda kp=kp, vp=vp, table=table: tileattn.attention_with_kvcache(  # noqa: E731
                 q, kp, vp, seqlens, block_table=table)
-            record(**base, layout=f"page{page}", provider="tileattn-checked", num_splits=splits0, ms=do_bench(fc),
+            record(**base, layout=f"page{page}", provider="tileattn-checked", num_splits=splits_p, ms=do_bench(fc),
                    status="ok")
+            for s in args.splits:
+                f_s = lambda s=s, kp=kp, vp=vp, table=table: tileattn.attention_with_kvcache(  # noqa: E731
+                    q, kp, vp, seqlens, block_table=table, num_splits=s, check_indices=False)
+                e = rel_err(f_s(), out_contig)
+                record(**base, layout=f"page{page}", provider="tileattn-splits", num_splits=s, ms=do_bench(f_s),
+                       status="ok" if e < 1e-2 else f"differs from contiguous by {e:.2e}")
             if n == args.config_sweep_len:
                 sweep_configs(record, base, f"page{page}", f, do_bench)
             del kp, vp, table, perm

@@ -386,8 +386,8 @@ def test_split_counts_agree(case, path):
 
 
 def test_split_heuristic_rule():
-    """choose_num_splits: no split once one split gives >= 90% of the SMs a
-    program; else fill >= 2 programs per SM with whole waves, at least 256
+    """choose_num_splits: no split of a contiguous cache once one split gives
+    >= 90% of the SMs a program; else (and always for paged caches) fill >= 2 programs per SM with whole waves, at least 256
     keys per split, at most 64 splits."""
     choose = launch_decode.choose_num_splits
     # the H200 decode benchmark shape: B=16 x Hkv=8 programs per split on 132
@@ -399,6 +399,10 @@ def test_split_heuristic_rule():
     assert choose(8, 32768, 132) == 32
     # enough programs already: no split
     assert choose(16 * 32, 16384, 132) == 1
+    # a paged cache gets no one-wave shortcut: 2 programs per SM
+    assert choose(128, 16384, 132, paged=True) == 2 and choose(128, 131072, 132, paged=True) == 2
+    assert choose(16 * 32, 16384, 132, paged=True) == 1
+    assert choose(8, 32768, 132, paged=True) == 32
     # a short cache cannot be split below 256 keys per split
     assert choose(8, 1024, 132) == 4
     assert choose(8, 100, 132) == 1

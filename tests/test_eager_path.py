@@ -11,10 +11,10 @@ from tileattn import eager, ops
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _run(q, k, v, do, causal, route, monkeypatch):
+def _run(q, k, v, do, causal, route, monkeypatch, **variants):
     monkeypatch.setattr(eager, "applies", lambda *a: route == "eager")
     qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-    out, lse = tileattn.attention(qq, kk, vv, causal=causal, return_lse=True)
+    out, lse = tileattn.attention(qq, kk, vv, causal=causal, return_lse=True, **variants)
     (out * do).sum().backward()
     return out, lse, qq.grad, kk.grad, vv.grad
 
@@ -31,6 +31,27 @@ def test_eager_route_matches_custom_op_bitwise(kernels, causal, monkeypatch):
         assert torch.equal(x, y), name
     ref = tileattn.reference.standard_attention(q.cpu().double(), k.cpu().double(), v.cpu().double(), causal=causal)
     assert (a[0].cpu().double() - ref).abs().max() < 1e-4
+
+
+VARIANTS = {
+    "window": lambda g: {"window": (20, 5)},
+    "softcap-alibi": lambda g: {"softcap": 3.0, "alibi_slopes": torch.rand(4, generator=g).to(DEV)},
+    "block-sparse": lambda g: {"block_mask": torch.tensor([[[[True, False], [True, True]]]], device=DEV)},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_eager_route_matches_custom_op_bitwise_with_variants(kernels, variant, monkeypatch):
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 4, 200, 16, generator=g).to(DEV)
+    k, v = (torch.randn(1, 2, 230, 16, generator=g).to(DEV) for _ in range(2))
+    do = torch.randn(1, 4, 200, 16, generator=g).to(DEV)
+    kw = VARIANTS[variant](g)
+    a = _run(q, k, v, do, True, "eager", monkeypatch, **kw)
+    b = _run(q, k, v, do, True, "op", monkeypatch, **kw)
+    for name, x, y in zip(("out", "lse", "dq", "dk", "dv"), a, b):
+        assert torch.equal(x, y), name
+    assert torch.isfinite(a[0]).all() and torch.isfinite(a[2]).all()
 
 
 def test_eager_route_taken_for_plain_tensors_on_the_kernels(kernels, monkeypatch):

@@ -67,17 +67,19 @@ def test_hundred_backward_passes_bitwise_equal():
             assert torch.equal(a, b), f"{name} differs on repeat {i}"
 
 
-def _fwd_bwd_launchers(q, k, v, do, causal):
+def _fwd_bwd_launchers(q, k, v, do, causal, dlse=None):
     launch = tileattn.launch
     o, lse = launch.attn_fwd(q, k, v, causal, q.shape[-1] ** -0.5)
-    return (o, lse) + launch.attn_bwd(do, q, k, v, o, lse, causal, q.shape[-1] ** -0.5)
+    return (o, lse) + launch.attn_bwd(do, q, k, v, o, lse, causal, q.shape[-1] ** -0.5, dlse=dlse)
 
 
 def test_direct_launches_match_regular_launches(monkeypatch):
-    """Later calls of a specialisation skip Triton's binder (launch._run); the
+    """Later calls of a specialisation skip Triton's binder (launch._run) and,
+    from the third call of a plain shape on, replay a launch plan; the
     outputs must be bitwise those of regular launches, also when calls of
     other specialisations (length not a multiple of 16, strided views, fp16,
-    causal) come in between and share the cache."""
+    causal, an lse gradient, q, k and v one tensor) come in between and share
+    the caches."""
     launch = tileattn.launch
     if not launch._DIRECT_SUPPORTED:
         pytest.skip("direct launches are off on this Triton version (launch.DIRECT_LAUNCH_VERSIONS)")
@@ -89,16 +91,22 @@ def test_direct_launches_match_regular_launches(monkeypatch):
             return [torch.randn(2, n, 4, 64, device="cuda", dtype=dtype).transpose(1, 2) for _ in range(4)]
         return [torch.randn(2, 4, n, 64, device="cuda", dtype=dtype) for _ in range(4)]
 
-    cases = {f"{n}-{str(dt)[6:]}-{'strided' if st else 'dense'}-{'causal' if c else 'full'}": (make(n, dt, st), c)
+    cases = {f"{n}-{str(dt)[6:]}-{'strided' if st else 'dense'}-{'causal' if c else 'full'}":
+             (make(n, dt, st), c, None)
              for n, dt, st, c in ((128, torch.bfloat16, False, False), (100, torch.bfloat16, False, True),
                                   (128, torch.float16, True, False), (257, torch.float16, True, True))}
+    q, k, v, do = make(128, torch.bfloat16, False)
+    cases["128-bfloat16-dense-full-self"] = ([q, q, q, do], False, None)   # the plan of the case above
+    cases["128-bfloat16-dense-full-dlse"] = ([q, k, v, do], False, torch.randn(2, 4, 128, device="cuda"))
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
-    want = {name: _fwd_bwd_launchers(*t, c) for name, (t, c) in cases.items()}
+    want = {name: _fwd_bwd_launchers(*t, c, dlse) for name, (t, c, dlse) in cases.items()}
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "1")
     launch._DIRECT.clear()
-    for _ in range(3):   # first round fills the cache, the others launch directly
-        for name, (t, c) in cases.items():
-            got = _fwd_bwd_launchers(*t, c)
+    launch._PLANS.clear()
+    for _ in range(4):   # first round fills the caches, the others launch directly, then from plans
+        for name, (t, c, dlse) in cases.items():
+            got = _fwd_bwd_launchers(*t, c, dlse)
             for part, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want[name]):
                 assert torch.equal(g, w), f"{name} {part}"
     assert launch._DIRECT, "no call took the direct path"
+    assert {key[0] for key in launch._PLANS} == {"fwd", "bwd"}, "no call replayed a plan"

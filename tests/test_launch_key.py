@@ -67,3 +67,73 @@ def test_direct_launches_only_on_checked_triton_versions(monkeypatch):
     assert launch._direct_enabled() == checked
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
     assert not launch._direct_enabled()
+
+
+# ---------------------------------------------------------------------------
+# launch plans: what a plan keeps of the launches it recorded
+# ---------------------------------------------------------------------------
+class _FakeCompiled:
+    function = packed_metadata = None
+
+    def __init__(self):
+        self.calls = []
+
+    def launch_metadata(self, grid, stream, *values):
+        return None
+
+    def run(self, gx, gy, gz, stream, function, packed, meta, enter, exit_, *values):
+        self.calls.append(((gx, gy, gz), stream, values))
+
+
+class _FakeDriver:
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device):
+        return 1234
+
+
+def _record(tensors, values):
+    compiled = _FakeCompiled()
+    launch._begin_record()
+    launch._record((compiled, (3, 2, 1), values))
+    launch._end_record(("test",), tensors)
+    return compiled, launch._PLANS.pop(("test",), None)
+
+
+def test_plan_fills_this_calls_tensors_and_holds_none(monkeypatch):
+    import gc
+    import weakref
+    monkeypatch.setattr(launch.triton.runtime.driver, "_active", _FakeDriver())
+    q, o = torch.randn(2, 4, 128, 64), torch.empty(2, 4, 128, 64)
+    desc = launch._descriptor(q)
+    desc.block_shape = [1, 1, 64, 64]
+    compiled, plan = _record({"q": q, "o": o}, [desc, o, 7, 0.5, None, True])
+    assert plan is not None and len(plan) == 1
+    # the plan keeps neither tensor (nor the descriptor's base)
+    alive = weakref.ref(q)
+    del q, o, desc
+    gc.collect()
+    assert alive() is None
+    q2, o2 = torch.randn(2, 4, 128, 64), torch.empty(2, 4, 128, 64)
+    launch._replay(plan, {"q": q2, "o": o2})
+    (grid, stream, values), = compiled.calls
+    assert grid == (3, 2, 1) and stream == 1234
+    assert isinstance(values[0], TensorDescriptor) and values[0].base is q2
+    assert values[0].block_shape == [1, 1, 64, 64] and values[0].shape == [2, 4, 128, 64]
+    assert values[1] is o2 and values[2:] == (7, 0.5, None, True)
+
+
+@pytest.mark.parametrize("case", ["unnamed-tensor", "aliased-names", "regular-launch"])
+def test_no_plan_when_a_launch_cannot_be_replayed(case):
+    q, o = torch.randn(4, 16), torch.empty(4, 16)
+    if case == "unnamed-tensor":       # e.g. a .contiguous() copy made inside the launcher
+        _, plan = _record({"q": q, "o": o}, [q, o, q.clone()])
+    elif case == "aliased-names":      # q is k: a later call of the key need not alias them
+        _, plan = _record({"q": q, "k": q, "o": o}, [q, q, o])
+    else:                              # a launch that went through Triton's own path
+        launch._begin_record()
+        launch._record(None)
+        launch._end_record(("test",), {"q": q})
+        plan = launch._PLANS.pop(("test",), None)
+    assert plan is None

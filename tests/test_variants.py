@@ -11,7 +11,8 @@ import torch
 
 import tileattn
 from tileattn import launch, reference
-from tileattn.block_mask import BLOCK_K, BLOCK_Q, block_mask_from_fn, kernel_block_lists
+from tileattn.block_mask import (BLOCK_K, BLOCK_Q, block_mask_from_fn, cached_kernel_block_lists,
+                                 clear_block_list_cache, kernel_block_lists)
 from tileattn.reference import (alibi_bias, block_mask_dense, causal_mask, standard_attention, varlen_alibi_bias,
                                 varlen_mask, window_mask)
 from tileattn.testing import check_accuracy
@@ -456,6 +457,55 @@ def test_block_mask_from_fn_matches_brute_force():
     assert 0 < layout.density < 1
     full = block_mask_from_fn(lambda b, hh, i, j: i >= 0, 2, None, 129, 1, device=DEVICE)
     assert full.mask.shape == (2, 1, 2, 1) and full.density == 1.0
+
+
+def test_block_list_cache_reuses_and_invalidates():
+    """A layout's lists are built once per (layout, shape, causal, window);
+    an in-place write, another shape or another window builds them anew, and
+    a freed layout leaves the cache."""
+    import gc
+    from tileattn import block_mask as bm
+    clear_block_list_cache()
+    layout = torch.rand(1, 2, 3, 2) < 0.5
+    first = cached_kernel_block_lists(layout, 300, 200, causal=True)
+    assert cached_kernel_block_lists(layout, 300, 200, causal=True) is first
+    assert cached_kernel_block_lists(layout, 300, 200, causal=False) is not first
+    assert cached_kernel_block_lists(layout, 300, 200, causal=True, window=(50, 0)) is not first
+    layout[0, 0, 0, 0] = not bool(layout[0, 0, 0, 0])        # in place: the version counter moves
+    second = cached_kernel_block_lists(layout, 300, 200, causal=True)
+    assert second is not first
+    fresh = kernel_block_lists(layout, 300, 200, causal=True)
+    for a, b in zip(second, fresh):
+        assert torch.equal(a, b)
+    n = len(bm._LIST_CACHE)
+    del layout
+    gc.collect()
+    assert len(bm._LIST_CACHE) < n
+    clear_block_list_cache()
+
+
+def test_block_list_cache_size_bound():
+    from tileattn import block_mask as bm
+    clear_block_list_cache()
+    layouts = [torch.ones(1, 1, 1, 1, dtype=torch.bool) for _ in range(bm._LIST_CACHE_SIZE + 5)]
+    for lay in layouts:
+        cached_kernel_block_lists(lay, 64, 64)
+    assert len(bm._LIST_CACHE) == bm._LIST_CACHE_SIZE
+    clear_block_list_cache()
+
+
+def test_block_sparse_layout_edited_in_place_between_calls(kernels):
+    """The kernels see a layout's new contents after an in-place edit (the
+    cached block lists are not reused for it)."""
+    c = Case(1, 1, 1, 256, 256, 16, F32)
+    q, k, v, _, _, _, _ = make_inputs(c)
+    q, k, v = q.detach(), k.detach(), v.detach()
+    layout = torch.ones(1, 1, 2, 2, dtype=torch.bool, device=DEVICE)
+    for step in range(2):
+        out = tileattn.attention(q, k, v, block_mask=layout)
+        ref = standard_attention(q.double(), k.double(), v.double(), mask=block_mask_dense(layout, c.nq, c.nk))
+        assert (out.double() - ref).abs().max() < 1e-5, f"step {step}"
+        layout[0, 0, 1, 0] = False
 
 
 @pytest.mark.parametrize("causal,window", [(False, None), (True, None), (False, (130, 40)), (True, (200, -1)),

@@ -189,12 +189,13 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
     cap = _check_softcap(softcap)
     slopes = _check_alibi(alibi_slopes, q, b, hq)
     mask = _check_block_mask(block_mask, q, b, hq, n_q, k.shape[2])
-    if (left, right, cap, slopes, mask) == (-1, -1, 0.0, None, None):
-        if eager.applies(q, k, v):
-            # same launchers, without the custom-op dispatch (host time; see eager.py)
-            out, lse = eager.attention(q, k, v, causal, scale)
-        else:
-            out, lse = ops.attention_fwd(q, k, v, causal, scale)
+    plain = (left, right, cap, slopes, mask) == (-1, -1, 0.0, None, None)
+    if eager.applies(q, k, v):
+        # same launchers, without the custom-op dispatch (host time; see eager.py)
+        out, lse = eager.attention(q, k, v, causal, scale,
+                                   None if plain else ops.variant_kwargs(left, right, cap, slopes, mask))
+    elif plain:
+        out, lse = ops.attention_fwd(q, k, v, causal, scale)
     else:
         out, lse = ops.attention_fwd(q, k, v, causal, scale, left, right, cap, slopes, mask)
     if return_lse:

@@ -16,16 +16,24 @@ each kernel tile looks up the entry of the block it lies in
 :func:`block_mask_from_fn` builds a layout from a token-level predicate
 (FlexAttention's ``mask_mod`` convention: True = attend) and reports its
 density; :func:`kernel_block_lists` turns a layout into the per-block lists
-of visible blocks that the kernels walk.
+of visible blocks that the kernels walk.  Building the lists takes ~30 small
+device ops, ~1.7 ms of host time per call on the H200 host
+(docs/perf-notes.md), more than the kernel at low density, so the launchers
+go through :func:`cached_kernel_block_lists`, which builds them once per
+layout tensor (a model reuses one layout in every layer and step, forward
+and backward).
 """
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
 from typing import Callable, NamedTuple
 
 import torch
 
 __all__ = ["BLOCK_Q", "BLOCK_K", "BlockMask", "block_mask_from_fn", "block_mask_shape", "density",
-           "KernelBlockLists", "kernel_block_lists"]
+           "KernelBlockLists", "kernel_block_lists", "cached_kernel_block_lists", "clear_block_list_cache"]
 
 BLOCK_Q = 128  # query rows per block-mask entry
 BLOCK_K = 128  # keys per block-mask entry
@@ -159,3 +167,56 @@ def kernel_block_lists(block_mask: torch.Tensor, n_q: int, n_k: int, *, causal: 
     kv = _lists(full) + _lists(part)
     q = _lists(full.transpose(-1, -2)) + _lists(part.transpose(-1, -2))
     return KernelBlockLists(*kv, *q)
+
+
+# (id of the layout, n_q, n_k, causal, window) -> (weak reference to the
+# layout, its version counter when the lists were built, the lists)
+_LIST_CACHE: "OrderedDict[tuple, tuple]" = OrderedDict()
+_LIST_CACHE_SIZE = 32
+_LIST_CACHE_LOCK = threading.Lock()
+
+
+def _drop(key):
+    def callback(_ref):
+        with _LIST_CACHE_LOCK:
+            entry = _LIST_CACHE.get(key)
+            if entry is not None and entry[0] is _ref:
+                del _LIST_CACHE[key]
+    return callback
+
+
+def cached_kernel_block_lists(block_mask: torch.Tensor, n_q: int, n_k: int, *, causal: bool = False,
+                              window=None) -> KernelBlockLists:
+    """:func:`kernel_block_lists`, remembered per layout tensor.
+
+    An entry is used only while its layout tensor is alive and unchanged: it
+    is keyed by the tensor's identity and checked against the tensor's
+    version counter, which every in-place write bumps (``mask[...] = ...``,
+    ``mask.fill_``).  An entry is dropped when its tensor is freed; at most
+    ``_LIST_CACHE_SIZE`` entries are kept (least recently used first out).
+    Tensors without a version counter (made under ``torch.inference_mode``)
+    get fresh lists on every call."""
+    try:
+        version = block_mask._version
+    except RuntimeError:   # inference tensors track no version
+        return kernel_block_lists(block_mask, n_q, n_k, causal=causal, window=window)
+    key = (id(block_mask), int(n_q), int(n_k), bool(causal),
+           None if window is None else (int(window[0]), int(window[1])))
+    with _LIST_CACHE_LOCK:
+        entry = _LIST_CACHE.get(key)
+        if entry is not None and entry[0]() is block_mask and entry[1] == version:
+            _LIST_CACHE.move_to_end(key)
+            return entry[2]
+    lists = kernel_block_lists(block_mask, n_q, n_k, causal=causal, window=window)
+    with _LIST_CACHE_LOCK:
+        _LIST_CACHE[key] = (weakref.ref(block_mask, _drop(key)), version, lists)
+        _LIST_CACHE.move_to_end(key)
+        while len(_LIST_CACHE) > _LIST_CACHE_SIZE:
+            _LIST_CACHE.popitem(last=False)
+    return lists
+
+
+def clear_block_list_cache() -> None:
+    """Forget every remembered block list."""
+    with _LIST_CACHE_LOCK:
+        _LIST_CACHE.clear()

@@ -12,7 +12,8 @@ waited for Python.
 When nothing traces or transforms the call (no ``torch.compile``, no
 dispatch mode such as fake tensors, no ``torch.func`` transform, only plain
 tensors), :func:`attention` runs the same
-launchers through a plain ``torch.autograd.Function`` instead.  Both routes
+launchers through a plain ``torch.autograd.Function`` instead, for plain
+calls and for the sliding-window, softcap, ALiBi and block-sparse variants.  Both routes
 call ``launch.attn_fwd`` / ``launch.attn_bwd`` with the same arguments, so
 their results are bitwise identical (tested).
 """
@@ -53,11 +54,12 @@ class _KernelAttention(torch.autograd.Function):
     # setup_context, Function.apply binds the arguments through
     # inspect.signature on every call (tens of microseconds of host time).
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float):
+    def forward(ctx, q, k, v, causal: bool, scale: float, variants: dict):
         from . import launch
-        out, lse = launch.attn_fwd(q, k, v, causal, scale)
+        out, lse = launch.attn_fwd(q, k, v, causal, scale, **variants)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.scale = causal, scale
+        # the variants' tensors (ALiBi slopes, block layout) get no gradient
+        ctx.causal, ctx.scale, ctx.variants = causal, scale, variants
         # an unused lse gets no gradient (None), not a tensor of zeros
         ctx.set_materialize_grads(False)
         return out, lse
@@ -68,10 +70,15 @@ class _KernelAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = launch.attn_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.scale, dlse=dlse)
-        return dq, dk, dv, None, None
+        dq, dk, dv = launch.attn_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.scale, dlse=dlse, **ctx.variants)
+        return dq, dk, dv, None, None, None
 
 
-def attention(q, k, v, causal: bool, scale: float):
-    """(out, lse) of the dense kernels without the custom-op dispatch."""
-    return _KernelAttention.apply(q, k, v, causal, scale)
+_NO_VARIANTS: dict = {}
+
+
+def attention(q, k, v, causal: bool, scale: float, variants: dict | None = None):
+    """(out, lse) of the dense kernels without the custom-op dispatch.
+    ``variants``: the launchers' keyword arguments (``window``, ``softcap``,
+    ``alibi_slopes``, ``block_mask``), as ``ops.variant_kwargs`` builds them."""
+    return _KernelAttention.apply(q, k, v, causal, scale, variants or _NO_VARIANTS)

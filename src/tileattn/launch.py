@@ -7,13 +7,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import threading
 
 import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import configs
-from .block_mask import BLOCK_K as MASK_BLOCK_K, BLOCK_Q as MASK_BLOCK_Q, kernel_block_lists
+from .block_mask import BLOCK_K as MASK_BLOCK_K, BLOCK_Q as MASK_BLOCK_Q, cached_kernel_block_lists
 from .configs import KernelConfig
 from .kernels.bwd import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess_kernel
 from .kernels.fwd import _attn_fwd_kernel
@@ -280,17 +281,20 @@ def _spec(v, constexpr: bool):
 def _run(kernel, grid: tuple, options: dict, args: dict) -> None:
     """``kernel[grid](**args, **options)``, through the direct-launch cache."""
     if not _direct_enabled() or configs.interpreter_active():
+        _record(None)
         kernel[grid](**args, **options)
         return
     driver = triton.runtime.driver.active
     device = driver.get_current_device()
     params, constexprs, runtime_args = _params(kernel)
     values = [args[name] if name in args else default for name, default in params]
+    grid = tuple(grid) + (1,) * (3 - len(grid))
     try:
         key = (kernel, device, triton.knobs.runtime.debug, *options.items(),
                *[values[i] for i in constexprs], *[_spec(values[i], False) for i in runtime_args])
         compiled = _DIRECT.get(key)
     except TypeError:   # an argument of a type the key does not know, or unhashable
+        _record(None)
         kernel[grid](**args, **options)
         return
     if compiled is None:
@@ -299,13 +303,132 @@ def _run(kernel, grid: tuple, options: dict, args: dict) -> None:
             if len(_DIRECT) >= _DIRECT_MAX:
                 _DIRECT.clear()
             _DIRECT[key] = compiled
+            _record((compiled, grid, values))
+        else:
+            _record(None)
         return
+    _record((compiled, grid, values))
     stream = driver.get_current_stream(device)
     runtime = triton.knobs.runtime
-    grid = tuple(grid) + (1,) * (3 - len(grid))
     compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
                  compiled.launch_metadata(grid, stream, *values), runtime.launch_enter_hook,
                  runtime.launch_exit_hook, *values)
+
+
+# ---------------------------------------------------------------------------
+# Launch plans.  Even with direct launches, ``attn_fwd`` / ``attn_bwd`` spend
+# most of their host time in Python that gives the same answer for every call
+# of one shape: choosing the path and config, building ~60 keyword arguments
+# per kernel, keying them for the direct-launch cache.  For a plain (no
+# variant) call, a *plan* keeps what the launchers passed to each compiled
+# kernel on the previous call of the same key (kind, current device, every
+# input's shape, strides, dtype, device and 16-byte alignment, the scalar
+# arguments, the switches that change a launch) with the per-call tensors
+# left out; a later call allocates its outputs and launches the recorded
+# kernels with its own tensors filled in.  A plan never holds a tensor (only
+# descriptor fields without their base), so it keeps no memory alive.
+# ---------------------------------------------------------------------------
+_PLANS: dict = {}
+_PLANS_MAX = 1024
+_RECORDING = threading.local()
+
+
+def _record(entry) -> None:
+    """Note one launch (compiled kernel, grid, argument values), or None for a
+    launch that did not go through a compiled kernel (no plan then)."""
+    launches = getattr(_RECORDING, "launches", None)
+    if launches is not None:
+        launches.append(entry)
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlannedLaunch:
+    compiled: object
+    grid: tuple
+    template: tuple            # argument values; per-call tensors as None
+    slots: tuple               # (position, tensor name, descriptor fields or None)
+
+
+def _plan_key(kind: str, tensors: tuple, *scalars):
+    """The key of a plan, or None when plans are off."""
+    if not _direct_enabled() or configs.interpreter_active():
+        return None
+    key = [kind, triton.runtime.driver.active.get_current_device(), triton.knobs.runtime.debug,
+           FORCE_POINTER_PATH, POISON_OUTPUTS, _autotune_enabled(), *scalars]
+    for t in tensors:
+        if t is None:
+            key.append(None)
+        else:
+            key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+    return tuple(key)
+
+
+def _begin_record():
+    _RECORDING.launches = []
+
+
+def _end_record(key, tensors: dict) -> None:
+    """Turn the launches recorded since :func:`_begin_record` into the plan of
+    ``key``.  No plan when a launch did not go through a compiled kernel, an
+    argument is a tensor that is not one of ``tensors``, or two names of
+    ``tensors`` are one object (a later call need not alias them)."""
+    launches, _RECORDING.launches = getattr(_RECORDING, "launches", None), None
+    if key is None or not launches or any(x is None for x in launches):
+        return
+    names = {id(t): name for name, t in tensors.items()}
+    if len(names) != len(tensors):
+        return
+    plan = []
+    for compiled, grid, values in launches:
+        template, slots = list(values), []
+        for i, val in enumerate(values):
+            if type(val) is TensorDescriptor:
+                name = names.get(id(val.base))
+                fields = {f: x for f, x in val.__dict__.items() if f != "base"}
+            elif isinstance(val, torch.Tensor):
+                name, fields = names.get(id(val)), None
+            else:
+                continue
+            if name is None:
+                return
+            template[i] = None
+            slots.append((i, name, fields))
+        plan.append(_PlannedLaunch(compiled, grid, tuple(template), tuple(slots)))
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = tuple(plan)
+
+
+def _abandon_record() -> None:
+    _RECORDING.launches = None
+
+
+def _replay(plan, tensors: dict) -> None:
+    """Launch a plan's kernels with this call's tensors."""
+    driver = triton.runtime.driver.active
+    stream = driver.get_current_stream(driver.get_current_device())
+    runtime = triton.knobs.runtime
+    for step in plan:
+        values = list(step.template)
+        for i, name, fields in step.slots:
+            t = tensors[name]
+            if fields is None:
+                values[i] = t
+            else:
+                desc = TensorDescriptor.__new__(TensorDescriptor)
+                desc.__dict__.update(fields, base=t)
+                values[i] = desc
+        compiled, grid = step.compiled, step.grid
+        compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata(grid, stream, *values), runtime.launch_enter_hook,
+                     runtime.launch_exit_hook, *values)
+
+
+def _aligned(*tensors) -> bool:
+    for t in tensors:
+        if t.data_ptr() % 16:
+            return False
+    return True
 
 
 def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter_cfg: KernelConfig, **args):
@@ -333,6 +456,7 @@ def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter
     key = (kind, q.device, q.dtype, *(args.get(k) for k in _TUNE_KEY))
     chosen = _TUNED_CHOICE.get(key)
     if chosen is None:
+        _record(None)
         tuned = _tuned(kind)
         tuned[grid_of](**args)
         best = tuned.best_config
@@ -394,7 +518,7 @@ class _Variants:
             self.args["HAS_ALIBI"] = True
         self.lists = None
         if block_mask is not None:
-            self.lists = kernel_block_lists(block_mask, n_q, n_k, causal=causal, window=window)
+            self.lists = cached_kernel_block_lists(block_mask, n_q, n_k, causal=causal, window=window)
 
     def kernel_args(self, kind: str) -> dict:
         """Arguments for the ``fwd``, ``dkdv`` or ``dq`` kernel."""
@@ -425,6 +549,16 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     ``max_seqlen_q``, ``max_seqlen_k`` (lse is then (1, Hq, total_q))."""
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
+    plan_key = None
+    if not variants and config is None and q.is_cuda:
+        plan_key = _plan_key("fwd", (q, k, v), bool(causal), float(scale))
+        plan = _PLANS.get(plan_key) if plan_key is not None else None
+        if plan is not None:
+            o, lse = _empty_like(q), _empty((b, hq, n_q), q.device)
+            if _aligned(o, lse):
+                _replay(plan, {"q": q, "k": k, "v": v, "o": o, "lse": lse})
+                return o, lse
+            plan_key = None
     var = _Variants(q, k, causal, scale, **variants)
     o = _empty_like(q)
     lse = _empty((b, hq, n_q), q.device)
@@ -432,6 +566,21 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
         return o, lse
     if n_k == 0:  # nothing to attend to: every row is empty
         return o.zero_(), lse.fill_(float("-inf"))
+    if plan_key is not None:
+        _begin_record()
+    try:
+        _attn_fwd_launch(q, k, v, o, lse, var, scale, config)
+    except BaseException:
+        _abandon_record()
+        raise
+    if plan_key is not None:
+        _end_record(plan_key, {"q": q, "k": k, "v": v, "o": o, "lse": lse})
+    return o, lse
+
+
+def _attn_fwd_launch(q, k, v, o, lse, var, scale, config):
+    b, hq, n_q, d = q.shape
+    hkv, n_k = k.shape[1], k.shape[2]
 
     def grid(meta):
         return (triton.cdiv(var.len_q, meta["BLOCK_M"]), hq, var.batch)
@@ -446,7 +595,6 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
             N_Q_BUCKET=_bucket(var.len_q), N_K_BUCKET=_bucket(var.len_k),
             HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=var.causal,
             DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma, **var.kernel_args("fwd"))
-    return o, lse
 
 
 def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
@@ -454,16 +602,47 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     """Backward launch. Returns (dq like q, dk like k, dv like v).  ``config``
     forces both kernels' config, or {"dkdv": ..., "dq": ...} each;
     ``variants`` as for :func:`attn_fwd`."""
-    per_kind = config if isinstance(config, dict) else {"dkdv": config, "dq": config}
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
+    plan_key = None
+    if not variants and config is None and q.is_cuda:
+        plan_key = _plan_key("bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale))
+        plan = _PLANS.get(plan_key) if plan_key is not None else None
+        if plan is not None:
+            dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
+            delta, lse2 = _empty((b, hq, n_q), q.device), _empty((b, hq, n_q), q.device)
+            if _aligned(dq, dk, dv, delta, lse2):
+                _replay(plan, {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse, "dlse": dlse,
+                               "dq": dq, "dk": dk, "dv": dv, "delta": delta, "lse2": lse2})
+                return dq, dk, dv
+            plan_key = None
     var = _Variants(q, k, causal, scale, **variants)
     dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
     if b == 0 or n_k == 0 or n_q == 0 or var.batch == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    lse = lse.contiguous()
     delta = _empty((b, hq, n_q), q.device)
     lse2 = _empty((b, hq, n_q), q.device)
+    if plan_key is not None:
+        _begin_record()
+    try:
+        _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config)
+    except BaseException:
+        _abandon_record()
+        raise
+    if plan_key is not None:
+        tensors = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv,
+                   "delta": delta, "lse2": lse2}
+        if dlse is not None:
+            tensors["dlse"] = dlse
+        _end_record(plan_key, tensors)
+    return dq, dk, dv
+
+
+def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config):
+    per_kind = config if isinstance(config, dict) else {"dkdv": config, "dq": config}
+    b, hq, n_q, d = q.shape
+    hkv, n_k = k.shape[1], k.shape[2]
+    lse = lse.contiguous()
     pre_block = configs.INTERPRETER_BWD.block_m if configs.interpreter_active() else 64
     has_dlse = dlse is not None
     _run(_attn_bwd_preprocess_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
@@ -495,5 +674,4 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
             **var.kernel_args("dkdv"))
     _launch("dq", _attn_bwd_dq_kernel, grid_q, per_kind.get("dq"), configs.INTERPRETER_BWD,
             DQ=out_tiles(dq), **_strides4(dq, "dq"), **common, **var.kernel_args("dq"))
-    return dq, dk, dv
 

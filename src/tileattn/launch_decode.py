@@ -6,11 +6,16 @@ before anything reaches this module).
 Split count (``num_splits=0``), :func:`choose_num_splits`:
 
 * ``base`` = programs per split = batch x kv heads x query blocks.
-* If one split already gives at least ``ONE_WAVE`` (90%) of the SMs a
-  program, it is not split: each program then streams its whole cache at
-  full bandwidth, and splitting only adds partial outputs and the combine
-  (H200, B=16, Hkv=8, d=128: 1 split beat 2 at every cache length, 4k-128k,
-  0.15 vs 0.23 ms at 4k; docs/perf-notes.md).
+* A contiguous cache is not split if one split already gives at least
+  ``ONE_WAVE`` (90%) of the SMs a program: each program then streams its
+  whole cache at full bandwidth, and splitting only adds partial outputs and
+  the combine (H200, B=16, Hkv=8, d=128: 1 split level with or ahead of 2-8
+  at every cache length, 4k-128k; docs/perf-notes.md).  A paged cache gets
+  no such shortcut: each key tile's address comes from a block-table load,
+  which shortens how far one program's copies run ahead, and a second
+  program per SM hides that (same shape, 64k-128k: 2 splits 0.97 / 1.91 ms
+  against 1 split's 1.06 / 2.11 ms with 256-token pages, 1.02 / 2.01
+  against 1.52 / 3.01 ms with 16-token pages).
 * Otherwise the GPU should hold at least ``PROGRAMS_PER_SM`` (2) programs per SM, so
   that one program's memory stalls overlap another's: ``slots = 2 x SMs``.
 * A split count ``s`` fills ``base * s / slots`` waves; its efficiency is
@@ -107,11 +112,11 @@ def block_m_for(group_size: int, n_q: int) -> int:
 
 def choose_num_splits(programs_per_split: int, capacity: int, num_sms: int,
                       programs_per_sm: int = PROGRAMS_PER_SM, min_keys: int = MIN_KEYS_PER_SPLIT,
-                      max_splits: int = MAX_SPLITS) -> int:
+                      max_splits: int = MAX_SPLITS, paged: bool = False) -> int:
     """The split count for ``num_splits=0`` (the rule is in this module's docstring)."""
     if programs_per_split <= 0 or capacity <= 0:
         return 1
-    if programs_per_split >= ONE_WAVE * num_sms:
+    if not paged and programs_per_split >= ONE_WAVE * num_sms:
         return 1
     limit = max(1, min(max_splits, capacity // min_keys))
     slots = max(1, num_sms * programs_per_sm)
@@ -226,7 +231,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     block_m = block_m_for(group, n_q)
     m_blocks = triton.cdiv(group * n_q, block_m)
     if num_splits == 0:
-        num_splits = choose_num_splits(b * hkv * m_blocks, capacity, _device_sms(q.device))
+        num_splits = choose_num_splits(b * hkv * m_blocks, capacity, _device_sms(q.device), paged=paged)
 
     tma = launch.use_tma(k_cache, v_cache)
     page_size = k_cache.shape[2] if paged else 0

@@ -73,7 +73,7 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _variants(window_left: int, window_right: int, softcap: float, alibi_slopes, block_mask=None) -> dict:
+def variant_kwargs(window_left: int, window_right: int, softcap: float, alibi_slopes, block_mask=None) -> dict:
     """Keyword arguments of the launchers and the reference for the variants
     that are switched on (none for a plain call)."""
     kw = {}
@@ -95,7 +95,7 @@ def _variants(window_left: int, window_right: int, softcap: float, alibi_slopes,
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, window_left: int = -1,
                   window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
                   block_mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    kw = _variants(window_left, window_right, softcap, alibi_slopes, block_mask)
+    kw = variant_kwargs(window_left, window_right, softcap, alibi_slopes, block_mask)
     if uses_triton(q):
         from . import launch
         return launch.attn_fwd(q, k, v, causal, scale, **kw)
@@ -116,7 +116,7 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                   dlse: Optional[Tensor], causal: bool, scale: float, window_left: int = -1,
                   window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
                   block_mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
-    kw = _variants(window_left, window_right, softcap, alibi_slopes, block_mask)
+    kw = variant_kwargs(window_left, window_right, softcap, alibi_slopes, block_mask)
     if uses_triton(q):
         from . import launch
         return launch.attn_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, **kw)
@@ -176,7 +176,7 @@ def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, 
                          window_right: int = -1, softcap: float = 0.0,
                          alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     _check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    kw = _variants(window_left, window_right, softcap, alibi_slopes)
+    kw = variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
         from . import launch
         out, lse = launch.attn_fwd(_as_batch(q), _as_batch(k), _as_batch(v), causal, scale,
@@ -200,7 +200,7 @@ def attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
                          max_seqlen_k: int, causal: bool, scale: float, window_left: int = -1,
                          window_right: int = -1, softcap: float = 0.0,
                          alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
-    kw = _variants(window_left, window_right, softcap, alibi_slopes)
+    kw = variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
         from . import launch
         dq, dk, dv = launch.attn_bwd(_as_batch(dout), _as_batch(q), _as_batch(k), _as_batch(v), _as_batch(out),
