@@ -682,6 +682,47 @@ def test_gpu_every_config(cfg, monkeypatch):
         assert_case(c)
 
 
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("page,splits,alibi", [(0, 0, False), (0, 3, True), (16, 0, False), (256, 2, False)],
+                         ids=["contig-auto", "contig-3splits-alibi", "page16-auto", "page256-2splits"])
+def test_gpu_decode_plans_match_regular_launches(page, splits, alibi, monkeypatch):
+    """From the third call of a shape on, a decoding step replays a launch
+    plan (launch._PLANS): bitwise the result of regular launches, with fresh
+    cache contents and lengths each step."""
+    if not launch._DIRECT_SUPPORTED:
+        pytest.skip("direct launches are off on this Triton version (launch.DIRECT_LAUNCH_VERSIONS)")
+    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
+    b, hq, hkv, d, cap = 4, 8, 2, 128, 1024
+    gen = torch.Generator().manual_seed(5)
+
+    def step_inputs(i):
+        q = torch.randn(b, hq, 1, d, generator=gen).to("cuda", BF16)
+        k = torch.randn(b, hkv, cap, d, generator=gen).to("cuda", BF16)
+        v = torch.randn(b, hkv, cap, d, generator=gen).to("cuda", BF16)
+        seqlens = torch.randint(1, cap, (b,), generator=gen, dtype=torch.int32).to("cuda")
+        kw = {"num_splits": splits}
+        if alibi:
+            kw["alibi_slopes"] = torch.rand(hq, generator=gen).to("cuda")
+        if page:
+            perm = torch.randperm(b * cap // page, generator=gen).to("cuda")
+            per = cap // page
+            k = k.view(b, hkv, per, page, d).permute(0, 2, 1, 3, 4).reshape(b * per, hkv, page, d)[perm.argsort()]
+            v = v.view(b, hkv, per, page, d).permute(0, 2, 1, 3, 4).reshape(b * per, hkv, page, d)[perm.argsort()]
+            kw["block_table"] = perm.view(b, per).to(torch.int32)
+        return (q, k, v, seqlens), kw
+
+    steps = [step_inputs(i) for i in range(4)]
+    monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
+    want = [tileattn.attention_with_kvcache(*a, **kw, return_lse=True) for a, kw in steps]
+    monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "1")
+    launch._PLANS.clear()
+    for i, (a, kw) in enumerate(steps):
+        out, lse = tileattn.attention_with_kvcache(*a, **kw, return_lse=True)
+        assert torch.equal(out, want[i][0]) and torch.equal(lse, want[i][1]), f"step {i}"
+    assert any(key[0] == "decode" for key in launch._PLANS), "no step replayed a plan"
+
+
 # ---------------------------------------------------------------------------
 # the GPU benchmark script, checked end to end on the CPU (PyTorch path)
 # ---------------------------------------------------------------------------

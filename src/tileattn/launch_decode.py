@@ -223,6 +223,24 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     hkv = k_cache.shape[1]
     group = hq // hkv
     paged = block_table is not None
+    # a launch plan (launch.py) for repeated calls of one shape: a decoding
+    # loop calls this with the same shapes every step
+    plan_key = None
+    if config is None and q.is_cuda:
+        plan_key = launch._plan_key("decode", (q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes),
+                                    int(n_new), int(capacity), float(scale), tuple(window), softcap, num_splits)
+        plan = launch._PLANS.get(plan_key) if plan_key is not None else None
+        if plan is not None:
+            splits = _PLAN_SPLITS.get(plan_key)
+            out, lse = _empty(None, None, None, like=q), _empty((b, hq, n_q), torch.float32, q.device)
+            tensors = _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse)
+            if splits is not None and splits > 1:
+                tensors["o_part"] = _empty((b, hq, n_q, splits, d), torch.float32, q.device)
+                tensors["l_part"] = _empty((b, hq, n_q, splits), torch.float32, q.device)
+            if splits is not None and launch._aligned(*(tensors[k] for k in _DECODE_OUTPUTS if k in tensors)):
+                launch._replay(plan, tensors)
+                return out, lse
+            plan_key = None
     out = _empty(None, None, None, like=q)
     lse = _empty((b, hq, n_q), torch.float32, q.device)
     if b == 0 or n_q == 0:
@@ -232,6 +250,51 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     m_blocks = triton.cdiv(group * n_q, block_m)
     if num_splits == 0:
         num_splits = choose_num_splits(b * hkv * m_blocks, capacity, _device_sms(q.device), paged=paged)
+    if plan_key is not None:
+        launch._begin_record()
+    try:
+        o_part, l_part = _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
+                                         n_new=n_new, capacity=capacity, scale=scale, window=window,
+                                         softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
+                                         block_m=block_m, m_blocks=m_blocks, config=config)
+    except BaseException:
+        launch._abandon_record()
+        raise
+    if plan_key is not None:
+        tensors = _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse)
+        if num_splits > 1:
+            tensors.update(o_part=o_part, l_part=l_part)
+        launch._end_record(plan_key, tensors)
+        if plan_key in launch._PLANS:
+            if len(_PLAN_SPLITS) >= launch._PLANS_MAX:
+                _PLAN_SPLITS.clear()
+            _PLAN_SPLITS[plan_key] = num_splits
+    return out, lse
+
+
+# the split count each decode plan was recorded with (its partial outputs' shape)
+_PLAN_SPLITS: dict = {}
+_DECODE_OUTPUTS = ("out", "lse", "o_part", "l_part")
+
+
+def _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse) -> dict:
+    """The per-call tensors of a decode launch, by name (optional ones only when given)."""
+    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seqlens": cache_seqlens, "out": out, "lse": lse}
+    if block_table is not None:
+        tensors["block_table"] = block_table
+    if alibi_slopes is not None:
+        tensors["slopes"] = alibi_slopes
+    return tensors
+
+
+def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *, n_new, capacity, scale, window,
+                    softcap, alibi_slopes, num_splits, block_m, m_blocks, config):
+    """The partial kernel (and, for several splits, the combine).  Returns the
+    partial outputs (``out``, ``lse`` themselves for one split)."""
+    b, hq, n_q, d = q.shape
+    hkv = k_cache.shape[1]
+    group = hq // hkv
+    paged = block_table is not None
 
     tma = launch.use_tma(k_cache, v_cache)
     page_size = k_cache.shape[2] if paged else 0
@@ -283,6 +346,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
         key = (q.device, q.dtype, *(args[name] for name in _TUNE_KEY))
         chosen = _TUNED_CHOICE.get(key)
         if chosen is None:
+            launch._record(None)
             tuned = _tuned_partial()
             tuned[grid](**args)
             best = tuned.best_config
@@ -305,4 +369,4 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
             HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_R=_COMBINE_ROWS,
             BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
         launch._run(_decode_combine_kernel, (triton.cdiv(n_rows, _COMBINE_ROWS),), {}, combine)
-    return out, lse
+    return o_part, l_part
