@@ -298,10 +298,12 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
     paged = block_table is not None
 
     page_size = k_cache.shape[2] if paged else 0
-    # pages of POINTER_PAGE_SIZE rows or fewer load through pointers: one
-    # descriptor copy per 16-row page kept fewer bytes in flight at short
-    # caches (H200, 4k keys, 2 splits: 0.086 ms with pointers, 0.130 with
-    # descriptors; level from 16k on; 256-token pages: descriptors ahead)
+    # pages of POINTER_PAGE_SIZE rows or fewer load through pointers (H200,
+    # 16-token pages, 4k keys, 2 splits: 0.086 ms against 0.130 ms with
+    # descriptors, level from 16k on; 256-token pages: descriptors ahead).
+    # Only 16-row tiles can use a descriptor on such pages (a tile must lie
+    # in one page), so the two paths differ in the autotuner's candidates;
+    # which config made the difference is not established yet
     tma = launch.use_tma(k_cache, v_cache) and not (paged and page_size <= POINTER_PAGE_SIZE)
 
     if num_splits == 1:
