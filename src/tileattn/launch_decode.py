@@ -231,14 +231,14 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
         plan_key = launch._plan_key("decode", (q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes),
                                     int(n_new), int(capacity), float(scale), tuple(window), softcap, num_splits)
         plan = launch._PLANS.get(plan_key) if plan_key is not None else None
-        if plan is not None:
-            splits = _PLAN_SPLITS.get(plan_key)
+        splits = _PLAN_SPLITS.get(plan_key) if plan is not None else None
+        if splits is not None:   # (a plan without its split count is recorded again below)
             out, lse = _empty(None, None, None, like=q), _empty((b, hq, n_q), torch.float32, q.device)
             tensors = _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse)
-            if splits is not None and splits > 1:
+            if splits > 1:
                 tensors["o_part"] = _empty((b, hq, n_q, splits, d), torch.float32, q.device)
                 tensors["l_part"] = _empty((b, hq, n_q, splits), torch.float32, q.device)
-            if splits is not None and launch._aligned(*(tensors[k] for k in _DECODE_OUTPUTS if k in tensors)):
+            if launch._aligned(*(tensors[k] for k in _DECODE_OUTPUTS if k in tensors)):
                 launch._replay(plan, tensors)
                 return out, lse
             plan_key = None
