@@ -64,6 +64,8 @@ def parse_args(argv=None):
                     help="split counts timed on every layout (none: skip the sweep)")
     ap.add_argument("--config-sweep-len", type=int, default=16384,
                     help="cache length of the per-config sweep (0: skip)")
+    ap.add_argument("--extra-configs", nargs="*", default=[], metavar="N64-w4-s5",
+                    help="configs (BLOCK_N, warps, stages) timed in the config sweep beside the table's")
     ap.add_argument("--warmup-ms", type=int, default=25)
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy-bandwidth buffer")
@@ -280,10 +282,10 @@ def main(argv=None) -> int:
                 record(**base, layout=f"page{page}", provider="tileattn-splits", num_splits=s, ms=do_bench(f_s),
                        status="ok" if e < 1e-2 else f"differs from contiguous by {e:.2e}")
             if n == args.config_sweep_len:
-                sweep_configs(record, base, f"page{page}", f, do_bench)
+                sweep_configs(record, base, f"page{page}", f, do_bench, args.extra_configs)
             del kp, vp, table, perm
         if n == args.config_sweep_len:
-            sweep_configs(record, base, "contig", fn, do_bench)
+            sweep_configs(record, base, "contig", fn, do_bench, args.extra_configs)
         del q, k, v, ref
         empty_cache(dev)
         first = False
@@ -308,13 +310,33 @@ def main(argv=None) -> int:
     return 1 if wrong else 0
 
 
-def sweep_configs(record, base, layout, fn, do_bench):
-    """Time every config of the table (the autotuner keeps the best)."""
+def parse_config(name: str):
+    """A DecodeConfig from its name, e.g. ``N64-w4-s5``."""
+    import re
+    from tileattn.launch_decode import DecodeConfig
+    m = re.fullmatch(r"N(\d+)-w(\d+)-s(\d+)", name)
+    if not m:
+        raise SystemExit(f"--extra-configs: {name!r} is not of the form N64-w4-s5")
+    return DecodeConfig(int(m[1]), int(m[2]), int(m[3]), "--extra-configs")
+
+
+def sweep_configs(record, base, layout, fn, do_bench, extra=()):
+    """Time every config of the table (the autotuner keeps the best) and the
+    ``extra`` ones; record which config the autotuner chose for ``fn``."""
     from tileattn import launch_decode
+    # _TUNED_CHOICE keys: (device, dtype, *values of launch_decode._TUNE_KEY)
+    names = launch_decode._TUNE_KEY
+    chosen = []
+    for key, (meta, opts) in launch_decode._TUNED_CHOICE.items():
+        kv = dict(zip(names, key[2:]))
+        chosen.append(f"page {kv.get('PAGE_SIZE')} tma {kv.get('USE_TMA')}: "
+                      f"N{meta['BLOCK_N']}-w{opts.get('num_warps')}-s{opts.get('num_stages')}")
+    record(**base, layout=layout, provider="tileattn-autotuned", ms=None,
+           status="autotuner choices so far: " + ("; ".join(sorted(set(chosen))) or "none"))
     saved, env = launch_decode.DECODE_CONFIGS, os.environ.get("TILEATTN_AUTOTUNE")
     os.environ["TILEATTN_AUTOTUNE"] = "0"
     try:
-        for cfg in saved:
+        for cfg in list(saved) + [parse_config(x) for x in extra]:
             launch_decode.DECODE_CONFIGS = (cfg,)
             try:
                 fn()
