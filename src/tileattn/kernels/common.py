@@ -217,6 +217,26 @@ def pair_visible(rows, cols, diag, win_left, win_right, HAS_WINDOW: tl.constexpr
 
 
 @triton.jit
+def online_softmax_step(s, m_i, l_i, MASKED: tl.constexpr):
+    """One key tile of the running softmax, in log2 units: the new row max,
+    the tile's probabilities ``p`` against it, the factor ``alpha`` that
+    rescales what was accumulated against the old max, and the new row sum.
+    With ``MASKED`` a row that has seen no visible key keeps max -inf and
+    subtracts 0 instead, so exp2 gives 0, not NaN.  Returns (p, alpha, l_i,
+    m_new); the caller rescales its accumulator by ``alpha``.  Shared by the
+    forward and the decoding kernels."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    p = tl.math.exp2(s - m_ref[:, None])
+    alpha = tl.math.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
 def tanh(x):
     """tanh in float32 from exp2 (no libdevice: the same code runs under the
     interpreter).  (1 - e) / (1 + e) with e = exp(-2|x|) loses relative

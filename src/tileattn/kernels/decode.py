@@ -38,7 +38,7 @@ memory outside the cache.
 import triton
 import triton.language as tl
 
-from .common import head_base, load_tile
+from .common import head_base, load_tile, online_softmax_step
 
 LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -118,15 +118,7 @@ def _decode_inner(acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
             if HAS_RIGHT:
                 visible = visible & (offs_n[None, :] <= q_pos[:, None] + window_right)
             s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        if MASKED:
-            # a row with nothing visible yet keeps m = -inf: subtract 0 instead
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_ref = m_new
-        p = tl.math.exp2(s - m_ref[:, None])
-        alpha = tl.math.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, l_i, m_new = online_softmax_step(s, m_i, l_i, MASKED)
         v = _kv_tile(V_DESC, V, bt_row, start_n, n_k, num_pages, off_b, off_hk,
                      stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
                      BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, MASKED, USE_TMA)

@@ -23,8 +23,8 @@ plain one above (docs/variants.md):
 import triton
 import triton.language as tl
 
-from .common import (causal_key_bounds, head_base, load_rows, load_seq_rows, pair_visible, scores, store_rows,
-                     tile_source, window_key_bounds)
+from .common import (causal_key_bounds, head_base, load_rows, load_seq_rows, online_softmax_step, pair_visible,
+                     scores, store_rows, tile_source, window_key_bounds)
 
 LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -59,16 +59,7 @@ def _fwd_tile(acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n, sta
             visible = visible & pair_visible(offs_m[:, None], n_idx[None, :], N_K - N_Q, win_left, win_right,
                                              HAS_WINDOW)
         s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    if MASKED:
-        # a row with nothing visible yet keeps m = -inf: subtract 0 instead
-        # so exp2 gives 0, not NaN
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_ref = m_new
-    p = tl.math.exp2(s - m_ref[:, None])
-    alpha = tl.math.exp2(m_i - m_ref)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    p, alpha, l_i, m_new = online_softmax_step(s, m_i, l_i, MASKED)
     if IS_VARLEN:
         v = load_seq_rows(v_src, off_b, off_hk, k_row0 + start_n, k_end, stride_vn, stride_vd, BLOCK_N, HEAD_DIM,
                           BLOCK_D, MASKED, USE_TMA)
