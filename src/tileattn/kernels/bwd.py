@@ -24,10 +24,10 @@ runs on them unchanged.
 import triton
 import triton.language as tl
 
-from .common import (causal_key_bounds, causal_query_bounds, head_base, load_rows, load_seq_rows, load_tile,
-                     pair_visible, scores, store_rows, tile_source, window_key_bounds, window_query_bounds)
+from .common import (LOG2E, alibi_slope_log2, causal_key_bounds, causal_query_bounds, head_base, load_rows, load_seq_rows,
+                     load_tile, pair_visible, scores, sequence_bounds, store_rows, tile_source, window_key_bounds,
+                     window_query_bounds)
 
-LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -172,10 +172,7 @@ def _attn_bwd_dkdv_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
 
     if IS_VARLEN:
-        q_row0 = tl.load(CU_SEQLENS_Q + off_b)
-        n_q = tl.load(CU_SEQLENS_Q + off_b + 1) - q_row0
-        k_row0 = tl.load(CU_SEQLENS_K + off_b)
-        n_k = tl.load(CU_SEQLENS_K + off_b + 1) - k_row0
+        q_row0, n_q, k_row0, n_k = sequence_bounds(CU_SEQLENS_Q, CU_SEQLENS_K, off_b)
         if start_n >= n_k:
             return
         t_b = 0
@@ -222,10 +219,7 @@ def _attn_bwd_dkdv_kernel(
             row0 = off_h.to(tl.int64) * N_Q + q_row0
         else:
             row0 = (off_b.to(tl.int64) * N_HEADS + off_h) * N_Q
-        if HAS_ALIBI:
-            alibi_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * LOG2E
-        else:
-            alibi_log2 = 0.0
+        alibi_log2 = alibi_slope_log2(ALIBI, off_b, off_h, stride_ab, stride_ah, HAS_ALIBI)
         if BLOCK_SPARSE:
             col = start_n // MASK_BLOCK_K
             nb = off_b * stride_bs_nb + off_h * stride_bs_nh + col
@@ -392,10 +386,7 @@ def _attn_bwd_dq_kernel(
     offs_n = tl.arange(0, BLOCK_N)
 
     if IS_VARLEN:
-        q_row0 = tl.load(CU_SEQLENS_Q + off_b)
-        n_q = tl.load(CU_SEQLENS_Q + off_b + 1) - q_row0
-        k_row0 = tl.load(CU_SEQLENS_K + off_b)
-        n_k = tl.load(CU_SEQLENS_K + off_b + 1) - k_row0
+        q_row0, n_q, k_row0, n_k = sequence_bounds(CU_SEQLENS_Q, CU_SEQLENS_K, off_b)
         if start_m >= n_q:
             return
         t_b = 0
@@ -428,10 +419,7 @@ def _attn_bwd_dq_kernel(
         row0 = (off_b.to(tl.int64) * N_HEADS + off_h) * N_Q
     lse2 = tl.load(LSE2 + row0 + offs_m, mask=m_ok, other=float("inf"))
     delta = tl.load(DELTA + row0 + offs_m, mask=m_ok, other=0.0)
-    if HAS_ALIBI:
-        alibi_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * LOG2E
-    else:
-        alibi_log2 = 0.0
+    alibi_log2 = alibi_slope_log2(ALIBI, off_b, off_h, stride_ab, stride_ah, HAS_ALIBI)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if BLOCK_SPARSE:

@@ -12,6 +12,8 @@ the window ones.
 import triton
 import triton.language as tl
 
+LOG2E = tl.constexpr(1.4426950408889634)
+
 
 @triton.jit
 def load_tile(ptrs, row_ok, d_ok, CHECK_ROWS: tl.constexpr, CHECK_D: tl.constexpr):
@@ -214,6 +216,26 @@ def pair_visible(rows, cols, diag, win_left, win_right, HAS_WINDOW: tl.constexpr
         return (rel >= -win_left) & (rel <= win_right)
     else:
         return cols <= rows + diag
+
+
+@triton.jit
+def sequence_bounds(CU_SEQLENS_Q, CU_SEQLENS_K, off_b):
+    """Packed sequences: (first row, length) of sequence ``off_b`` in the
+    queries and in the keys, from the cumulative lengths."""
+    q_row0 = tl.load(CU_SEQLENS_Q + off_b)
+    n_q = tl.load(CU_SEQLENS_Q + off_b + 1) - q_row0
+    k_row0 = tl.load(CU_SEQLENS_K + off_b)
+    n_k = tl.load(CU_SEQLENS_K + off_b + 1) - k_row0
+    return q_row0, n_q, k_row0, n_k
+
+
+@triton.jit
+def alibi_slope_log2(ALIBI, off_b, off_h, stride_ab, stride_ah, HAS_ALIBI: tl.constexpr):
+    """The ALiBi slope of (batch, query head) in log2 units (0 without ALiBi)."""
+    if HAS_ALIBI:
+        return tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * LOG2E
+    else:
+        return 0.0
 
 
 @triton.jit

@@ -23,11 +23,10 @@ plain one above (docs/variants.md):
 import triton
 import triton.language as tl
 
-from .common import (causal_key_bounds, head_base, load_rows, load_seq_rows, online_softmax_step, pair_visible,
-                     scores, store_rows, tile_source, window_key_bounds)
+from .common import (alibi_slope_log2, causal_key_bounds, head_base, load_rows, load_seq_rows, online_softmax_step,
+                     pair_visible, scores, sequence_bounds, store_rows, tile_source, window_key_bounds)
 
 LN2 = tl.constexpr(0.6931471805599453)
-LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -139,10 +138,7 @@ def _attn_fwd_kernel(
 
     if IS_VARLEN:
         # the tensors are (1, H, total, D) views; off_b is the sequence
-        q_row0 = tl.load(CU_SEQLENS_Q + off_b)
-        n_q = tl.load(CU_SEQLENS_Q + off_b + 1) - q_row0
-        k_row0 = tl.load(CU_SEQLENS_K + off_b)
-        n_k = tl.load(CU_SEQLENS_K + off_b + 1) - k_row0
+        q_row0, n_q, k_row0, n_k = sequence_bounds(CU_SEQLENS_Q, CU_SEQLENS_K, off_b)
         if start_m >= n_q:
             return
         t_b = 0
@@ -166,10 +162,7 @@ def _attn_fwd_kernel(
         o_dst = tile_source(O, off_b, off_h, stride_ob, stride_oh, USE_TMA)
         q = load_rows(q_src, off_b, off_h, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True,
                       USE_TMA)
-    if HAS_ALIBI:
-        alibi_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * LOG2E
-    else:
-        alibi_log2 = 0.0
+    alibi_log2 = alibi_slope_log2(ALIBI, off_b, off_h, stride_ab, stride_ah, HAS_ALIBI)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
