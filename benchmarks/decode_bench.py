@@ -267,7 +267,7 @@ def main(argv=None) -> int:
                 q, kp, vp, seqlens, block_table=table, check_indices=False)
             out_p = f()
             e = rel_err(out_p, out_contig)
-            splits_p = launch_decode.choose_num_splits(b * hkv, n, meta["sms"], paged=True)
+            splits_p = launch_decode.choose_num_splits(b * hkv, n, meta["sms"])
             record(**base, layout=f"page{page}", provider="tileattn", num_splits=splits_p, ms=do_bench(f),
                    status="ok" if e < 1e-2 else f"differs from contiguous by {e:.2e}",
                    **check("paged", out_p))

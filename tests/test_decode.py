@@ -386,8 +386,8 @@ def test_split_counts_agree(case, path):
 
 
 def test_split_heuristic_rule():
-    """choose_num_splits: no split of a contiguous cache once one split gives
-    >= 90% of the SMs a program; else (and always for paged caches) fill >= 2 programs per SM with whole waves, at least 256
+    """choose_num_splits: no split once one split gives >= 90% of the SMs a
+    program; else fill >= 2 programs per SM with whole waves, at least 256
     keys per split, at most 64 splits."""
     choose = launch_decode.choose_num_splits
     # the H200 decode benchmark shape: B=16 x Hkv=8 programs per split on 132
@@ -399,10 +399,6 @@ def test_split_heuristic_rule():
     assert choose(8, 32768, 132) == 32
     # enough programs already: no split
     assert choose(16 * 32, 16384, 132) == 1
-    # a paged cache gets no one-wave shortcut: 2 programs per SM
-    assert choose(128, 16384, 132, paged=True) == 2 and choose(128, 131072, 132, paged=True) == 2
-    assert choose(16 * 32, 16384, 132, paged=True) == 1
-    assert choose(8, 32768, 132, paged=True) == 32
     # a short cache cannot be split below 256 keys per split
     assert choose(8, 1024, 132) == 4
     assert choose(8, 100, 132) == 1
@@ -451,11 +447,20 @@ def test_pointer_path(case, pointer_path):
 
 
 @pytest.mark.parametrize("block_n,case", [
-    (32, Case(8, 2, 1, 32, F16, (45, 16), n_new=2, page=16, splits=2)),     # a tile spans two pages: gathers
+    (32, Case(8, 2, 1, 32, F16, (45, 16), n_new=2, page=16, splits=2)),     # a tile spans two pages
+    (64, Case(8, 2, 1, 32, F16, (75, 16, 0), n_new=1, page=16, window=(20, -1))),  # four pages a tile
     (32, Case(4, 2, 2, 32, F32, (70, 33), n_new=1, page=32, window=(9, -1))),  # a tile is one page
     (64, Case(4, 2, 1, 32, F16, (100, 64), n_new=1, splits=2)),
 ], ids=lambda x: x if isinstance(x, int) else x.id)
-def test_other_key_tiles(block_n, case, kernels, monkeypatch):
+@pytest.mark.parametrize("loads", ["descriptors", "pointers"])
+def test_other_key_tiles(block_n, case, loads, kernels, monkeypatch):
+    """Key tiles other than the interpreter's 16 rows, with descriptors allowed
+    and on the pointer path (a tile spanning pages is gathered row by row on
+    both)."""
+    if loads == "descriptors":
+        monkeypatch.setattr(launch_decode, "POINTER_PAGE_SIZE", 0)
+    else:
+        monkeypatch.setattr(launch, "FORCE_POINTER_PATH", True)
     monkeypatch.setattr(launch_decode, "INTERPRETER_CONFIG", launch_decode.DecodeConfig(block_n, 4, 1))
     if not INTERPRETED:
         monkeypatch.setattr(launch_decode, "DECODE_CONFIGS", (launch_decode.DecodeConfig(block_n, 4, 2),))
@@ -677,8 +682,14 @@ def test_gpu_decode_shapes(page):
 def test_gpu_every_config(cfg, monkeypatch):
     monkeypatch.setattr(launch_decode, "DECODE_CONFIGS", (cfg,))
     monkeypatch.setenv("TILEATTN_AUTOTUNE", "0")
-    for c in (Case(32, 8, 2, 128, BF16, (1500, 700), n_new=2, page=256, splits=3, window=(900, -1)),
-              Case(16, 4, 1, 64, F16, (1000, 33), n_new=1, splits=2, softcap=5.0, alibi="heads")):
+    cases = []
+    if cfg.serves(paged=True):
+        cases += [Case(32, 8, 2, 128, BF16, (1500, 700), n_new=2, page=256, splits=3, window=(900, -1)),
+                  Case(32, 8, 1, 128, BF16, (1500, 701), n_new=1, page=16, splits=1, softcap=5.0)]
+    if cfg.serves(paged=False):
+        cases += [Case(16, 4, 1, 64, F16, (1000, 33), n_new=1, splits=2, softcap=5.0, alibi="heads")]
+    assert cases
+    for c in cases:
         assert_case(c)
 
 

@@ -6,16 +6,15 @@ before anything reaches this module).
 Split count (``num_splits=0``), :func:`choose_num_splits`:
 
 * ``base`` = programs per split = batch x kv heads x query blocks.
-* A contiguous cache is not split if one split already gives at least
-  ``ONE_WAVE`` (90%) of the SMs a program: each program then streams its
-  whole cache at full bandwidth, and splitting only adds partial outputs and
-  the combine (H200, B=16, Hkv=8, d=128: 1 split level with or ahead of 2-8
-  at every cache length, 4k-128k; docs/perf-notes.md).  A paged cache gets
-  no such shortcut: each key tile's address comes from a block-table load,
-  which shortens how far one program's copies run ahead, and a second
-  program per SM hides that (same shape, 64k-128k: 2 splits 0.97 / 1.91 ms
-  against 1 split's 1.06 / 2.11 ms with 256-token pages, 1.02 / 2.01
-  against 1.52 / 3.01 ms with 16-token pages).
+* A cache is not split if one split already gives at least ``ONE_WAVE``
+  (90%) of the SMs a program: each program then streams its whole cache at
+  full bandwidth, and splitting only adds partial outputs and the combine
+  (H200, B=16, Hkv=8, d=128, 16k / 64k keys: one split 254 / 956 us on a
+  contiguous cache, 254 / 961 us on 256-token pages, against 2 splits'
+  307 / 971 and 263 / 972 us; docs/perf-notes.md, v5).  Paged caches need
+  the deeper pipelines of their configs for that (DECODE_CONFIGS): with one
+  K/V tile buffered, as the contiguous configs give them, 2 splits were
+  faster.
 * Otherwise the GPU should hold at least ``PROGRAMS_PER_SM`` (2) programs per SM, so
   that one program's memory stalls overlap another's: ``slots = 2 x SMs``.
 * A split count ``s`` fills ``base * s / slots`` waves; its efficiency is
@@ -59,26 +58,40 @@ ONE_WAVE = 0.9
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
     """Key tile, warps and pipeline depth of the partial kernel (BLOCK_M, the
-    packed query rows, follows from the group size and Nq)."""
+    packed query rows, follows from the group size and Nq), and the cache
+    layouts it is a candidate for ("contiguous", "paged" or "any")."""
     block_n: int
     num_warps: int
     num_stages: int
     source: str = ""
+    layout: str = "any"
 
     @property
     def name(self) -> str:
         return f"N{self.block_n}-w{self.num_warps}-s{self.num_stages}"
 
+    def serves(self, paged: bool) -> bool:
+        return self.layout == "any" or self.layout == ("paged" if paged else "contiguous")
+
 
 _U = "untuned: chosen for H200 bandwidth (K+V stage >= 16 KB, >= 2 programs/SM), to be measured"
+_SWEEP = ("H200 sweep, B=16 Hq=32 Hkv=8 d=128 bf16, one split, 16k / 64k keys "
+          "(docs/results/h200/v5/cfg_sweep; SDPA-cuDNN 254 / 954 us)")
 
-# Autotuning candidates on a GPU (the first that fits is the choice with
-# TILEATTN_AUTOTUNE=0).  A stage holds a K and a V tile: 2 x BLOCK_N x D x elem.
+# Autotuning candidates on a GPU, per cache layout (the first that fits is
+# the choice with TILEATTN_AUTOTUNE=0).  A stage holds a K and a V tile:
+# 2 x BLOCK_N x D x elem.  On a paged cache each tile's address comes from a
+# block-table load, and the pipeliner gives that load a stage of its own:
+# num_stages s buffers (s - 1) // 2 tiles ahead there, against s - 1 on a
+# contiguous cache (sm_90 TTGIR, triton 3.6), so paged candidates run deeper.
 DECODE_CONFIGS: tuple[DecodeConfig, ...] = (
-    DecodeConfig(64, 4, 3, _U),
-    DecodeConfig(128, 4, 3, _U),
-    DecodeConfig(64, 4, 4, _U),
-    DecodeConfig(128, 8, 2, _U),
+    DecodeConfig(128, 4, 3, _SWEEP + ": 254 / 956 us", "contiguous"),
+    DecodeConfig(64, 4, 4, _SWEEP + ": 257 / 959 us", "contiguous"),
+    DecodeConfig(64, 4, 3, _SWEEP + ": 265 / 1001 us", "contiguous"),
+    DecodeConfig(128, 4, 5, _SWEEP + ": 256-token pages 254 / 961 us, 16-token pages (pointers) 267 / 998 us",
+                 "paged"),
+    DecodeConfig(64, 4, 7, _SWEEP + ": 256-token pages 254 / 957 us", "paged"),
+    DecodeConfig(64, 4, 5, _SWEEP + ": 256-token pages 265 / 1010 us", "paged"),
     DecodeConfig(32, 4, 4, _U),
     DecodeConfig(16, 4, 4, "small tiles for head dim 256 in float32"),
 )
@@ -99,11 +112,19 @@ _smem_limit = launch._smem_limit
 _descriptor = launch._descriptor
 
 
-def decode_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
-    """Shared memory of a partial program: the Q tile and K, V tiles
-    buffered ``num_stages`` deep."""
+def pipeline_buffers(num_stages: int, paged: bool) -> int:
+    """K/V tiles buffered by the pipeliner (see DECODE_CONFIGS)."""
+    return max(1, (num_stages - 1) // 2 if paged else num_stages - 1)
+
+
+def decode_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int,
+                      paged: bool = False) -> int:
+    """Shared memory of a partial program: the Q tile, the K and V tiles
+    buffered by the pipeliner, one tile of staging for the products and the
+    probabilities (sm_90 compiles: within 1 KB above the compiler's figure)."""
     d = configs.block_d(head_dim)
-    return elem_bytes * d * (block_m + 2 * num_stages * block_n) + 2048
+    tiles = 2 * pipeline_buffers(num_stages, paged) + 1
+    return elem_bytes * (d * (block_m + tiles * block_n) + block_m * block_n) + 1024
 
 
 def block_m_for(group_size: int, n_q: int) -> int:
@@ -113,11 +134,11 @@ def block_m_for(group_size: int, n_q: int) -> int:
 
 def choose_num_splits(programs_per_split: int, capacity: int, num_sms: int,
                       programs_per_sm: int = PROGRAMS_PER_SM, min_keys: int = MIN_KEYS_PER_SPLIT,
-                      max_splits: int = MAX_SPLITS, paged: bool = False) -> int:
+                      max_splits: int = MAX_SPLITS) -> int:
     """The split count for ``num_splits=0`` (the rule is in this module's docstring)."""
     if programs_per_split <= 0 or capacity <= 0:
         return 1
-    if not paged and programs_per_split >= ONE_WAVE * num_sms:
+    if programs_per_split >= ONE_WAVE * num_sms:
         return 1
     limit = max(1, min(max_splits, capacity // min_keys))
     slots = max(1, num_sms * programs_per_sm)
@@ -149,12 +170,17 @@ def _prune(configs_in, named_args, **kwargs):
     keep = []
     for c in configs_in:
         bn = c.kwargs["BLOCK_N"]
+        if c in _LAYOUT_OF and not _LAYOUT_OF[c].serves(page > 0):
+            continue
         if page % bn and page >= bn:
             continue  # a tile across a page boundary: page lookups per row for nothing
-        if decode_smem_bytes(args["BLOCK_M"], bn, args["HEAD_DIM"], elem, c.num_stages) <= limit:
+        if decode_smem_bytes(args["BLOCK_M"], bn, args["HEAD_DIM"], elem, c.num_stages, page > 0) <= limit:
             keep.append(c)
     return keep or [min(configs_in, key=lambda c: c.kwargs["BLOCK_N"] * c.num_stages)]
 
+
+# the DecodeConfig behind each autotuner config (its layouts), by identity
+_LAYOUT_OF: dict = {}
 
 _TUNE_KEY = ["HEAD_DIM", "BLOCK_M", "PAGE_SIZE", "USE_TMA", "DOT_PRECISION", "SOFTCAP", "HAS_ALIBI"]
 
@@ -168,9 +194,11 @@ def _set_boxes(args) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _tuned_partial():
-    cfgs = [triton.Config({"BLOCK_N": c.block_n}, num_warps=c.num_warps, num_stages=c.num_stages,
-                          pre_hook=_set_boxes)
-            for c in DECODE_CONFIGS]
+    cfgs = []
+    for c in DECODE_CONFIGS:
+        cfgs.append(triton.Config({"BLOCK_N": c.block_n}, num_warps=c.num_warps, num_stages=c.num_stages,
+                                  pre_hook=_set_boxes))
+        _LAYOUT_OF[cfgs[-1]] = c
     return triton.autotune(configs=cfgs, key=_TUNE_KEY,
                            prune_configs_by={"early_config_prune": _prune})(_decode_partial_kernel)
 
@@ -182,10 +210,11 @@ _TUNED_CHOICE: dict = {}
 
 def _first_fitting(block_m: int, head_dim: int, elem: int, page_size: int, device: torch.device) -> DecodeConfig:
     limit = _smem_limit(device)
+    paged = page_size > 0
     for c in DECODE_CONFIGS:
-        if page_size % c.block_n and page_size >= c.block_n:
+        if not c.serves(paged) or (page_size % c.block_n and page_size >= c.block_n):
             continue
-        if decode_smem_bytes(block_m, c.block_n, head_dim, elem, c.num_stages) <= limit:
+        if decode_smem_bytes(block_m, c.block_n, head_dim, elem, c.num_stages, paged) <= limit:
             return c
     return DECODE_CONFIGS[-1]
 
@@ -250,7 +279,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     block_m = block_m_for(group, n_q)
     m_blocks = triton.cdiv(group * n_q, block_m)
     if num_splits == 0:
-        num_splits = choose_num_splits(b * hkv * m_blocks, capacity, _device_sms(q.device), paged=paged)
+        num_splits = choose_num_splits(b * hkv * m_blocks, capacity, _device_sms(q.device))
     if plan_key is not None:
         launch._begin_record()
     try:
