@@ -450,6 +450,8 @@ def test_pointer_path(case, pointer_path):
     (32, Case(8, 2, 1, 32, F16, (45, 16), n_new=2, page=16, splits=2)),     # a tile spans two pages
     (64, Case(8, 2, 1, 32, F16, (75, 16, 0), n_new=1, page=16, window=(20, -1))),  # four pages a tile
     (32, Case(4, 2, 2, 32, F32, (70, 33), n_new=1, page=32, window=(9, -1))),  # a tile is one page
+    (32, Case(4, 2, 1, 32, F16, (100, 47), n_new=1, page=48, splits=2)),     # tiles straddle pages
+    (64, Case(4, 2, 1, 32, F16, (100, 47), n_new=2, page=48, window=(30, -1))),
     (64, Case(4, 2, 1, 32, F16, (100, 64), n_new=1, splits=2)),
 ], ids=lambda x: x if isinstance(x, int) else x.id)
 @pytest.mark.parametrize("loads", ["descriptors", "pointers"])

@@ -118,13 +118,17 @@ def pipeline_buffers(num_stages: int, paged: bool) -> int:
 
 
 def decode_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int,
-                      paged: bool = False) -> int:
+                      paged: bool = False, descriptors: bool = True) -> int:
     """Shared memory of a partial program: the Q tile, the K and V tiles
-    buffered by the pipeliner, one tile of staging for the products and the
-    probabilities (sm_90 compiles: within 1 KB above the compiler's figure)."""
+    buffered by the pipeliner, the probabilities, and with descriptors one
+    more tile that the masked tiles are staged through (they are zeroed in
+    registers past n_k); the pointer path buffers the page numbers instead
+    (sm_90 compiles, triton 3.6: at most 1 KB above the compiler's figure)."""
     d = configs.block_d(head_dim)
-    tiles = 2 * pipeline_buffers(num_stages, paged) + 1
-    return elem_bytes * (d * (block_m + tiles * block_n) + block_m * block_n) + 1024
+    buffers = pipeline_buffers(num_stages, paged)
+    tiles = 2 * buffers + (1 if descriptors else 0)
+    pages = 4 * buffers * block_n if paged and not descriptors else 0
+    return elem_bytes * (d * (block_m + tiles * block_n) + block_m * block_n) + pages + 1024
 
 
 def block_m_for(group_size: int, n_q: int) -> int:
@@ -174,7 +178,8 @@ def _prune(configs_in, named_args, **kwargs):
             continue
         if page % bn and page >= bn:
             continue  # a tile across a page boundary: page lookups per row for nothing
-        if decode_smem_bytes(args["BLOCK_M"], bn, args["HEAD_DIM"], elem, c.num_stages, page > 0) <= limit:
+        if decode_smem_bytes(args["BLOCK_M"], bn, args["HEAD_DIM"], elem, c.num_stages, page > 0,
+                             args["USE_TMA"]) <= limit:
             keep.append(c)
     return keep or [min(configs_in, key=lambda c: c.kwargs["BLOCK_N"] * c.num_stages)]
 
@@ -208,13 +213,14 @@ def _tuned_partial():
 _TUNED_CHOICE: dict = {}
 
 
-def _first_fitting(block_m: int, head_dim: int, elem: int, page_size: int, device: torch.device) -> DecodeConfig:
+def _first_fitting(block_m: int, head_dim: int, elem: int, page_size: int, device: torch.device,
+                   descriptors: bool) -> DecodeConfig:
     limit = _smem_limit(device)
     paged = page_size > 0
     for c in DECODE_CONFIGS:
         if not c.serves(paged) or (page_size % c.block_n and page_size >= c.block_n):
             continue
-        if decode_smem_bytes(block_m, c.block_n, head_dim, elem, c.num_stages, paged) <= limit:
+        if decode_smem_bytes(block_m, c.block_n, head_dim, elem, c.num_stages, paged, descriptors) <= limit:
             return c
     return DECODE_CONFIGS[-1]
 
@@ -373,7 +379,7 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
     if config is None and configs.interpreter_active():
         config = INTERPRETER_CONFIG
     if config is None and os.environ.get("TILEATTN_AUTOTUNE", "1") == "0":
-        config = _first_fitting(block_m, d, k_cache.element_size(), page_size, q.device)
+        config = _first_fitting(block_m, d, k_cache.element_size(), page_size, q.device, tma)
     if config is not None:
         meta, options = {"BLOCK_N": config.block_n}, {"num_warps": config.num_warps, "num_stages": config.num_stages}
     else:

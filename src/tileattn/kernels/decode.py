@@ -73,17 +73,40 @@ def _kv_tile(desc, base, bt_row, start_n, n_k, num_pages, off_b, off_hk,
         if MASKED:
             x = tl.where(in_seq[:, None], x, 0.0)
     else:
+        # start_n is a multiple of BLOCK_N (every loop of the partial kernel
+        # starts on a tile boundary), so a row's page and its place in the
+        # page split into a per-tile part and a loop-invariant one
         offs_d = tl.arange(0, BLOCK_D)
+        i = tl.arange(0, BLOCK_N)
         if PAGE_SIZE > 0:
-            if MASKED:
-                pages = tl.load(bt_row + (offs_n // PAGE_SIZE) * stride_tn, mask=in_seq, other=0)
+            if PAGE_SIZE % BLOCK_N == 0:
+                # the tile lies in one page: one page lookup
+                entry = bt_row + (start_n // PAGE_SIZE) * stride_tn
+                if MASKED:
+                    page = tl.load(entry, mask=start_n < n_k, other=0)
+                else:
+                    page = tl.load(entry)
+                page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+                rows = page.to(tl.int64) * stride_b + (start_n % PAGE_SIZE + i) * stride_n
             else:
-                pages = tl.load(bt_row + (offs_n // PAGE_SIZE) * stride_tn)
-            pages = tl.minimum(tl.maximum(pages, 0), num_pages - 1)
-            rows = pages.to(tl.int64) * stride_b + (offs_n % PAGE_SIZE) * stride_n
+                if BLOCK_N % PAGE_SIZE == 0:
+                    entries = bt_row + (start_n // PAGE_SIZE + i // PAGE_SIZE) * stride_tn
+                    in_page = (i % PAGE_SIZE) * stride_n
+                else:
+                    entries = bt_row + (offs_n // PAGE_SIZE) * stride_tn
+                    in_page = (offs_n % PAGE_SIZE) * stride_n
+                if MASKED:
+                    pages = tl.load(entries, mask=in_seq, other=0)
+                else:
+                    pages = tl.load(entries)
+                pages = tl.minimum(tl.maximum(pages, 0), num_pages - 1)
+                rows = pages.to(tl.int64) * stride_b + in_page
         else:
             rows = off_b.to(tl.int64) * stride_b + offs_n * stride_n
-        ptrs = base + off_hk.to(tl.int64) * stride_h + (rows[:, None] + offs_d[None, :] * stride_d)
+        # one 64-bit address per row; the columns are the same small offsets
+        # on every row and tile
+        row_ptrs = base + off_hk.to(tl.int64) * stride_h + rows
+        ptrs = row_ptrs[:, None] + (offs_d * stride_d)[None, :]
         x = load_tile(ptrs, in_seq, offs_d < HEAD_DIM, MASKED, HEAD_DIM != BLOCK_D)
     return x
 
