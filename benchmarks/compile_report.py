@@ -3,6 +3,9 @@ the compiler's resource report: registers, shared memory, spills.
 
     python benchmarks/compile_report.py --arch 90 [--head-dim 64 128] [--dtype bf16]
     python benchmarks/compile_report.py --head-dim 128 --variant varlen window   # with variants on
+
+``compile_decode`` does the same for the decoding kernel (used by the test
+of its shared-memory estimate).
 """
 from __future__ import annotations
 
@@ -79,6 +82,43 @@ def compile_one(kernel, cfg, head_dim, dtype, causal, arch, use_tma=True, varian
     ptx = ck.asm.get("ptx", "")
     regs, spills = _ptxas_info(ptx, arch)
     return regs, ck.metadata.shared, spills, ("wgmma" in ptx), ck
+
+
+def compile_decode(block_n: int, num_warps: int, num_stages: int, head_dim: int = 128, page_size: int = 0,
+                   descriptors: bool = True, dtype: str = "bf16", block_m: int = 16, arch: int = 90):
+    """The decoding partial kernel (``kernels/decode.py``) compiled for a GPU
+    target, specialised as a launch from ``launch_decode`` would be (unit
+    stride on the head dim, 16-byte divisible pointers and strides)."""
+    from tileattn.kernels.decode import _decode_partial_kernel as k
+    elem = _TY[dtype].lstrip("*")
+    const = {"HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim), "BLOCK_M": block_m, "BLOCK_N": block_n,
+             "PAGE_SIZE": page_size, "HAS_LEFT": False, "HAS_RIGHT": True, "SOFTCAP": False, "HAS_ALIBI": False,
+             "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32", "USE_TMA": descriptors,
+             "stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od": 1, "stride_tn": 1}
+    sig = {}
+    for name in k.arg_names:
+        if name in const:
+            sig[name] = "constexpr"
+        elif name in ("K_DESC", "V_DESC"):
+            bd = const["BLOCK_D"]
+            sig[name] = f"tensordesc<{elem}[1,1,{block_n},{bd}]>" if descriptors else f"*{elem}"
+        elif name in ("Q", "K", "V", "O"):
+            sig[name] = f"*{elem}"
+        elif name in ("SEQLENS", "BLOCK_TABLE"):
+            sig[name] = "*i32"
+        elif name in ("SLOPES", "LSE"):
+            sig[name] = "*fp32"
+        elif name in ("qk_scale", "softcap_scale", "softcap_log2"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    divisible = [n for n in ("Q", "K", "V", "O", "SEQLENS", "BLOCK_TABLE", "LSE", "stride_qb", "stride_qh",
+                             "stride_kb", "stride_kh", "stride_kn", "stride_vb", "stride_vh", "stride_vn",
+                             "stride_tb", "stride_ob", "stride_oh", "stride_os") if sig[n] != "constexpr"]
+    src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()},
+                    attrs={(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def _ptxas_info(ptx: str, arch: int):
