@@ -333,12 +333,13 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
     paged = block_table is not None
 
     page_size = k_cache.shape[2] if paged else 0
-    # pages of POINTER_PAGE_SIZE rows or fewer load through pointers (H200,
-    # 16-token pages, 4k keys, 2 splits: 0.086 ms against 0.130 ms with
-    # descriptors, level from 16k on; 256-token pages: descriptors ahead).
-    # Only 16-row tiles can use a descriptor on such pages (a tile must lie
-    # in one page), so the two paths differ in the autotuner's candidates;
-    # which config made the difference is not established yet
+    # pages of POINTER_PAGE_SIZE rows or fewer load through pointers.  Only
+    # 16-row tiles could use a descriptor on such pages (a tile must lie in
+    # one page); larger tiles gather rows by pointer either way, and the
+    # 16-row descriptor tiles (N16, 9 and 13 stages, 1 or 2 splits) ran at
+    # 0.38-0.62x SDPA-cuDNN (H200, 16k / 64k keys,
+    # docs/results/h200/v5/cfg_sweep) against 0.97x for the gathered 128-row
+    # tiles.  With v4's configs the setting was 0.086 against 0.130 ms at 4k
     tma = launch.use_tma(k_cache, v_cache) and not (paged and page_size <= POINTER_PAGE_SIZE)
 
     if num_splits == 1:
