@@ -30,7 +30,8 @@ marks a contiguous cache).  On the tensor-descriptor (TMA) path both are read
 through a host-built 4-D descriptor, one (BLOCK_N, D) box per tile, indexed
 (batch or page, kv head, row, 0); a paged tile must then lie in one page
 (BLOCK_N divides PAGE_SIZE), otherwise, and on the portable path, rows are
-loaded by pointer with per-row page lookups.  Rows at or past n_k are zeroed
+loaded by pointer: one page lookup per tile when the tile lies in one page,
+else one per row.  Rows at or past n_k are zeroed
 in the masked tiles: the cache memory there may hold anything.  Page numbers
 are clamped into range so that an unchecked bad table can never address
 memory outside the cache.
