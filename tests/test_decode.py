@@ -736,6 +736,58 @@ def test_gpu_decode_plans_match_regular_launches(page, splits, alibi, monkeypatc
     assert any(key[0] == "decode" for key in launch._PLANS), "no step replayed a plan"
 
 
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [0, 16, 256], ids=lambda p: f"page{p}" if p else "contig")
+def test_gpu_decode_step_in_cuda_graph(page):
+    """With check_indices=False a decoding step (append, then attention)
+    waits for nothing on the host, so it can be captured in a CUDA graph:
+    replays on new inputs written into the captured buffers give bitwise what
+    eager steps give, output and cache contents."""
+    b, hq, hkv, d, cap = 4, 8, 2, 128, 1024
+    gen = torch.Generator().manual_seed(13)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to("cuda", BF16)
+
+    q, k_new, v_new = rnd(b, hq, 1, d), rnd(b, hkv, 1, d), rnd(b, hkv, 1, d)
+    k_cache, v_cache = rnd(b, hkv, cap, d), rnd(b, hkv, cap, d)
+    seqlens = torch.randint(1, cap - 8, (b,), generator=gen, dtype=torch.int32).to("cuda")
+    kw = dict(k_new=k_new, v_new=v_new, check_indices=False)
+    if page:
+        per = cap // page
+        perm = torch.randperm(b * per, generator=gen).to("cuda")
+        k_cache = k_cache.view(b, hkv, per, page, d).permute(0, 2, 1, 3, 4).reshape(b * per, hkv, page, d)[perm.argsort()]
+        v_cache = v_cache.view(b, hkv, per, page, d).permute(0, 2, 1, 3, 4).reshape(b * per, hkv, page, d)[perm.argsort()]
+        kw["block_table"] = perm.view(b, per).to(torch.int32)
+
+    # warm up on a side stream (autotuning, compiles, launch plans), as
+    # torch.cuda.graphs asks; the repeated append writes the same slots
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            tileattn.attention_with_kvcache(q, k_cache, v_cache, seqlens, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tileattn.attention_with_kvcache(q, k_cache, v_cache, seqlens, **kw)
+
+    for step in range(3):
+        q.copy_(rnd(b, hq, 1, d))
+        k_new.copy_(rnd(b, hkv, 1, d))
+        v_new.copy_(rnd(b, hkv, 1, d))
+        seqlens.add_(1)
+        k_want, v_want = k_cache.clone(), v_cache.clone()
+        want = tileattn.attention_with_kvcache(q, k_want, v_want, seqlens.clone(),
+                                               **{**kw, "block_table": kw.get("block_table")})
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), f"step {step}: replayed output differs from the eager step"
+        assert torch.equal(k_cache, k_want) and torch.equal(v_cache, v_want), f"step {step}: cache differs"
+
+
 # ---------------------------------------------------------------------------
 # the GPU benchmark script, checked end to end on the CPU (PyTorch path)
 # ---------------------------------------------------------------------------
