@@ -14,11 +14,10 @@ import argparse
 import sys
 
 import torch
-import torch.nn.functional as F
 from triton.testing import do_bench, do_bench_cudagraph
 
 import tileattn
-from decode_bench import to_paged
+from decode_bench import sdpa_fn, to_paged
 
 
 def main(argv=None) -> int:
@@ -35,11 +34,7 @@ def main(argv=None) -> int:
         k = torch.randn(b, hkv, n, d, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
         seqlens = torch.full((b,), n, dtype=torch.int32, device="cuda")
-
-        def cudnn():
-            with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-
+        cudnn = sdpa_fn("cudnn", q, k, v, enable_gqa=True)
         cudnn()
         ref_graph = do_bench_cudagraph(cudnn, rep=200)
         ref_eager = do_bench(cudnn, warmup=25, rep=200, return_mode="median")

@@ -170,18 +170,21 @@ def _prune(configs_in, named_args, **kwargs):
     args = {**named_args, **kwargs}
     limit = _smem_limit(args["Q"].device)
     elem = args["K"].element_size()
-    page = args["PAGE_SIZE"]
-    keep = []
-    for c in configs_in:
-        bn = c.kwargs["BLOCK_N"]
-        if c in _LAYOUT_OF and not _LAYOUT_OF[c].serves(page > 0):
-            continue
-        if page % bn and page >= bn:
-            continue  # a tile across a page boundary: page lookups per row for nothing
-        if decode_smem_bytes(args["BLOCK_M"], bn, args["HEAD_DIM"], elem, c.num_stages, page > 0,
-                             args["USE_TMA"]) <= limit:
-            keep.append(c)
+    keep = [c for c in configs_in
+            if _usable(_LAYOUT_OF[c], args["BLOCK_M"], args["HEAD_DIM"], elem, args["PAGE_SIZE"],
+                       args["USE_TMA"], limit)]
     return keep or [min(configs_in, key=lambda c: c.kwargs["BLOCK_N"] * c.num_stages)]
+
+
+def _usable(c: DecodeConfig, block_m: int, head_dim: int, elem: int, page_size: int, descriptors: bool,
+            limit: int) -> bool:
+    """Whether ``c`` is a candidate for this launch: made for the cache's
+    layout, no tile across a page boundary where pages are at least a tile
+    (page lookups per row for nothing), and within shared memory."""
+    paged = page_size > 0
+    if not c.serves(paged) or (page_size % c.block_n and page_size >= c.block_n):
+        return False
+    return decode_smem_bytes(block_m, c.block_n, head_dim, elem, c.num_stages, paged, descriptors) <= limit
 
 
 # the DecodeConfig behind each autotuner config (its layouts), by identity
@@ -216,13 +219,8 @@ _TUNED_CHOICE: dict = {}
 def _first_fitting(block_m: int, head_dim: int, elem: int, page_size: int, device: torch.device,
                    descriptors: bool) -> DecodeConfig:
     limit = _smem_limit(device)
-    paged = page_size > 0
-    for c in DECODE_CONFIGS:
-        if not c.serves(paged) or (page_size % c.block_n and page_size >= c.block_n):
-            continue
-        if decode_smem_bytes(block_m, c.block_n, head_dim, elem, c.num_stages, paged, descriptors) <= limit:
-            return c
-    return DECODE_CONFIGS[-1]
+    return next((c for c in DECODE_CONFIGS if _usable(c, block_m, head_dim, elem, page_size, descriptors, limit)),
+                DECODE_CONFIGS[-1])
 
 
 def _empty(shape, dtype, device, like=None) -> torch.Tensor:
@@ -258,7 +256,6 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     b, hq, n_q, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
-    paged = block_table is not None
     # a launch plan (launch.py) for repeated calls of one shape: a decoding
     # loop calls this with the same shapes every step
     plan_key = None

@@ -53,6 +53,18 @@ def _tanh(x):
 
 
 @triton.jit
+def _page_numbers(entries, ok, num_pages, MASKED: tl.constexpr):
+    """Block-table entries (a pointer or a tensor of pointers), read only
+    where ``ok`` when MASKED, clamped into [0, num_pages) so that an unchecked
+    bad table never addresses memory outside the cache."""
+    if MASKED:
+        pages = tl.load(entries, mask=ok, other=0)
+    else:
+        pages = tl.load(entries)
+    return tl.minimum(tl.maximum(pages, 0), num_pages - 1)
+
+
+@triton.jit
 def _kv_tile(desc, base, bt_row, start_n, n_k, num_pages, off_b, off_hk,
              stride_b, stride_h, stride_n, stride_d, stride_tn,
              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -64,8 +76,7 @@ def _kv_tile(desc, base, bt_row, start_n, n_k, num_pages, off_b, off_hk,
     if USE_TMA and PAGE_SIZE % BLOCK_N == 0:
         if PAGE_SIZE > 0:
             # the tile lies in one page: one page lookup, one box
-            page = tl.load(bt_row + (start_n // PAGE_SIZE) * stride_tn)
-            page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+            page = _page_numbers(bt_row + (start_n // PAGE_SIZE) * stride_tn, None, num_pages, False)
             x = desc.load([page, off_hk, start_n % PAGE_SIZE, 0])
         else:
             x = desc.load([off_b, off_hk, start_n, 0])
@@ -82,12 +93,7 @@ def _kv_tile(desc, base, bt_row, start_n, n_k, num_pages, off_b, off_hk,
         if PAGE_SIZE > 0:
             if PAGE_SIZE % BLOCK_N == 0:
                 # the tile lies in one page: one page lookup
-                entry = bt_row + (start_n // PAGE_SIZE) * stride_tn
-                if MASKED:
-                    page = tl.load(entry, mask=start_n < n_k, other=0)
-                else:
-                    page = tl.load(entry)
-                page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+                page = _page_numbers(bt_row + (start_n // PAGE_SIZE) * stride_tn, start_n < n_k, num_pages, MASKED)
                 rows = page.to(tl.int64) * stride_b + (start_n % PAGE_SIZE + i) * stride_n
             else:
                 if BLOCK_N % PAGE_SIZE == 0:
@@ -96,11 +102,7 @@ def _kv_tile(desc, base, bt_row, start_n, n_k, num_pages, off_b, off_hk,
                 else:
                     entries = bt_row + (offs_n // PAGE_SIZE) * stride_tn
                     in_page = (offs_n % PAGE_SIZE) * stride_n
-                if MASKED:
-                    pages = tl.load(entries, mask=in_seq, other=0)
-                else:
-                    pages = tl.load(entries)
-                pages = tl.minimum(tl.maximum(pages, 0), num_pages - 1)
+                pages = _page_numbers(entries, in_seq, num_pages, MASKED)
                 rows = pages.to(tl.int64) * stride_b + in_page
         else:
             rows = off_b.to(tl.int64) * stride_b + offs_n * stride_n
@@ -329,9 +331,8 @@ def _append_kv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask = ok[:, None] & (offs_d < HEAD_DIM)[None, :]
     if PAGE_SIZE > 0:
-        page = tl.load(BLOCK_TABLE + off_b.to(tl.int64) * stride_tb + (pos // PAGE_SIZE) * stride_tn,
-                       mask=ok, other=0)
-        page = tl.minimum(tl.maximum(page, 0), NUM_PAGES - 1).to(tl.int64)
+        page = _page_numbers(BLOCK_TABLE + off_b.to(tl.int64) * stride_tb + (pos // PAGE_SIZE) * stride_tn,
+                             ok, NUM_PAGES, True).to(tl.int64)
         k_rows = page * stride_kb + (pos % PAGE_SIZE) * stride_kn
         v_rows = page * stride_vb + (pos % PAGE_SIZE) * stride_vn
     else:
