@@ -85,7 +85,8 @@ def compile_one(kernel, cfg, head_dim, dtype, causal, arch, use_tma=True, varian
 
 
 def compile_decode(block_n: int, num_warps: int, num_stages: int, head_dim: int = 128, page_size: int = 0,
-                   descriptors: bool = True, dtype: str = "bf16", block_m: int = 16, arch: int = 90):
+                   descriptors: bool = True, dtype: str = "bf16", block_m: int = 16, arch: int = 90,
+                   same_kv_strides: bool = False, offsets_32: bool = False):
     """The decoding partial kernel (``kernels/decode.py``) compiled for a GPU
     target, specialised as a launch from ``launch_decode`` would be (unit
     stride on the head dim, 16-byte divisible pointers and strides)."""
@@ -94,6 +95,7 @@ def compile_decode(block_n: int, num_warps: int, num_stages: int, head_dim: int 
     const = {"HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim), "BLOCK_M": block_m, "BLOCK_N": block_n,
              "PAGE_SIZE": page_size, "HAS_LEFT": False, "HAS_RIGHT": True, "SOFTCAP": False, "HAS_ALIBI": False,
              "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32", "USE_TMA": descriptors,
+             "SAME_KV_STRIDES": same_kv_strides, "OFFSETS_32": offsets_32,
              "stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od": 1, "stride_tn": 1}
     sig = {}
     for name in k.arg_names:
@@ -112,7 +114,7 @@ def compile_decode(block_n: int, num_warps: int, num_stages: int, head_dim: int 
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
-    divisible = [n for n in ("Q", "K", "V", "O", "SEQLENS", "BLOCK_TABLE", "LSE", "stride_qb", "stride_qh",
+    divisible = [n for n in ("Q", "K", "V", "O", "SEQLENS", "BLOCK_TABLE", "LSE", "stride_qb", "stride_qh", "stride_qn",
                              "stride_kb", "stride_kh", "stride_kn", "stride_vb", "stride_vh", "stride_vn",
                              "stride_tb", "stride_ob", "stride_oh", "stride_os") if sig[n] != "constexpr"]
     src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()},

@@ -45,7 +45,8 @@ class Case:
     softcap: Optional[float] = None
     alibi: str = ""           # "" | "heads" (Hq,) | "batch" (B, Hq)
     splits: int = 1
-    layout: str = "bhnd"      # "bnhd": tensors made as (B, N, H, D) and transposed (FlashAttention's layout)
+    layout: str = "bhnd"      # "bnhd": tensors made as (B, N, H, D) and transposed (FlashAttention's layout);
+                              # "mixed": v_cache/v_new "bnhd", the rest "bhnd" (K and V strides differ)
 
     @property
     def b(self) -> int:
@@ -128,13 +129,15 @@ def make_inputs(c: Case, input_scale: float = 1.0) -> Inputs:
     else:
         block_table = None
         cache_shape = (b, c.hkv, need + 3, c.d)
-    k_cache = _nan_cache(cache_shape, dt, c.layout)
-    v_cache = _nan_cache(cache_shape, dt, c.layout)
-    q = _randn((b, c.hq, c.nq, c.d), dt, c.layout, input_scale)
+    k_layout = "bhnd" if c.layout == "mixed" else c.layout
+    v_layout = "bnhd" if c.layout == "mixed" else c.layout
+    k_cache = _nan_cache(cache_shape, dt, k_layout)
+    v_cache = _nan_cache(cache_shape, dt, v_layout)
+    q = _randn((b, c.hq, c.nq, c.d), dt, k_layout, input_scale)
     k_new = v_new = None
     if c.n_new:
-        k_new = _randn((b, c.hkv, c.n_new, c.d), dt, c.layout, input_scale)
-        v_new = _randn((b, c.hkv, c.n_new, c.d), dt, c.layout)
+        k_new = _randn((b, c.hkv, c.n_new, c.d), dt, k_layout, input_scale)
+        v_new = _randn((b, c.hkv, c.n_new, c.d), dt, v_layout)
     k_seq, v_seq = [], []
     for i, s in enumerate(c.seqlens):
         ks = (torch.randn(c.hkv, s, c.d, device=DEVICE) * input_scale).to(dt)
@@ -306,6 +309,9 @@ BASIC = [
     Case(8, 2, 3, 48, F16, (29, 60), n_new=3, page=16, splits=0),
     Case(8, 2, 1, 32, BF16, (50, 7), n_new=1, page=32, splits=3),
     Case(4, 1, 2, 32, F32, (64, 0), page=16, causal=False, splits=4),
+    # k_cache and v_cache with different strides (V's tiles cannot reuse K's row offsets)
+    Case(8, 2, 1, 32, F16, (21, 50), n_new=1, layout="mixed", splits=2),
+    Case(8, 2, 2, 32, F16, (40, 3), n_new=2, page=16, layout="mixed"),
 ]
 
 VARIANTS = [
@@ -441,9 +447,20 @@ def pointer_path():
     launch.FORCE_POINTER_PATH = False
 
 
-@pytest.mark.parametrize("case", [BASIC[2], BASIC[9], BASIC[10], VARIANTS[9]], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", [BASIC[2], BASIC[9], BASIC[10], BASIC[-2], BASIC[-1], VARIANTS[9]],
+                         ids=lambda c: c.id)
 def test_pointer_path(case, pointer_path):
     assert_case(case, input_scale=2.0 if case.softcap else 1.0)
+
+
+@pytest.mark.parametrize("case", [BASIC[9], BASIC[-1]], ids=lambda c: c.id)
+def test_64bit_page_offsets(case, pointer_path, monkeypatch):
+    """Gathered rows of a cache too large for 32-bit offsets (made to look so)
+    take the 64-bit page offsets."""
+    seen = []
+    monkeypatch.setattr(launch_decode, "_max_offset", lambda t: seen.append(t.shape) or 2 ** 31)
+    assert_case(case)
+    assert seen
 
 
 @pytest.mark.parametrize("block_n,case", [
@@ -478,6 +495,45 @@ def test_unchecked_indices_same_result(path):
     out2, lse2 = run(c, x2)
     assert torch.equal(out, out2) and torch.equal(lse, lse2)
     assert_cache_appended(x)
+
+
+def test_unchecked_out_of_range_pages_read_the_last_page(kernels):
+    """With check_indices=False, block-table entries outside [0, num_pages)
+    (negative or too large) act as the last page, for the append and the
+    attention alike: never an access outside the cache."""
+    c = Case(8, 2, 1, 32, F16, (23, 40), n_new=1, page=16)
+    x = make_inputs(c)
+    num_pages = x.k_cache.shape[0]
+    bad = x.block_table.clone()
+    bad[0, 0], bad[1, 1] = -1, num_pages + 7        # both used by their sequences
+    clamped = bad.clone()
+    clamped[0, 0] = clamped[1, 1] = num_pages - 1
+    out, lse = run(c, x, block_table=bad, check_indices=False)
+    x2 = make_inputs(c)
+    out2, lse2 = run(c, x2, block_table=clamped, check_indices=False)
+    for got, want in ((out, out2), (lse, lse2), (x.k_cache, x2.k_cache), (x.v_cache, x2.v_cache)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    with pytest.raises(ValueError, match=r"block_table\[0, 0\] = -1"):
+        run(c, make_inputs(c), block_table=bad)
+
+
+def test_one_page_cache(path):
+    """A paged cache of a single page (the kernels see num_pages = 1)."""
+    torch.manual_seed(11)
+    q = torch.randn(1, 4, 1, 32, device=DEVICE).half()
+    k_cache, v_cache = (torch.randn(1, 2, 16, 32, device=DEVICE).half() for _ in range(2))
+    k_new, v_new = (torch.randn(1, 2, 1, 32, device=DEVICE).half() for _ in range(2))
+    table = torch.zeros(1, 1, dtype=torch.int32, device=DEVICE)
+    seqlens = torch.tensor([9], dtype=torch.int32, device=DEVICE)
+    k_all = torch.cat([k_cache[:, :, :9], k_new], dim=2)
+    v_all = torch.cat([v_cache[:, :, :9], v_new], dim=2)
+    out = tileattn.attention_with_kvcache(q, k_cache, v_cache, seqlens, k_new=k_new, v_new=v_new,
+                                          block_table=table)
+    assert torch.equal(k_cache[:, :, :10], k_all) and torch.equal(v_cache[:, :, :10], v_all)
+    k_rep, v_rep = k_all.repeat_interleave(2, dim=1), v_all.repeat_interleave(2, dim=1)
+    want = standard_attention(q.double(), k_rep.double(), v_rep.double(), causal=True)
+    low = standard_attention(q, k_rep, v_rep, causal=True)
+    check_accuracy("one page", out, want, low, torch.float16)
 
 
 def test_return_lse_false_returns_tensor(path):

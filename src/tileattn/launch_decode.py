@@ -230,6 +230,11 @@ def _empty(shape, dtype, device, like=None) -> torch.Tensor:
     return out
 
 
+def _max_offset(t: torch.Tensor) -> int:
+    """The largest element offset from ``t``'s first element."""
+    return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
+
+
 def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity: int) -> None:
     """In-place append of k_new/v_new at cache_seqlens (one launch for K and V)."""
     b, hkv, n_new, d = k_new.shape
@@ -372,6 +377,8 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
         HAS_ALIBI=alibi_slopes is not None,
         DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma,
+        SAME_KV_STRIDES=k_cache.stride() == v_cache.stride(),
+        OFFSETS_32=_max_offset(k_cache) < 2 ** 31 and _max_offset(v_cache) < 2 ** 31,
     )
     grid = (num_splits, hkv * m_blocks, b)
     if config is None and configs.interpreter_active():

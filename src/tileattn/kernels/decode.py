@@ -33,8 +33,12 @@ through a host-built 4-D descriptor, one (BLOCK_N, D) box per tile, indexed
 loaded by pointer: one page lookup per tile when the tile lies in one page,
 else one per row.  Rows at or past n_k are zeroed
 in the masked tiles: the cache memory there may hold anything.  Page numbers
-are clamped into range so that an unchecked bad table can never address
-memory outside the cache.
+are clamped into range (an entry outside [0, num_pages) reads the last page)
+so that an unchecked bad table can never address memory outside the cache.
+Row offsets inside a (batch, kv head) are 32-bit, as in the training kernels;
+a gathered row's page offset is 64-bit unless OFFSETS_32 says the whole cache
+is addressable in 32 bits, and SAME_KV_STRIDES lets V's tile reuse K's row
+offsets (the launcher sets both from the tensors' shapes and strides).
 """
 import triton
 import triton.language as tl
@@ -56,21 +60,27 @@ def _tanh(x):
 def _page_numbers(entries, ok, num_pages, MASKED: tl.constexpr):
     """Block-table entries (a pointer or a tensor of pointers), read only
     where ``ok`` when MASKED, clamped into [0, num_pages) so that an unchecked
-    bad table never addresses memory outside the cache."""
+    bad table never addresses memory outside the cache: one unsigned min, so
+    negative entries (huge as unsigned) become the last page, like entries
+    past it."""
     if MASKED:
         pages = tl.load(entries, mask=ok, other=0)
     else:
         pages = tl.load(entries)
-    return tl.minimum(tl.maximum(pages, 0), num_pages - 1)
+    last = tl.full([], num_pages - 1, tl.uint32)   # (num_pages may be the constexpr 1)
+    return tl.minimum(pages.to(tl.uint32, bitcast=True), last).to(tl.int32, bitcast=True)
 
 
 @triton.jit
 def _kv_tile(desc, base, bt_row, start_n, n_k, num_pages, off_b, off_hk,
              stride_b, stride_h, stride_n, stride_d, stride_tn,
              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-             PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr):
+             PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+             OFFSETS_32: tl.constexpr):
     """Keys (or values) [start_n, start_n + BLOCK_N) of one (batch, kv head),
-    zero at and past n_k when MASKED (MASKED=False: the whole tile is < n_k)."""
+    zero at and past n_k when MASKED (MASKED=False: the whole tile is < n_k).
+    OFFSETS_32: every element offset of the cache fits in int32, so per-row
+    page offsets are computed in 32 bits."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     in_seq = offs_n < n_k
     if USE_TMA and PAGE_SIZE % BLOCK_N == 0:
@@ -103,7 +113,10 @@ def _kv_tile(desc, base, bt_row, start_n, n_k, num_pages, off_b, off_hk,
                     entries = bt_row + (offs_n // PAGE_SIZE) * stride_tn
                     in_page = (offs_n % PAGE_SIZE) * stride_n
                 pages = _page_numbers(entries, in_seq, num_pages, MASKED)
-                rows = pages.to(tl.int64) * stride_b + in_page
+                if OFFSETS_32:
+                    rows = pages * stride_b + in_page
+                else:
+                    rows = pages.to(tl.int64) * stride_b + in_page
         else:
             rows = off_b.to(tl.int64) * stride_b + offs_n * stride_n
         # one 64-bit address per row; the columns are the same small offsets
@@ -124,12 +137,12 @@ def _decode_inner(acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
                   PAGE_SIZE: tl.constexpr,
                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
                   HAS_ALIBI: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  USE_TMA: tl.constexpr):
+                  USE_TMA: tl.constexpr, SAME_KV_STRIDES: tl.constexpr, OFFSETS_32: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _kv_tile(K_DESC, K, bt_row, start_n, n_k, num_pages, off_b, off_hk,
                      stride_kb, stride_kh, stride_kn, stride_kd, stride_tn,
-                     BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, MASKED, USE_TMA)
+                     BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, MASKED, USE_TMA, OFFSETS_32)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if SOFTCAP:
             s = softcap_log2 * _tanh(qk * softcap_scale)
@@ -145,9 +158,15 @@ def _decode_inner(acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
                 visible = visible & (offs_n[None, :] <= q_pos[:, None] + window_right)
             s = tl.where(visible, s, float("-inf"))
         p, alpha, l_i, m_new = online_softmax_step(s, m_i, l_i, MASKED)
-        v = _kv_tile(V_DESC, V, bt_row, start_n, n_k, num_pages, off_b, off_hk,
-                     stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
-                     BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, MASKED, USE_TMA)
+        if SAME_KV_STRIDES:
+            # one set of row offsets serves both tiles
+            v = _kv_tile(V_DESC, V, bt_row, start_n, n_k, num_pages, off_b, off_hk,
+                         stride_kb, stride_kh, stride_kn, stride_kd, stride_tn,
+                         BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, MASKED, USE_TMA, OFFSETS_32)
+        else:
+            v = _kv_tile(V_DESC, V, bt_row, start_n, n_k, num_pages, off_b, off_hk,
+                         stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
+                         BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, MASKED, USE_TMA, OFFSETS_32)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -169,7 +188,8 @@ def _decode_partial_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SAME_KV_STRIDES: tl.constexpr = False,
+    OFFSETS_32: tl.constexpr = False,
 ):
     split = tl.program_id(0)
     num_splits = tl.num_programs(0)
@@ -239,21 +259,24 @@ def _decode_partial_kernel(
         stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
         HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-        MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
+        MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
+        SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32)
     acc, l_i, m_i = _decode_inner(
         acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
         full_a, full_b, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
         stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
         HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-        MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
+        MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
+        SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32)
     acc, l_i, m_i = _decode_inner(
         acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
         full_b, end, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
         stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
         HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-        MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA)
+        MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
+        SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32)
 
     # rows (or splits) that saw no key: output 0, lse -inf
     empty = l_i == 0.0
