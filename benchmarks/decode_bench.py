@@ -21,7 +21,9 @@ every cache full to the given length (cache_seqlens = L, no appended token).
 * tileattn is timed with ``check_indices=False`` (what a serving loop runs:
   no host-device sync) and, as ``tileattn-checked``, with the default checks.
 * Timing: ``triton.testing.do_bench`` medians (warm-up, L2 flushed between
-  calls).  The first call also autotunes the kernel (not timed).
+  calls).  The first call compiles the kernel (not timed); decoding takes
+  the first fitting config of ``launch_decode.DECODE_CONFIGS`` unless
+  TILEATTN_DECODE_AUTOTUNE=1 (then the first call also autotunes).
 * Correctness: on the first cache length every provider's output is compared
   with float32 standard attention (relative Frobenius error, must be < 2e-2),
   and at every length the paged results must match the contiguous one.
@@ -321,8 +323,9 @@ def parse_config(name: str):
 
 
 def sweep_configs(record, base, layout, fn, do_bench, extra=()):
-    """Time every config of the table (the autotuner keeps the best) and the
-    ``extra`` ones; record which config the autotuner chose for ``fn``."""
+    """Time every config of the table and the ``extra`` ones; with
+    TILEATTN_DECODE_AUTOTUNE=1, also record which config the autotuner chose
+    for ``fn`` (by default a call takes the table's first fitting config)."""
     from tileattn import launch_decode
     # _TUNED_CHOICE keys: (device, dtype, *values of launch_decode._TUNE_KEY)
     names = launch_decode._TUNE_KEY
@@ -331,8 +334,9 @@ def sweep_configs(record, base, layout, fn, do_bench, extra=()):
         kv = dict(zip(names, key[2:]))
         chosen.append(f"page {kv.get('PAGE_SIZE')} tma {kv.get('USE_TMA')}: "
                       f"N{meta['BLOCK_N']}-w{opts.get('num_warps')}-s{opts.get('num_stages')}")
-    record(**base, layout=layout, provider="tileattn-autotuned", ms=None,
-           status="autotuner choices so far: " + ("; ".join(sorted(set(chosen))) or "none"))
+    if chosen:
+        record(**base, layout=layout, provider="tileattn-autotuned", ms=None,
+               status="autotuner choices so far: " + "; ".join(sorted(set(chosen))))
     saved, env = launch_decode.DECODE_CONFIGS, os.environ.get("TILEATTN_AUTOTUNE")
     os.environ["TILEATTN_AUTOTUNE"] = "0"
     try:

@@ -751,6 +751,40 @@ def test_gpu_every_config(cfg, monkeypatch):
         assert_case(c)
 
 
+def test_decode_autotune_is_opt_in(monkeypatch):
+    """Decoding takes the table's first fitting config unless
+    TILEATTN_DECODE_AUTOTUNE=1 (and TILEATTN_AUTOTUNE is not 0)."""
+    monkeypatch.delenv("TILEATTN_DECODE_AUTOTUNE", raising=False)
+    monkeypatch.setenv("TILEATTN_AUTOTUNE", "1")
+    assert not launch_decode.decode_autotune_enabled()
+    monkeypatch.setenv("TILEATTN_DECODE_AUTOTUNE", "1")
+    assert launch_decode.decode_autotune_enabled()
+    monkeypatch.setenv("TILEATTN_AUTOTUNE", "0")
+    assert not launch_decode.decode_autotune_enabled()
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("opt_in", [False, True], ids=["first-fitting", "autotuned"])
+def test_gpu_decode_config_choice(opt_in, monkeypatch):
+    """By default a decoding call launches the first fitting config and never
+    times candidates; with TILEATTN_DECODE_AUTOTUNE=1 the autotuner chooses
+    (and is remembered per shape class).  Both exact."""
+    monkeypatch.setenv("TILEATTN_AUTOTUNE", "1")
+    monkeypatch.setenv("TILEATTN_DECODE_AUTOTUNE", "1" if opt_in else "0")
+    monkeypatch.setattr(launch_decode, "_TUNED_CHOICE", {})
+    firsts = []
+    real = launch_decode._first_fitting
+    monkeypatch.setattr(launch_decode, "_first_fitting", lambda *a: firsts.append(real(*a)) or firsts[-1])
+    for c in (Case(32, 8, 1, 128, BF16, (1500, 700), n_new=1, page=16),
+              Case(32, 8, 1, 128, BF16, (900, 1200), n_new=1)):
+        assert_case(c)
+    if opt_in:
+        assert not firsts and len(launch_decode._TUNED_CHOICE) == 2
+    else:
+        assert [f.name for f in firsts] == ["N128-w4-s5", "N128-w4-s3"] and not launch_decode._TUNED_CHOICE
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("page,splits,alibi", [(0, 0, False), (0, 3, True), (16, 0, False), (256, 2, False)],

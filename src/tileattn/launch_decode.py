@@ -78,8 +78,11 @@ _U = "untuned: chosen for H200 bandwidth (K+V stage >= 16 KB, >= 2 programs/SM),
 _SWEEP = ("H200 sweep, B=16 Hq=32 Hkv=8 d=128 bf16, one split, 16k / 64k keys "
           "(docs/results/h200/v5/cfg_sweep; SDPA-cuDNN 254 / 954 us)")
 
-# Autotuning candidates on a GPU, per cache layout (the first that fits is
-# the choice with TILEATTN_AUTOTUNE=0).  A stage holds a K and a V tile:
+# Candidates per cache layout, in order of preference (measured): a
+# decoding call takes the first that fits (no timing), and autotunes over
+# them only with TILEATTN_DECODE_AUTOTUNE=1 -- the configs of a layout are
+# within a few percent, and the autotuner's short first-call timings picked a
+# 4 % slower one in a benchmark run (docs/perf-notes.md, v6).  A stage holds a K and a V tile:
 # 2 x BLOCK_N x D x elem.  On a paged cache each tile's address comes from a
 # block-table load, and the pipeliner gives that load a stage of its own:
 # num_stages s buffers (s - 1) // 2 tiles ahead there, against s - 1 on a
@@ -88,8 +91,9 @@ DECODE_CONFIGS: tuple[DecodeConfig, ...] = (
     DecodeConfig(128, 4, 3, _SWEEP + ": 254 / 956 us", "contiguous"),
     DecodeConfig(64, 4, 4, _SWEEP + ": 257 / 959 us", "contiguous"),
     DecodeConfig(64, 4, 3, _SWEEP + ": 265 / 1001 us", "contiguous"),
-    DecodeConfig(128, 4, 5, _SWEEP + ": 256-token pages 254 / 961 us, 16-token pages (pointers) 267 / 998 us",
-                 "paged"),
+    DecodeConfig(128, 4, 5, _SWEEP + ": 256-token pages 254 / 961 us, 16-token pages (pointers) 267 / 998 us; "
+                 "v6 gather, CUDA-graph replay (docs/results/h200/v6/cfg_page16.log): 16-token pages 245 / 958 us "
+                 "against N128-w4-s7 248 / 973 and N64-w4-s7 271 / 1065 us", "paged"),
     DecodeConfig(64, 4, 7, _SWEEP + ": 256-token pages 254 / 957 us", "paged"),
     DecodeConfig(64, 4, 5, _SWEEP + ": 256-token pages 265 / 1010 us", "paged"),
     DecodeConfig(32, 4, 4, _U),
@@ -216,6 +220,12 @@ def _tuned_partial():
 _TUNED_CHOICE: dict = {}
 
 
+def decode_autotune_enabled() -> bool:
+    """Whether decoding autotunes over DECODE_CONFIGS (opt-in:
+    TILEATTN_DECODE_AUTOTUNE=1, and not with TILEATTN_AUTOTUNE=0)."""
+    return os.environ.get("TILEATTN_DECODE_AUTOTUNE", "0") == "1" and launch._autotune_enabled()
+
+
 def _first_fitting(block_m: int, head_dim: int, elem: int, page_size: int, device: torch.device,
                    descriptors: bool) -> DecodeConfig:
     limit = _smem_limit(device)
@@ -266,7 +276,8 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     plan_key = None
     if config is None and q.is_cuda:
         plan_key = launch._plan_key("decode", (q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes),
-                                    int(n_new), int(capacity), float(scale), tuple(window), softcap, num_splits)
+                                    int(n_new), int(capacity), float(scale), tuple(window), softcap, num_splits,
+                                    decode_autotune_enabled())
         plan = launch._PLANS.get(plan_key) if plan_key is not None else None
         splits = _PLAN_SPLITS.get(plan_key) if plan is not None else None
         if splits is not None:   # (a plan without its split count is recorded again below)
@@ -383,7 +394,7 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
     grid = (num_splits, hkv * m_blocks, b)
     if config is None and configs.interpreter_active():
         config = INTERPRETER_CONFIG
-    if config is None and os.environ.get("TILEATTN_AUTOTUNE", "1") == "0":
+    if config is None and not decode_autotune_enabled():
         config = _first_fitting(block_m, d, k_cache.element_size(), page_size, q.device, tma)
     if config is not None:
         meta, options = {"BLOCK_N": config.block_n}, {"num_warps": config.num_warps, "num_stages": config.num_stages}
