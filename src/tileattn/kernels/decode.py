@@ -138,6 +138,9 @@ def _decode_inner(acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
                   HAS_ALIBI: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
                   USE_TMA: tl.constexpr, SAME_KV_STRIDES: tl.constexpr, OFFSETS_32: tl.constexpr):
+    if SAME_KV_STRIDES:
+        # V's tiles then reuse K's row offsets (the same values, computed once)
+        stride_vb, stride_vh, stride_vn, stride_vd = stride_kb, stride_kh, stride_kn, stride_kd
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _kv_tile(K_DESC, K, bt_row, start_n, n_k, num_pages, off_b, off_hk,
@@ -158,15 +161,9 @@ def _decode_inner(acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
                 visible = visible & (offs_n[None, :] <= q_pos[:, None] + window_right)
             s = tl.where(visible, s, float("-inf"))
         p, alpha, l_i, m_new = online_softmax_step(s, m_i, l_i, MASKED)
-        if SAME_KV_STRIDES:
-            # one set of row offsets serves both tiles
-            v = _kv_tile(V_DESC, V, bt_row, start_n, n_k, num_pages, off_b, off_hk,
-                         stride_kb, stride_kh, stride_kn, stride_kd, stride_tn,
-                         BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, MASKED, USE_TMA, OFFSETS_32)
-        else:
-            v = _kv_tile(V_DESC, V, bt_row, start_n, n_k, num_pages, off_b, off_hk,
-                         stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
-                         BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, MASKED, USE_TMA, OFFSETS_32)
+        v = _kv_tile(V_DESC, V, bt_row, start_n, n_k, num_pages, off_b, off_hk,
+                     stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
+                     BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, MASKED, USE_TMA, OFFSETS_32)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
