@@ -78,11 +78,12 @@ _U = "untuned: chosen for H200 bandwidth (K+V stage >= 16 KB, >= 2 programs/SM),
 _SWEEP = ("H200 sweep, B=16 Hq=32 Hkv=8 d=128 bf16, one split, 16k / 64k keys "
           "(docs/results/h200/v5/cfg_sweep; SDPA-cuDNN 254 / 954 us)")
 
-# Candidates per cache layout, in order of preference (measured): a
-# decoding call takes the first that fits (no timing), and autotunes over
-# them only with TILEATTN_DECODE_AUTOTUNE=1 -- the configs of a layout are
-# within a few percent, and the autotuner's short first-call timings picked a
-# 4 % slower one in a benchmark run (docs/perf-notes.md, v6).  A stage holds a K and a V tile:
+# Candidates per cache layout, in order of preference (measured for 16-bit
+# caches and up to 16 packed query rows): there a decoding call takes the
+# first that fits, without timing -- the configs of a layout are within a few
+# percent, and the autotuner's short first-call timings picked a 4 % slower
+# one in a benchmark run (docs/perf-notes.md, v6); other shapes autotune
+# (decode_autotune_enabled).  A stage holds a K and a V tile:
 # 2 x BLOCK_N x D x elem.  On a paged cache each tile's address comes from a
 # block-table load, and the pipeliner gives that load a stage of its own:
 # num_stages s buffers (s - 1) // 2 tiles ahead there, against s - 1 on a
@@ -220,10 +221,21 @@ def _tuned_partial():
 _TUNED_CHOICE: dict = {}
 
 
-def decode_autotune_enabled() -> bool:
-    """Whether decoding autotunes over DECODE_CONFIGS (opt-in:
-    TILEATTN_DECODE_AUTOTUNE=1, and not with TILEATTN_AUTOTUNE=0)."""
-    return os.environ.get("TILEATTN_DECODE_AUTOTUNE", "0") == "1" and launch._autotune_enabled()
+def decode_autotune_enabled(block_m: int, elem_bytes: int) -> bool:
+    """Whether a decoding launch autotunes over DECODE_CONFIGS instead of
+    taking the first that fits.  Never with TILEATTN_AUTOTUNE=0;
+    TILEATTN_DECODE_AUTOTUNE=1 always, =0 never.  Unset: only outside the
+    class the table's order was measured for (16-bit caches, one block of at
+    most 16 packed query rows, i.e. Nq x group size <= 16).  Outside it the
+    first fitting config can spill registers (sm_90 compiles: up to ~1 KB a
+    thread for head dim 256 with 64 packed rows, tens of KB in float32), and
+    timing the candidates is worth its first-call cost."""
+    if not launch._autotune_enabled():
+        return False
+    env = os.environ.get("TILEATTN_DECODE_AUTOTUNE", "")
+    if env in ("0", "1"):
+        return env == "1"
+    return not (elem_bytes == 2 and block_m <= 16)
 
 
 def _first_fitting(block_m: int, head_dim: int, elem: int, page_size: int, device: torch.device,
@@ -277,7 +289,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     if config is None and q.is_cuda:
         plan_key = launch._plan_key("decode", (q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes),
                                     int(n_new), int(capacity), float(scale), tuple(window), softcap, num_splits,
-                                    decode_autotune_enabled())
+                                    decode_autotune_enabled(block_m_for(group, n_q), k_cache.element_size()))
         plan = launch._PLANS.get(plan_key) if plan_key is not None else None
         splits = _PLAN_SPLITS.get(plan_key) if plan is not None else None
         if splits is not None:   # (a plan without its split count is recorded again below)
@@ -394,7 +406,7 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
     grid = (num_splits, hkv * m_blocks, b)
     if config is None and configs.interpreter_active():
         config = INTERPRETER_CONFIG
-    if config is None and not decode_autotune_enabled():
+    if config is None and not decode_autotune_enabled(block_m, k_cache.element_size()):
         config = _first_fitting(block_m, d, k_cache.element_size(), page_size, q.device, tma)
     if config is not None:
         meta, options = {"BLOCK_N": config.block_n}, {"num_warps": config.num_warps, "num_stages": config.num_stages}
