@@ -1,0 +1,97 @@
+"""Named decoding cases replayed from CUDA graphs (GPU time only) beside
+SDPA-cuDNN on the contiguous cache, in one process: B=16, Hq=32, Hkv=8,
+d=128, bf16, Nq=1, full caches, shuffled block tables.
+
+    python benchmarks/decode_cases.py 4096,16384,65536 cudnn,contig,page16,contig@N128-w4-s4 [tag]
+
+A case is a layout (``contig`` or ``page<P>``), optionally ``@<config>``
+to launch one config of ``launch_decode.DecodeConfig``'s form with one
+split instead of the default choice; ``cudnn`` is the reference.  For a
+paired comparison of two trees run it once per tree, alternating, with
+``PYTHONPATH=<tree>/src`` and a tag.  Prints µs, TB/s and the ratio to
+cuDNN per case.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench_cudagraph
+
+import tileattn
+from tileattn import launch_decode
+from tileattn.launch_decode import DecodeConfig
+from decode_bench import parse_config, to_paged
+
+B, HQ, HKV, D = 16, 32, 8, 128
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 2 or not torch.cuda.is_available():
+        print(__doc__, file=sys.stderr)
+        return 2
+    lens = [int(x) for x in argv[0].split(",")]
+    names = argv[1].split(",")
+    tag = argv[2] if len(argv) > 2 else ""
+    gen = torch.Generator().manual_seed(0)
+    for n in lens:
+        q = torch.randn(B, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, HKV, n, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        seqlens = torch.full((B,), n, dtype=torch.int32, device="cuda")
+        gb = 2 * B * HKV * n * D * 2 / 1e9
+
+        def cudnn():
+            with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+        ref = cudnn().float()
+        caches, times = {}, {}
+        for name in names:
+            layout, _, cfg = name.partition("@")
+            if layout == "cudnn":
+                fn = cudnn
+            else:
+                if layout == "contig":
+                    kk, vv, table = k, v, None
+                else:
+                    page = int(layout[4:])
+                    if page not in caches:
+                        perm = torch.randperm(B * (n // page), generator=gen).cuda()
+                        kp, table = to_paged(k, page, perm)
+                        vp, _ = to_paged(v, page, perm)
+                        caches[page] = (kp, vp, table)
+                    kk, vv, table = caches[page]
+                if cfg:
+                    c: DecodeConfig = parse_config(cfg)
+
+                    def fn(kk=kk, vv=vv, table=table, c=c):
+                        return launch_decode.kvcache_attention(q, kk, vv, seqlens, table, n_new=0, capacity=n,
+                                                               scale=D ** -0.5, window=(-1, 0), num_splits=1,
+                                                               config=c)[0]
+                else:
+                    def fn(kk=kk, vv=vv, table=table):
+                        return tileattn.attention_with_kvcache(q, kk, vv, seqlens, block_table=table,
+                                                               check_indices=False)
+            try:
+                err = float((fn().float() - ref).norm() / ref.norm())
+                if err > 1e-2:
+                    print(f"{tag} L={n} {name}: relative error {err:.1e} against cuDNN", flush=True)
+                    continue
+                times[name] = do_bench_cudagraph(fn, rep=150, return_mode="median") * 1e3
+            except Exception as exc:  # report and go on (a config may not fit)
+                print(f"{tag} L={n} {name}: failed {type(exc).__name__}: {str(exc).splitlines()[0][:150]}",
+                      flush=True)
+        base = times.get("cudnn")
+        for name, us in times.items():
+            ratio = f"{base / us:.3f}x cudnn" if base else ""
+            print(f"{tag} L={n} {name:<22} {us:8.1f} us {gb * 1e3 / us:5.2f} TB/s {ratio}", flush=True)
+        del caches, k, v, q
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
