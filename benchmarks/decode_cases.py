@@ -16,13 +16,12 @@ from __future__ import annotations
 import sys
 
 import torch
-import torch.nn.functional as F
 from triton.testing import do_bench_cudagraph
 
 import tileattn
 from tileattn import launch_decode
 from tileattn.launch_decode import DecodeConfig
-from decode_bench import parse_config, to_paged
+from decode_bench import parse_config, sdpa_fn, to_paged
 
 B, HQ, HKV, D = 16, 32, 8, 128
 
@@ -42,11 +41,7 @@ def main(argv=None) -> int:
         v = torch.randn_like(k)
         seqlens = torch.full((B,), n, dtype=torch.int32, device="cuda")
         gb = 2 * B * HKV * n * D * 2 / 1e9
-
-        def cudnn():
-            with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-
+        cudnn = sdpa_fn("cudnn", q, k, v, enable_gqa=True)
         ref = cudnn().float()
         caches, times = {}, {}
         for name in names:

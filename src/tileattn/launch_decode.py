@@ -283,13 +283,14 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     b, hq, n_q, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
+    block_m = block_m_for(group, n_q)
     # a launch plan (launch.py) for repeated calls of one shape: a decoding
     # loop calls this with the same shapes every step
     plan_key = None
     if config is None and q.is_cuda:
         plan_key = launch._plan_key("decode", (q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes),
                                     int(n_new), int(capacity), float(scale), tuple(window), softcap, num_splits,
-                                    decode_autotune_enabled(block_m_for(group, n_q), k_cache.element_size()))
+                                    decode_autotune_enabled(block_m, k_cache.element_size()))
         plan = launch._PLANS.get(plan_key) if plan_key is not None else None
         splits = _PLAN_SPLITS.get(plan_key) if plan is not None else None
         if splits is not None:   # (a plan without its split count is recorded again below)
@@ -307,7 +308,6 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     if b == 0 or n_q == 0:
         return out, lse
 
-    block_m = block_m_for(group, n_q)
     m_blocks = triton.cdiv(group * n_q, block_m)
     if num_splits == 0:
         num_splits = choose_num_splits(b * hkv * m_blocks, capacity, _device_sms(q.device))
