@@ -4,9 +4,13 @@ d=128, bf16, Nq=1, full caches, shuffled block tables.
 
     python benchmarks/decode_cases.py 4096,16384,65536 cudnn,contig,page16,contig@N128-w4-s4 [tag]
 
-A case is a layout (``contig`` or ``page<P>``), optionally ``@<config>``
-to launch one config of ``launch_decode.DecodeConfig``'s form with one
-split instead of the default choice; ``cudnn`` is the reference.  For a
+A case is a layout (``contig`` or ``page<P>``) run through
+``tileattn.attention_with_kvcache`` (the default choices), or
+``<layout>@[<config>][x<splits>[l<lead>]]`` to fix the config (one of
+``launch_decode.DecodeConfig``'s form, else the default one), the split
+count (default 1) and the leading split's share in 1/1000 (default 0: even
+splits), e.g. ``contig@N64-w4-s3x2``, ``page16@x3l920``, ``contig@x1``;
+``cudnn`` is the reference.  For a
 paired comparison of two trees run it once per tree, alternating, with
 ``PYTHONPATH=<tree>/src`` and a tag.  Prints µs, TB/s and the ratio to
 cuDNN per case.
@@ -60,12 +64,14 @@ def main(argv=None) -> int:
                         caches[page] = (kp, vp, table)
                     kk, vv, table = caches[page]
                 if cfg:
-                    c: DecodeConfig = parse_config(cfg)
+                    cfg_name, _, splits = cfg.partition("x")
+                    splits, _, lead = splits.partition("l")
+                    c: DecodeConfig | None = parse_config(cfg_name) if cfg_name else None
 
-                    def fn(kk=kk, vv=vv, table=table, c=c):
+                    def fn(kk=kk, vv=vv, table=table, c=c, s=int(splits or 1), lead=int(lead or 0)):
                         return launch_decode.kvcache_attention(q, kk, vv, seqlens, table, n_new=0, capacity=n,
-                                                               scale=D ** -0.5, window=(-1, 0), num_splits=1,
-                                                               config=c)[0]
+                                                               scale=D ** -0.5, window=(-1, 0), num_splits=s,
+                                                               lead_permille=lead, config=c)[0]
                 else:
                     def fn(kk=kk, vv=vv, table=table):
                         return tileattn.attention_with_kvcache(q, kk, vv, seqlens, block_table=table,

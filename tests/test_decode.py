@@ -391,6 +391,70 @@ def test_split_counts_agree(case, path):
         assert (lse[fin] - first[1][fin]).abs().max() <= 1e-5 + 8 * 2**-24 * float(ref_lse[fin].abs().max())
 
 
+LEAD_CASES = SPLIT_CASES + [
+    Case(4, 1, 1, 32, F16, (300, 0, 129, 1), n_new=1, page=32, alibi="heads"),
+    Case(8, 4, 3, 64, F32, (200, 96), n_new=3, window=(50, 0), softcap=20.0),
+]
+
+
+@pytest.mark.parametrize("case", LEAD_CASES, ids=lambda c: c.id)
+def test_leading_split_agrees(case, kernels, monkeypatch):
+    """A leading split (split 0 takes a share of the tiles, the others divide
+    the rest) gives one split's result up to rounding, each within the
+    accuracy rule -- shares that leave the trailing splits nothing or
+    everything included -- and is what num_splits=0 launches when
+    choose_lead asks for one."""
+    x0 = make_inputs(case)
+    ref_out, ref_lse = reference(case, x0, torch.float64)
+    low_out, low_lse = reference(case, x0, case.dtype)
+    eps = torch.finfo(case.dtype).eps
+    first = run(case, make_inputs(case), num_splits=1)
+    seen = []
+    # no launch plans: a plan recorded by an earlier round of the loop (same
+    # shapes) would replay its split without asking choose_lead
+    monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
+    monkeypatch.setattr(launch_decode, "choose_num_splits", lambda *a, **k: 1)
+    for splits, lead in ((2, 500), (3, 920), (3, 999), (5, 700), (2, 1), (4, 80)):
+        monkeypatch.setattr(launch_decode, "LEAD_SPLITS", splits)
+        monkeypatch.setattr(launch_decode, "choose_lead", lambda *a, lead=lead, **k: seen.append(lead) or lead)
+        x = make_inputs(case)
+        out, lse = run(case, x, num_splits=0)
+        name = f"{case.id} lead {lead}/1000 of {splits} splits"
+        assert_cache_appended(x)
+        check_accuracy(f"{name} out", out, ref_out, low_out, case.dtype)
+        check_accuracy(f"{name} lse", lse, ref_lse, low_lse, case.dtype)
+        tol = 8 * eps * float(ref_out.abs().max()) + FLOOR[case.dtype]
+        assert (out.double() - first[0].double()).abs().max() <= tol, name
+        fin = torch.isfinite(first[1])
+        assert torch.equal(fin, torch.isfinite(lse)), name
+        assert (lse[fin] - first[1][fin]).abs().max() <= 1e-5 + 8 * 2**-24 * float(ref_lse[fin].abs().max()), name
+    assert seen == [500, 920, 999, 700, 1, 80]
+
+
+def test_leading_split_needs_two_splits():
+    q = torch.randn(1, 2, 1, 16, device=DEVICE)
+    k = torch.randn(1, 1, 32, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="num_splits >= 2"):
+        launch_decode.kvcache_attention(q, k, k, torch.tensor([32], dtype=torch.int32, device=DEVICE), None,
+                                        n_new=0, capacity=32, scale=0.25, num_splits=1, lead_permille=900)
+
+
+def test_leading_split_rule():
+    """choose_lead: a leading split only where one split fills one wave
+    (>= 90% of the SMs, at most one program each), the cache capacity
+    reaches LEAD_MIN_KEYS and the tiles load by descriptor."""
+    lead = launch_decode.choose_lead
+    big = launch_decode.LEAD_MIN_KEYS
+    # the H200 decode benchmark shape: B=16 x Hkv=8 programs on 132 SMs
+    assert lead(128, big, 132, True) == launch_decode.LEAD_PERMILLE > 0
+    assert lead(128, 8 * big, 132, True) == launch_decode.LEAD_PERMILLE
+    assert lead(128, big, 132, False) == 0      # rows gathered by pointer: one split
+    assert lead(128, big - 1, 132, True) == 0   # short caches: one split
+    assert lead(118, big, 132, True) == 0       # under 90% of the SMs: choose_num_splits splits evenly
+    assert lead(132, big, 132, True) > 0 and lead(133, big, 132, True) == 0   # more than one wave
+    assert 0 < launch_decode.LEAD_PERMILLE < 1000 and launch_decode.LEAD_SPLITS >= 2
+
+
 def test_split_heuristic_rule():
     """choose_num_splits: no split once one split gives >= 90% of the SMs a
     program; else fill >= 2 programs per SM with whole waves, at least 256

@@ -27,10 +27,29 @@ Split count (``num_splits=0``), :func:`choose_num_splits`:
   wins.  E.g. B=1, Hkv=8 at 32k keys on 132 SMs: s=32 (256 programs);
   B=16, Hkv=8 (base 128 >= 0.9 x 132): no split.
 
-The rule uses the cache *capacity* (contiguous: its max_seqlen; paged:
+Leading split (:func:`choose_lead`, :func:`choose_splits` puts the two
+together): where the rule above gives one split and that split is one wave
+(``ONE_WAVE x SMs <= base <= SMs``), the cache holds at least
+``LEAD_MIN_KEYS`` (32k) keys of capacity and the tiles load by descriptor
+(Hopper copy engine; contiguous caches or pages of at least ``LEAD_MIN_PAGE``
+(128) tokens), the call launches ``LEAD_SPLITS`` (4) splits of which split 0
+takes ``LEAD_PERMILLE`` (94%) of each cache's tiles and the other three a
+third of the rest each.  Per-program clocks showed that SMs do not stream
+at one speed: on an H200 at 128k keys a tenth of the one-split programs
+finished 10-12% before the last, on the same SMs in every repeat, with 4 SMs
+idle throughout.  The split-0 programs are dispatched first (the split is
+the slowest grid dimension); the small trailing programs then run on the idle
+SMs and on those whose leading program finished first.  Measured on two
+H200s (docs/perf-notes.md, v7; CUDA-graph replay, ratio to SDPA-cuDNN):
+32k / 64k / 128k keys 0.985 / 0.987 / 0.989x -> 1.002 / 1.005 / 1.006x on
+one, 0.995 / 0.996 -> 0.998 / 0.999x on the other; at 16k and below the
+combine costs more than it gains, and on 16-token pages (rows gathered by
+pointer) it lost up to 3% on one of the two machines.
+
+The rules use the cache *capacity* (contiguous: its max_seqlen; paged:
 max_blocks x page_size), not the actual lengths, so the host never waits for
-the GPU and the call can be captured in a CUDA graph.  The key range of each
-batch element is divided evenly between the splits in the kernel.
+the GPU and the call can be captured in a CUDA graph.  Each batch element's
+key range is divided between the splits in the kernel by its own length.
 """
 from __future__ import annotations
 
@@ -48,6 +67,11 @@ from .kernels.decode import _append_kv_kernel, _decode_combine_kernel, _decode_p
 LOG2E = 1.4426950408889634
 
 PROGRAMS_PER_SM = 2
+# leading split (choose_lead; docs/perf-notes.md, v7)
+LEAD_SPLITS = 4
+LEAD_PERMILLE = 940
+LEAD_MIN_KEYS = 32768
+LEAD_MIN_PAGE = 128
 POINTER_PAGE_SIZE = 16
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
@@ -104,8 +128,10 @@ INTERPRETER_CONFIG = DecodeConfig(16, 4, 1, "interpreter: the smallest tile tl.d
 
 # query rows packed per program: group size x Nq, padded to >= 16 for tl.dot
 MAX_BLOCK_M = 64
-# combine: rows per program
+# combine: at most this many rows per program, and (rows x splits) <= _COMBINE_ELEMS
+# (every split of a row is loaded at once: rows x splits x head dim floats)
 _COMBINE_ROWS = 16
+_COMBINE_ELEMS = 64
 # append: new rows per program
 _APPEND_ROWS = 16
 
@@ -158,6 +184,27 @@ def choose_num_splits(programs_per_split: int, capacity: int, num_sms: int,
 
     best = max(efficiency(s) for s in range(1, limit + 1))
     return next(s for s in range(1, limit + 1) if efficiency(s) >= _EFFICIENCY_SLACK * best)
+
+
+def choose_splits(programs_per_split: int, capacity: int, num_sms: int, descriptor_tiles: bool) -> tuple[int, int]:
+    """(split count, leading split's share in 1/1000) for ``num_splits=0``:
+    :func:`choose_num_splits`, and where that is one split, :func:`choose_lead`."""
+    splits = choose_num_splits(programs_per_split, capacity, num_sms)
+    if splits == 1:
+        lead = choose_lead(programs_per_split, capacity, num_sms, descriptor_tiles)
+        if lead:
+            return LEAD_SPLITS, lead
+    return splits, 0
+
+
+def choose_lead(programs_per_split: int, capacity: int, num_sms: int, descriptor_tiles: bool) -> int:
+    """The leading split's share (1/1000 of the tiles) for ``num_splits=0``
+    where ``choose_num_splits`` chose one split, or 0 for that single split
+    (the rule is in this module's docstring)."""
+    if (descriptor_tiles and ONE_WAVE * num_sms <= programs_per_split <= num_sms
+            and capacity >= LEAD_MIN_KEYS):
+        return LEAD_PERMILLE
+    return 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -277,9 +324,12 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capaci
 
 def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new: int, capacity: int,
                       scale: float, window=(-1, -1), softcap=None, alibi_slopes=None, num_splits: int = 0,
-                      config: DecodeConfig | None = None):
+                      lead_permille: int | None = None, config: DecodeConfig | None = None):
     """Split-KV attention over the cache (the append already done).  ``window``
-    has causal folded in (right = 0).  Returns (out like q, lse float32 (B, Hq, Nq))."""
+    has causal folded in (right = 0).  ``lead_permille``: the leading split's
+    share of the tiles in 1/1000 (0: even splits; None: :func:`choose_lead`
+    decides when ``num_splits`` is 0, even splits otherwise).  Returns (out
+    like q, lse float32 (B, Hq, Nq))."""
     b, hq, n_q, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
@@ -290,7 +340,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     if config is None and q.is_cuda:
         plan_key = launch._plan_key("decode", (q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes),
                                     int(n_new), int(capacity), float(scale), tuple(window), softcap, num_splits,
-                                    decode_autotune_enabled(block_m, k_cache.element_size()))
+                                    lead_permille, decode_autotune_enabled(block_m, k_cache.element_size()))
         plan = launch._PLANS.get(plan_key) if plan_key is not None else None
         splits = _PLAN_SPLITS.get(plan_key) if plan is not None else None
         if splits is not None:   # (a plan without its split count is recorded again below)
@@ -310,14 +360,21 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
 
     m_blocks = triton.cdiv(group * n_q, block_m)
     if num_splits == 0:
-        num_splits = choose_num_splits(b * hkv * m_blocks, capacity, _device_sms(q.device))
+        descriptor_tiles = (launch.use_tma(k_cache, v_cache)
+                            and (block_table is None or k_cache.shape[2] >= LEAD_MIN_PAGE))
+        num_splits, lead = choose_splits(b * hkv * m_blocks, capacity, _device_sms(q.device), descriptor_tiles)
+        lead_permille = lead if lead_permille is None else lead_permille
+    lead_permille = lead_permille or 0
+    if lead_permille and num_splits < 2:
+        raise ValueError(f"a leading split needs num_splits >= 2, got {num_splits}")
     if plan_key is not None:
         launch._begin_record()
     try:
         o_part, l_part = _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
                                          n_new=n_new, capacity=capacity, scale=scale, window=window,
                                          softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
-                                         block_m=block_m, m_blocks=m_blocks, config=config)
+                                         lead_permille=lead_permille, block_m=block_m, m_blocks=m_blocks,
+                                         config=config)
     except BaseException:
         launch._abandon_record()
         raise
@@ -349,7 +406,7 @@ def _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slope
 
 
 def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *, n_new, capacity, scale, window,
-                    softcap, alibi_slopes, num_splits, block_m, m_blocks, config):
+                    softcap, alibi_slopes, num_splits, lead_permille, block_m, m_blocks, config):
     """The partial kernel (and, for several splits, the combine).  Returns the
     partial outputs (``out``, ``lse`` themselves for one split)."""
     b, hq, n_q, d = q.shape
@@ -394,7 +451,7 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
         qk_scale=scale * LOG2E,
         softcap_scale=(scale / softcap) if softcap else 1.0,
         softcap_log2=(softcap * LOG2E) if softcap else 1.0,
-        window_left=max(left, 0), window_right=max(right, 0),
+        window_left=max(left, 0), window_right=max(right, 0), lead_permille=lead_permille,
         HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=block_m,
         PAGE_SIZE=page_size,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
@@ -403,7 +460,7 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
         SAME_KV_STRIDES=k_cache.stride() == v_cache.stride(),
         OFFSETS_32=_max_offset(k_cache) < 2 ** 31 and _max_offset(v_cache) < 2 ** 31,
     )
-    grid = (num_splits, hkv * m_blocks, b)
+    grid = (hkv * m_blocks, b, num_splits)
     if config is None and configs.interpreter_active():
         config = INTERPRETER_CONFIG
     if config is None and not decode_autotune_enabled(block_m, k_cache.element_size()):
@@ -431,12 +488,13 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
 
     if num_splits > 1:
         n_rows = b * hq * n_q
+        block_s = max(2, triton.next_power_of_2(num_splits))
+        block_r = max(1, min(_COMBINE_ROWS, _COMBINE_ELEMS // block_s))
         combine = dict(
             O_PART=o_part, LSE_PART=l_part, O=out, LSE=lse,
             **_strides4(out, "o"),
             stride_lb=lse.stride(0), stride_lh=lse.stride(1), stride_ln=lse.stride(2),
             N_ROWS=n_rows, N_HEADS=hq, N_Q=n_q, NUM_SPLITS=num_splits,
-            HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_R=_COMBINE_ROWS,
-            BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
-        launch._run(_decode_combine_kernel, (triton.cdiv(n_rows, _COMBINE_ROWS),), {}, combine)
+            HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_R=block_r, BLOCK_S=block_s)
+        launch._run(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),), {}, combine)
     return o_part, l_part

@@ -2,18 +2,23 @@
 combine step, and the in-place append of new keys/values.  Pure
 ``@triton.jit`` code, no torch.
 
-``_decode_partial_kernel``: one program per (split, kv head x query block,
-batch).  The query heads that share a kv head are packed into the rows of one
-tile, query-major: packed row r holds query ``r // GROUP_SIZE`` of head
-``kv_head * GROUP_SIZE + r % GROUP_SIZE``, so each K/V byte of the cache is
-read once per kv head, not once per query head.  A batch element's visible
-key range is cut into ``num_programs(0)`` splits of whole BLOCK_N tiles;
-each split runs the online softmax over its tiles and writes a partial output
-with its log-sum-exp.  With one split the partial *is* the result and the
-kernel writes the output directly.
+``_decode_partial_kernel``: one program per (kv head x query block, batch,
+split); the split is the slowest grid dimension, so every split-0 program is
+dispatched before any other split's.  The query heads that share a kv head
+are packed into the rows of one tile, query-major: packed row r holds query
+``r // GROUP_SIZE`` of head ``kv_head * GROUP_SIZE + r % GROUP_SIZE``, so each
+K/V byte of the cache is read once per kv head, not once per query head.  A
+batch element's visible key range is cut into ``num_programs(2)`` splits of
+whole BLOCK_N tiles: evenly, or with ``lead_permille`` > 0 split 0 takes that
+share (in 1/1000) of the tiles and the other splits divide the rest evenly
+(a *leading split*: the small trailing programs then go to whichever SMs
+finish their leading program first).  Each split runs the online softmax over
+its tiles and writes a partial output with its log-sum-exp.  With one split
+the partial *is* the result and the kernel writes the output directly.
 
 ``_decode_combine_kernel`` merges the splits of each row by their lse:
-out = sum_s exp(lse_s - lse) out_s with lse = log sum_s exp(lse_s).
+out = sum_s exp(lse_s - lse) out_s with lse = log sum_s exp(lse_s), all
+splits of a row loaded at once.
 
 Masks (all bottom-right aligned against n_k, the cache length after the
 append; ``q_pos = i + n_k - N_Q`` is row i's diagonal key):
@@ -181,18 +186,18 @@ def _decode_partial_kernel(
     stride_ob, stride_oh, stride_on, stride_os, stride_od,
     stride_lb, stride_lh, stride_ln, stride_ls,
     N_Q, N_NEW, N_KV_HEADS, GROUP_SIZE, CAPACITY, NUM_PAGES,
-    qk_scale, softcap_scale, softcap_log2, window_left, window_right,
+    qk_scale, softcap_scale, softcap_log2, window_left, window_right, lead_permille,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SAME_KV_STRIDES: tl.constexpr = False,
     OFFSETS_32: tl.constexpr = False,
 ):
-    split = tl.program_id(0)
-    num_splits = tl.num_programs(0)
-    off_hk = tl.program_id(1) % N_KV_HEADS
-    m_block = tl.program_id(1) // N_KV_HEADS
-    off_b = tl.program_id(2)
+    off_hk = tl.program_id(0) % N_KV_HEADS
+    m_block = tl.program_id(0) // N_KV_HEADS
+    off_b = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
 
     # packed rows: query-major, the GROUP_SIZE heads of one query side by side
     rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -226,12 +231,20 @@ def _decode_partial_kernel(
         hi_any = tl.minimum(i_max + diag + window_right + 1, n_k)
         hi_all = tl.minimum(i_min + diag + window_right + 1, n_k)
 
-    # this split's share of the tiles covering [lo_any, hi_any)
+    # this split's share of the tiles covering [lo_any, hi_any): tiles
+    # [t0, t0 + count), evenly or behind a leading split 0
     first = (lo_any // BLOCK_N) * BLOCK_N
     n_tiles = tl.maximum(tl.cdiv(hi_any - first, BLOCK_N), 0)
-    tiles_per_split = tl.cdiv(n_tiles, num_splits)
-    start = first + split * tiles_per_split * BLOCK_N
-    end = tl.minimum(start + tiles_per_split * BLOCK_N, hi_any)
+    if lead_permille > 0:
+        lead = (n_tiles * lead_permille) // 1000
+        per_split = tl.cdiv(n_tiles - lead, num_splits - 1)
+        t0 = tl.where(split == 0, 0, lead + (split - 1) * per_split)
+        count = tl.where(split == 0, lead, per_split)
+    else:
+        count = tl.cdiv(n_tiles, num_splits)
+        t0 = split * count
+    start = first + t0 * BLOCK_N
+    end = tl.minimum(start + count * BLOCK_N, hi_any)
     end = tl.maximum(end, start)
     # whole tiles inside [lo_all, hi_all) need no mask
     full_a = tl.minimum(tl.maximum(tl.cdiv(lo_all, BLOCK_N) * BLOCK_N, start), end)
@@ -298,26 +311,25 @@ def _decode_combine_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     """Rows are (b, h, i) flattened; O_PART is (rows, NUM_SPLITS, HEAD_DIM) and
-    LSE_PART (rows, NUM_SPLITS), both contiguous float32."""
+    LSE_PART (rows, NUM_SPLITS), both contiguous float32.  A program merges
+    BLOCK_R rows, every split of them in one load (BLOCK_S >= NUM_SPLITS): the
+    step waits on one round of loads, not one per split."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < N_ROWS
     rows64 = rows.to(tl.int64)
     splits = tl.arange(0, BLOCK_S)
-    lse_all = tl.load(LSE_PART + rows64[:, None] * NUM_SPLITS + splits[None, :],
-                      mask=row_ok[:, None] & (splits < NUM_SPLITS)[None, :], other=float("-inf"))
-    m = tl.max(lse_all, 1)
-    m_ref = tl.where(m == float("-inf"), 0.0, m)
+    ok = row_ok[:, None] & (splits < NUM_SPLITS)[None, :]
+    part = rows64[:, None] * NUM_SPLITS + splits[None, :]
+    lse_all = tl.load(LSE_PART + part, mask=ok, other=float("-inf"))
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    total = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for s in range(0, NUM_SPLITS):
-        lse_s = tl.load(LSE_PART + rows64 * NUM_SPLITS + s, mask=row_ok, other=float("-inf"))
-        w = tl.math.exp2((lse_s - m_ref) * LOG2E)
-        o_s = tl.load(O_PART + (rows64 * NUM_SPLITS + s)[:, None] * HEAD_DIM + offs_d[None, :],
-                      mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        acc += w[:, None] * o_s
-        total += w
+    o_all = tl.load(O_PART + part[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                    mask=ok[:, :, None] & d_ok[None, None, :], other=0.0)
+    m = tl.max(lse_all, 1)
+    m_ref = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2((lse_all - m_ref[:, None]) * LOG2E)
+    total = tl.sum(w, 1)
+    acc = tl.sum(w[:, :, None] * o_all, 1)
     empty = total == 0.0
     t_safe = tl.where(empty, 1.0, total)
     out = acc / t_safe[:, None]
