@@ -257,9 +257,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
         alibi_slopes: float32 (Hq,) or (B, Hq): adds -slope * |i + Nk - Nq - j|
             to the (softcapped) scores.
         num_splits: how many programs share one (batch, kv head)'s cache
-            (flash-decoding); 0 picks from the shape and the GPU's SM count
-            (``tileattn.launch_decode.choose_num_splits``).  Any value gives
-            the same result up to rounding.
+            (flash-decoding), each an equal part; 0 picks from the shape and
+            the GPU's SM count (``tileattn.launch_decode.choose_splits``:
+            even splits, or on long caches where one split fills the SMs
+            once, a leading split that takes most of each cache).  Any value
+            gives the same result up to rounding.
         return_lse: also return the log-sum-exp of the scores, float32
             (B, Hq, Nq).
         check_indices: check the *contents* of cache_seqlens and block_table
