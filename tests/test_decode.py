@@ -362,19 +362,22 @@ def test_reference_helpers_match_standard_attention():
 SPLIT_CASES = [
     Case(8, 2, 1, 32, F16, (70, 45, 0), n_new=1),
     Case(4, 2, 2, 32, F32, (66, 17), n_new=2, page=16, window=(40, -1)),
+    # long enough that 40 splits leave no chunk of the combine empty
+    Case(4, 2, 1, 32, F16, (700, 333), n_new=1),
 ]
 
 
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: c.id)
 def test_split_counts_agree(case, path):
-    """1..16 splits (more splits than key tiles included: empty splits) give
-    the same result up to rounding, each within the accuracy rule."""
+    """1..40 splits (more splits than key tiles included: empty splits; 40:
+    the combine merges them in three chunks) give the same result up to
+    rounding, each within the accuracy rule."""
     first = None
     x0 = make_inputs(case)
     ref_out, ref_lse = reference(case, x0, torch.float64)
     low_out, low_lse = reference(case, x0, case.dtype)
     eps = torch.finfo(case.dtype).eps
-    for splits in (1, 2, 3, 5, 8, 16):
+    for splits in (1, 2, 3, 5, 8, 16, 40):
         x = make_inputs(case)  # same seed: same inputs, a fresh cache to append to
         out, lse = run(case, x, num_splits=splits)
         assert_cache_appended(x)
@@ -429,6 +432,32 @@ def test_leading_split_agrees(case, kernels, monkeypatch):
         assert torch.equal(fin, torch.isfinite(lse)), name
         assert (lse[fin] - first[1][fin]).abs().max() <= 1e-5 + 8 * 2**-24 * float(ref_lse[fin].abs().max()), name
     assert seen == [500, 920, 999, 700, 1, 80]
+
+
+@pytest.mark.parametrize("splits", [2, 5, 16, 40, 256])
+def test_combine_kernel(splits, kernels):
+    """The combine merges partials exactly (float64 logsumexp weights), also
+    across chunks of 16 splits whose later chunk holds the largest lse, with
+    empty splits (lse -inf) anywhere and a row whose splits are all empty
+    (output 0, lse -inf)."""
+    b, hq, n_q, d = 2, 3, 2, 40
+    o_part = torch.randn(b, hq, n_q, splits, d, device=DEVICE)
+    l_part = torch.randn(b, hq, n_q, splits, device=DEVICE) * 4
+    l_part[0, 0, 0, -1] = 30.0                       # the largest lse in the last chunk
+    l_part[0, 1, 1, ::3] = float("-inf")             # empty splits among full ones
+    l_part[1, 2, 0, :] = float("-inf")               # a row that saw no key
+    out = torch.full((b, hq, n_q, d), float("nan"), device=DEVICE, dtype=torch.float16)
+    lse = torch.full((b, hq, n_q), float("nan"), device=DEVICE)
+    launch_decode.combine_splits(o_part, l_part, out, lse)
+    lp = l_part.double()
+    ref_lse = torch.logsumexp(lp, dim=-1)
+    w = torch.exp(lp - ref_lse[..., None]).nan_to_num(0.0)
+    ref_out = (w[..., None] * o_part.double()).sum(-2)
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(ref_lse))
+    fin = torch.isfinite(ref_lse)
+    assert (lse[fin].double() - ref_lse[fin]).abs().max() < 1e-5
+    assert torch.all(out[1, 2, 0] == 0)
+    torch.testing.assert_close(out.double(), ref_out, rtol=2e-3, atol=2e-3)
 
 
 def test_leading_split_needs_two_splits():

@@ -128,8 +128,9 @@ INTERPRETER_CONFIG = DecodeConfig(16, 4, 1, "interpreter: the smallest tile tl.d
 
 # query rows packed per program: group size x Nq, padded to >= 16 for tl.dot
 MAX_BLOCK_M = 64
-# combine: at most this many rows per program, and (rows x splits) <= _COMBINE_ELEMS
-# (every split of a row is loaded at once: rows x splits x head dim floats)
+# combine: splits loaded at once (a chunk), at most this many rows per program,
+# and (rows x chunk) <= _COMBINE_ELEMS (a load is rows x chunk x head dim floats)
+_COMBINE_SPLITS = 16
 _COMBINE_ROWS = 16
 _COMBINE_ELEMS = 64
 # append: new rows per program
@@ -487,14 +488,22 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
         launch._run(_decode_partial_kernel, grid, options, full)
 
     if num_splits > 1:
-        n_rows = b * hq * n_q
-        block_s = max(2, triton.next_power_of_2(num_splits))
-        block_r = max(1, min(_COMBINE_ROWS, _COMBINE_ELEMS // block_s))
-        combine = dict(
-            O_PART=o_part, LSE_PART=l_part, O=out, LSE=lse,
-            **_strides4(out, "o"),
-            stride_lb=lse.stride(0), stride_lh=lse.stride(1), stride_ln=lse.stride(2),
-            N_ROWS=n_rows, N_HEADS=hq, N_Q=n_q, NUM_SPLITS=num_splits,
-            HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_R=block_r, BLOCK_S=block_s)
-        launch._run(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),), {}, combine)
+        combine_splits(o_part, l_part, out, lse)
     return o_part, l_part
+
+
+def combine_splits(o_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Merge partial outputs o_part (B, Hq, Nq, S, D) and their lse l_part
+    (B, Hq, Nq, S), both contiguous float32, into out (B, Hq, Nq, D) and lse
+    (B, Hq, Nq)."""
+    b, hq, n_q, num_splits, d = o_part.shape
+    n_rows = b * hq * n_q
+    block_s = max(2, min(_COMBINE_SPLITS, triton.next_power_of_2(num_splits)))
+    block_r = max(1, min(_COMBINE_ROWS, _COMBINE_ELEMS // block_s))
+    combine = dict(
+        O_PART=o_part, LSE_PART=l_part, O=out, LSE=lse,
+        **_strides4(out, "o"),
+        stride_lb=lse.stride(0), stride_lh=lse.stride(1), stride_ln=lse.stride(2),
+        N_ROWS=n_rows, N_HEADS=hq, N_Q=n_q, NUM_SPLITS=num_splits,
+        HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_R=block_r, BLOCK_S=block_s)
+    launch._run(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),), {}, combine)

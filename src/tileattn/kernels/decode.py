@@ -17,8 +17,8 @@ its tiles and writes a partial output with its log-sum-exp.  With one split
 the partial *is* the result and the kernel writes the output directly.
 
 ``_decode_combine_kernel`` merges the splits of each row by their lse:
-out = sum_s exp(lse_s - lse) out_s with lse = log sum_s exp(lse_s), all
-splits of a row loaded at once.
+out = sum_s exp(lse_s - lse) out_s with lse = log sum_s exp(lse_s), up to
+16 splits of a row in one load.
 
 Masks (all bottom-right aligned against n_k, the cache length after the
 append; ``q_pos = i + n_k - N_Q`` is row i's diagonal key):
@@ -312,24 +312,34 @@ def _decode_combine_kernel(
 ):
     """Rows are (b, h, i) flattened; O_PART is (rows, NUM_SPLITS, HEAD_DIM) and
     LSE_PART (rows, NUM_SPLITS), both contiguous float32.  A program merges
-    BLOCK_R rows, every split of them in one load (BLOCK_S >= NUM_SPLITS): the
-    step waits on one round of loads, not one per split."""
+    BLOCK_R rows, BLOCK_S splits of them per load (a running max rescales
+    what earlier chunks summed): with NUM_SPLITS <= BLOCK_S, as the launcher
+    arranges for up to 16 splits, the step waits on one round of loads, not
+    one per split."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < N_ROWS
     rows64 = rows.to(tl.int64)
-    splits = tl.arange(0, BLOCK_S)
-    ok = row_ok[:, None] & (splits < NUM_SPLITS)[None, :]
-    part = rows64[:, None] * NUM_SPLITS + splits[None, :]
-    lse_all = tl.load(LSE_PART + part, mask=ok, other=float("-inf"))
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    o_all = tl.load(O_PART + part[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-                    mask=ok[:, :, None] & d_ok[None, None, :], other=0.0)
-    m = tl.max(lse_all, 1)
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, NUM_SPLITS, BLOCK_S):
+        splits = s0 + tl.arange(0, BLOCK_S)
+        ok = row_ok[:, None] & (splits < NUM_SPLITS)[None, :]
+        part = rows64[:, None] * NUM_SPLITS + splits[None, :]
+        lse_c = tl.load(LSE_PART + part, mask=ok, other=float("-inf"))
+        o_c = tl.load(O_PART + part[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                      mask=ok[:, :, None] & d_ok[None, None, :], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse_c, 1))
+        # splits that saw no key have lse -inf and weight 0; so far no key at all: reference 0
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2((m - m_ref) * LOG2E)
+        w = tl.math.exp2((lse_c - m_ref[:, None]) * LOG2E)
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_c, 1)
+        total = total * alpha + tl.sum(w, 1)
+        m = m_new
     m_ref = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.math.exp2((lse_all - m_ref[:, None]) * LOG2E)
-    total = tl.sum(w, 1)
-    acc = tl.sum(w[:, :, None] * o_all, 1)
     empty = total == 0.0
     t_safe = tl.where(empty, 1.0, total)
     out = acc / t_safe[:, None]
