@@ -153,14 +153,10 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, cau
                                  f"(inference); use tileattn.attention for training or call under "
                                  f"torch.no_grad()")
 
-    if on_kernels:
-        if b > _MAX_GRID_YZ:
-            raise ValueError(f"batch ({b}) must be at most {_MAX_GRID_YZ} on the GPU path; split the call")
-        from .launch_decode import MAX_BLOCK_M
-        m_blocks = -(-(hq // hkv) * n_q // MAX_BLOCK_M)
-        if hkv * m_blocks > _MAX_GRID_YZ:
-            raise ValueError(f"kv heads x query blocks ({hkv} x {m_blocks}) must be at most {_MAX_GRID_YZ} "
-                             f"on the GPU path; split the call over the queries")
+    # the kernels' grids put the batch on a grid dimension of at most 65535
+    # programs (kv heads x query blocks go on the first, which takes 2**31 - 1)
+    if on_kernels and b > _MAX_GRID_YZ:
+        raise ValueError(f"batch ({b}) must be at most {_MAX_GRID_YZ} on the GPU path; split the call")
 
     if scale is None:
         scale = 1.0 / math.sqrt(d)
