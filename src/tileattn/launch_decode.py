@@ -36,8 +36,8 @@ together): where the rule above gives one split and that split is one wave
 takes ``LEAD_PERMILLE`` (94%) of each cache's tiles and the other three a
 third of the rest each.  Per-program clocks showed that SMs do not stream
 at one speed: on an H200 at 128k keys a tenth of the one-split programs
-finished 10-12% before the last, on the same SMs in every repeat, with 4 SMs
-idle throughout.  The split-0 programs are dispatched first (the split is
+finished 7-11% before the last, largely on the same SMs at every length,
+with 4 SMs idle throughout.  The split-0 programs are dispatched first (the split is
 the slowest grid dimension); the small trailing programs then run on the idle
 SMs and on those whose leading program finished first.  Measured on two
 H200s (docs/perf-notes.md, v7; CUDA-graph replay, ratio to SDPA-cuDNN):
