@@ -35,10 +35,10 @@ together): where the rule above gives one split and that split is one wave
 (128) tokens), the call launches ``LEAD_SPLITS`` (4) splits of which split 0
 takes ``LEAD_PERMILLE`` (94%) of each cache's tiles and the other three a
 third of the rest each.  Per-program clocks showed that SMs do not stream
-at one speed: on an H200 at 128k keys a tenth of the one-split programs
+at one speed: on an H200 (16k-128k keys) a tenth of the one-split programs
 finished 7-11% before the last, largely on the same SMs at every length,
-with 4 SMs idle throughout.  The split-0 programs are dispatched first (the split is
-the slowest grid dimension); the small trailing programs then run on the idle
+with 4 SMs idle throughout.  The split-0 programs are dispatched first (the
+split is the slowest grid dimension); the small trailing programs then run on the idle
 SMs and on those whose leading program finished first.  Measured on two
 H200s (docs/perf-notes.md, v7; CUDA-graph replay, ratio to SDPA-cuDNN):
 32k / 64k / 128k keys 0.985 / 0.987 / 0.989x -> 1.002 / 1.005 / 1.006x on
