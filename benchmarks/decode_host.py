@@ -6,7 +6,11 @@ Shape of decode_bench.py (B=16, Hq=32, Hkv=8, d=128, bf16, contiguous cache,
 check_indices=False).  For each cache length and split count it prints the
 host time per call (200 calls issued without a sync), the time once the GPU
 has drained them, and the do_bench median: where the first is above the
-kernel's time, a step is host-bound.
+kernel's time, a step is host-bound.  ``--stages`` then also times the
+parts of a step's host path on its own (validation, the launcher with its
+plan replay, the plan key, the output allocations) and prints a cProfile of
+200 steps, sorted by own time (added after the v7 runs; not yet run on a
+GPU).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-lens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--splits", type=int, nargs="+", default=[0, 1, 2, 4])
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--stages", action="store_true", help="also time the host path's parts and profile it")
     a = ap.parse_args(argv)
     b, hq, hkv, d = 16, 32, 8, 128
     for n in a.cache_lens:
@@ -46,7 +51,50 @@ def main(argv=None) -> int:
             ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
             print(f"L={n} splits={s}: host {1e6 * (t1 - t0) / a.calls:.1f} us/call, "
                   f"host+drain {1e6 * (t2 - t0) / a.calls:.1f} us/call, do_bench {ms * 1e3:.1f} us", flush=True)
+            if a.stages:
+                stages(q, k, v, seqlens, s, a.calls)
     return 0
+
+
+def host_us(fn, calls: int) -> float:
+    """Host microseconds per call of ``fn``, issued without a sync."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    dt = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return 1e6 * dt / calls
+
+
+def stages(q, k, v, seqlens, num_splits: int, calls: int) -> None:
+    """The host path of one step in parts, then a profile of whole steps."""
+    import cProfile
+    import pstats
+
+    from tileattn import decode, launch, launch_decode
+    n, d = k.shape[2], q.shape[3]
+    parts = {
+        "validate": lambda: decode._validate(q, k, v, seqlens, None, None, None, True, None, None, None, None,
+                                             num_splits, False, False),
+        "launcher (plan replay)": lambda: launch_decode.kvcache_attention(
+            q, k, v, seqlens, None, n_new=0, capacity=n, scale=d ** -0.5, window=(-1, 0), num_splits=num_splits),
+        "plan key": lambda: launch._plan_key("decode", (q, k, v, seqlens, None, None), 0, n, d ** -0.5, (-1, 0),
+                                             None, num_splits, None, False),
+        "two output allocations": lambda: (torch.empty_like(q),
+                                           torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)),
+    }
+    for name, fn in parts.items():
+        print(f"    {name}: {host_us(fn, calls):.1f} us/call", flush=True)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        tileattn.attention_with_kvcache(q, k, v, seqlens, num_splits=num_splits, check_indices=False)
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
 
 if __name__ == "__main__":
