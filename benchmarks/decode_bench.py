@@ -151,7 +151,7 @@ def main(argv=None) -> int:
         return 2
 
     import tileattn
-    from tileattn import launch, launch_decode
+    from tileattn import launch_decode
     from tileattn.bench.results import collect_metadata
     from tileattn.reference import standard_attention
 
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
             return {"check": "passed" if e < TOLERANCE else "wrong", "rel_err": e}
 
         # tileattn, contiguous
-        splits0 = launch_decode.choose_splits(b * hkv, n, meta["sms"], launch.use_tma(k, v))[0]
+        splits0 = launch_decode.choose_splits(b * hkv, n, meta["sms"], launch_decode.descriptor_tiles(k, v, False))[0]
         fn = lambda: tileattn.attention_with_kvcache(q, k, v, seqlens, check_indices=False)  # noqa: E731
         out_contig = fn()
         record(**base, layout="contig", provider="tileattn", num_splits=splits0, ms=do_bench(fn),
@@ -270,7 +270,7 @@ def main(argv=None) -> int:
             out_p = f()
             e = rel_err(out_p, out_contig)
             splits_p = launch_decode.choose_splits(
-                b * hkv, n, meta["sms"], launch.use_tma(kp, vp) and page >= launch_decode.LEAD_MIN_PAGE)[0]
+                b * hkv, n, meta["sms"], launch_decode.descriptor_tiles(kp, vp, True))[0]
             record(**base, layout=f"page{page}", provider="tileattn", num_splits=splits_p, ms=do_bench(f),
                    status="ok" if e < 1e-2 else f"differs from contiguous by {e:.2e}",
                    **check("paged", out_p))

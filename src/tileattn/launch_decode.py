@@ -198,6 +198,13 @@ def choose_splits(programs_per_split: int, capacity: int, num_sms: int, descript
     return splits, 0
 
 
+def descriptor_tiles(k_cache: torch.Tensor, v_cache: torch.Tensor, paged: bool) -> bool:
+    """Whether :func:`choose_lead` counts the cache's tiles as loaded by
+    descriptor: the copy engine can read it, and a paged cache's pages hold
+    at least ``LEAD_MIN_PAGE`` tokens."""
+    return launch.use_tma(k_cache, v_cache) and (not paged or k_cache.shape[2] >= LEAD_MIN_PAGE)
+
+
 def choose_lead(programs_per_split: int, capacity: int, num_sms: int, descriptor_tiles: bool) -> int:
     """The leading split's share (1/1000 of the tiles) for ``num_splits=0``
     where ``choose_num_splits`` chose one split, or 0 for that single split
@@ -361,9 +368,8 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
 
     m_blocks = triton.cdiv(group * n_q, block_m)
     if num_splits == 0:
-        descriptor_tiles = (launch.use_tma(k_cache, v_cache)
-                            and (block_table is None or k_cache.shape[2] >= LEAD_MIN_PAGE))
-        num_splits, lead = choose_splits(b * hkv * m_blocks, capacity, _device_sms(q.device), descriptor_tiles)
+        num_splits, lead = choose_splits(b * hkv * m_blocks, capacity, _device_sms(q.device),
+                                         descriptor_tiles(k_cache, v_cache, block_table is not None))
         lead_permille = lead if lead_permille is None else lead_permille
     lead_permille = lead_permille or 0
     if lead_permille and num_splits < 2:
