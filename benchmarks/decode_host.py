@@ -39,34 +39,28 @@ def main(argv=None) -> int:
         for s in a.splits:
             def fn():
                 return tileattn.attention_with_kvcache(q, k, v, seqlens, num_splits=s, check_indices=False)
-            for _ in range(5):
-                fn()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(a.calls):
-                fn()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            t2 = time.perf_counter()
+            host, drained = host_us(fn, a.calls)
             ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-            print(f"L={n} splits={s}: host {1e6 * (t1 - t0) / a.calls:.1f} us/call, "
-                  f"host+drain {1e6 * (t2 - t0) / a.calls:.1f} us/call, do_bench {ms * 1e3:.1f} us", flush=True)
+            print(f"L={n} splits={s}: host {host:.1f} us/call, host+drain {drained:.1f} us/call, "
+                  f"do_bench {ms * 1e3:.1f} us", flush=True)
             if a.stages:
                 stages(q, k, v, seqlens, s, a.calls)
     return 0
 
 
-def host_us(fn, calls: int) -> float:
-    """Host microseconds per call of ``fn``, issued without a sync."""
+def host_us(fn, calls: int) -> tuple[float, float]:
+    """Microseconds per call of ``fn`` issued ``calls`` times without a sync:
+    on the host, and until the GPU has drained them."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
-    dt = time.perf_counter() - t0
+    t1 = time.perf_counter()
     torch.cuda.synchronize()
-    return 1e6 * dt / calls
+    t2 = time.perf_counter()
+    return 1e6 * (t1 - t0) / calls, 1e6 * (t2 - t0) / calls
 
 
 def stages(q, k, v, seqlens, num_splits: int, calls: int) -> None:
@@ -87,7 +81,7 @@ def stages(q, k, v, seqlens, num_splits: int, calls: int) -> None:
                                            torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)),
     }
     for name, fn in parts.items():
-        print(f"    {name}: {host_us(fn, calls):.1f} us/call", flush=True)
+        print(f"    {name}: {host_us(fn, calls)[0]:.1f} us/call", flush=True)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
