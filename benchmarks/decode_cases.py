@@ -1,8 +1,9 @@
 """Named decoding cases replayed from CUDA graphs (GPU time only) beside
 SDPA-cuDNN on the contiguous cache, in one process: B=16, Hq=32, Hkv=8,
-d=128, bf16, Nq=1, full caches, shuffled block tables.
+d=128, bf16, Nq=1, full caches, shuffled block tables (``page<P>i``: pages
+in order, the table the identity).
 
-    python benchmarks/decode_cases.py 4096,16384,65536 cudnn,contig,page16,contig@N128-w4-s4 [tag]
+    python benchmarks/decode_cases.py 4096,16384,65536 cudnn,contig,page16,contig@N128-w4-s4 [tag [rounds]]
 
 A case is a layout (``contig`` or ``page<P>``) run through
 ``tileattn.attention_with_kvcache`` (the default choices), or
@@ -13,7 +14,9 @@ splits), e.g. ``contig@N64-w4-s3x2``, ``page16@x3l920``, ``contig@x1``;
 ``cudnn`` is the reference.  For a
 paired comparison of two trees run it once per tree, alternating, with
 ``PYTHONPATH=<tree>/src`` and a tag.  Prints µs, TB/s and the ratio to
-cuDNN per case.
+cuDNN per case; with ``rounds`` > 1 every case is timed once per round,
+cases in order within a round, and the median over the rounds is reported beside
+all of them.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ def main(argv=None) -> int:
     lens = [int(x) for x in argv[0].split(",")]
     names = argv[1].split(",")
     tag = argv[2] if len(argv) > 2 else ""
+    rounds = int(argv[3]) if len(argv) > 3 else 1
     gen = torch.Generator().manual_seed(0)
     for n in lens:
         q = torch.randn(B, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
@@ -47,48 +51,59 @@ def main(argv=None) -> int:
         gb = 2 * B * HKV * n * D * 2 / 1e9
         cudnn = sdpa_fn("cudnn", q, k, v, enable_gqa=True)
         ref = cudnn().float()
-        caches, times = {}, {}
+        caches, fns = {}, {}
         for name in names:
             layout, _, cfg = name.partition("@")
-            if layout == "cudnn":
-                fn = cudnn
+            if layout.startswith("cudnn"):  # cudnn2, ...: the reference again (drift)
+                fns[name] = cudnn
+                continue
+            if layout == "contig":
+                kk, vv, table = k, v, None
             else:
-                if layout == "contig":
-                    kk, vv, table = k, v, None
-                else:
-                    page = int(layout[4:])
-                    if page not in caches:
-                        perm = torch.randperm(B * (n // page), generator=gen).cuda()
-                        kp, table = to_paged(k, page, perm)
-                        vp, _ = to_paged(v, page, perm)
-                        caches[page] = (kp, vp, table)
-                    kk, vv, table = caches[page]
-                if cfg:
-                    cfg_name, _, splits = cfg.partition("x")
-                    splits, _, lead = splits.partition("l")
-                    c: DecodeConfig | None = parse_config(cfg_name) if cfg_name else None
+                in_order = layout.endswith("i")
+                page = int(layout[4:].rstrip("i"))
+                if layout not in caches:
+                    perm = (torch.arange(B * (n // page)) if in_order
+                            else torch.randperm(B * (n // page), generator=gen)).cuda()
+                    kp, table = to_paged(k, page, perm)
+                    vp, _ = to_paged(v, page, perm)
+                    caches[layout] = (kp, vp, table)
+                kk, vv, table = caches[layout]
+            if cfg:
+                cfg_name, _, splits = cfg.partition("x")
+                splits, _, lead = splits.partition("l")
+                c: DecodeConfig | None = parse_config(cfg_name) if cfg_name else None
 
-                    def fn(kk=kk, vv=vv, table=table, c=c, s=int(splits or 1), lead=int(lead or 0)):
-                        return launch_decode.kvcache_attention(q, kk, vv, seqlens, table, n_new=0, capacity=n,
-                                                               scale=D ** -0.5, window=(-1, 0), num_splits=s,
-                                                               lead_permille=lead, config=c)[0]
-                else:
-                    def fn(kk=kk, vv=vv, table=table):
-                        return tileattn.attention_with_kvcache(q, kk, vv, seqlens, block_table=table,
-                                                               check_indices=False)
+                def fn(kk=kk, vv=vv, table=table, c=c, s=int(splits or 1), lead=int(lead or 0)):
+                    return launch_decode.kvcache_attention(q, kk, vv, seqlens, table, n_new=0, capacity=n,
+                                                           scale=D ** -0.5, window=(-1, 0), num_splits=s,
+                                                           lead_permille=lead, config=c)[0]
+            else:
+                def fn(kk=kk, vv=vv, table=table):
+                    return tileattn.attention_with_kvcache(q, kk, vv, seqlens, block_table=table,
+                                                           check_indices=False)
             try:
                 err = float((fn().float() - ref).norm() / ref.norm())
-                if err > 1e-2:
-                    print(f"{tag} L={n} {name}: relative error {err:.1e} against cuDNN", flush=True)
-                    continue
-                times[name] = do_bench_cudagraph(fn, rep=150, return_mode="median") * 1e3
             except Exception as exc:  # report and go on (a config may not fit)
                 print(f"{tag} L={n} {name}: failed {type(exc).__name__}: {str(exc).splitlines()[0][:150]}",
                       flush=True)
-        base = times.get("cudnn")
-        for name, us in times.items():
+                continue
+            if err > 1e-2:
+                print(f"{tag} L={n} {name}: relative error {err:.1e} against cuDNN", flush=True)
+                continue
+            fns[name] = fn
+        # rounds: every case once per round, in order, so that drift of the
+        # machine spreads over all cases; the median round is reported
+        times = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                times[name].append(do_bench_cudagraph(fn, rep=150, return_mode="median") * 1e3)
+        med = {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+        base = med.get("cudnn")
+        for name, us in med.items():
             ratio = f"{base / us:.3f}x cudnn" if base else ""
-            print(f"{tag} L={n} {name:<22} {us:8.1f} us {gb * 1e3 / us:5.2f} TB/s {ratio}", flush=True)
+            spread = f"  rounds {' '.join(f'{t:.1f}' for t in times[name])}" if rounds > 1 else ""
+            print(f"{tag} L={n} {name:<22} {us:8.1f} us {gb * 1e3 / us:5.2f} TB/s {ratio}{spread}", flush=True)
         del caches, k, v, q
         torch.cuda.empty_cache()
     return 0
