@@ -277,10 +277,14 @@ def _bf16_upcast_in_interpreter(monkeypatch):
         return
     real = launch_decode.kvcache_attention
 
-    def upcast(q, k_cache, v_cache, *args, **kwargs):
+    def upcast(q, k_cache, v_cache, cache_seqlens, block_table, *args, k_new=None, v_new=None, call_key=None,
+               **kwargs):
         if q.dtype != torch.bfloat16:
-            return real(q, k_cache, v_cache, *args, **kwargs)
-        out, lse = real(q.float(), k_cache.float(), v_cache.float(), *args, **kwargs)
+            return real(q, k_cache, v_cache, cache_seqlens, block_table, *args, k_new=k_new, v_new=v_new,
+                        call_key=call_key, **kwargs)
+        if k_new is not None:
+            launch_decode.append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, kwargs["capacity"])
+        out, lse = real(q.float(), k_cache.float(), v_cache.float(), cache_seqlens, block_table, *args, **kwargs)
         return out.to(torch.bfloat16), lse
 
     monkeypatch.setattr(launch_decode, "kvcache_attention", upcast)
@@ -800,6 +804,76 @@ def test_bad_input_raises_before_launch(name, path, monkeypatch):
     q, kc, vc, seq = args.pop("q"), args.pop("k_cache"), args.pop("v_cache"), args.pop("cache_seqlens")
     with pytest.raises(exc, match=msg):
         tileattn.attention_with_kvcache(q, kc, vc, seq, **args)
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_input_raises_after_valid_calls_of_similar_shape(name, path, monkeypatch):
+    """A repeated call skips validation when its key (decode._call_key) was
+    validated before: a valid contiguous and a valid paged call first, then
+    the bad one, which differs from one of them in a single argument, must
+    still raise, and before any launch."""
+    from tileattn import decode
+    make, exc, msg = BAD[name]
+
+    def stub(q, *a, **k):
+        return torch.zeros_like(q), torch.zeros(q.shape[:3], dtype=torch.float32, device=q.device)
+
+    for mod, fn in ((launch_decode, "kvcache_attention"), (reference_decode, "kvcache_attention")):
+        monkeypatch.setattr(mod, fn, stub)
+    monkeypatch.setattr(reference_decode, "append_kv_", lambda *a, **k: None)
+    for good in (_base(), _paged(), _base(k_new=_t(2, 2, 1, 16), v_new=_t(2, 2, 1, 16))):
+        q, kc, vc, seq = good.pop("q"), good.pop("k_cache"), good.pop("v_cache"), good.pop("cache_seqlens")
+        tileattn.attention_with_kvcache(q, kc, vc, seq, **good)
+        assert decode._call_key(q, kc, vc, seq, good.get("k_new"), good.get("v_new"), good.get("block_table"),
+                                True, None, None, None, None, 0, False, True) in decode._VALIDATED
+
+    def no_launch(*a, **k):
+        raise AssertionError("a kernel was launched (or the cache written) for bad input")
+
+    for mod, fn in ((launch_decode, "kvcache_attention"), (reference_decode, "append_kv_"),
+                    (reference_decode, "kvcache_attention")):
+        monkeypatch.setattr(mod, fn, no_launch)
+    args = make()
+    q, kc, vc, seq = args.pop("q"), args.pop("k_cache"), args.pop("v_cache"), args.pop("cache_seqlens")
+    with pytest.raises(exc, match=msg):
+        tileattn.attention_with_kvcache(q, kc, vc, seq, **args)
+
+
+def test_repeated_call_is_validated_once(path, monkeypatch):
+    """The second call with the same shapes and arguments (new data) reuses
+    the first's validation; a change of one argument validates again."""
+    from tileattn import decode
+    calls = []
+    real = decode._validate
+    monkeypatch.setattr(decode, "_validate", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(decode, "_VALIDATED", {})
+    args = _base()
+    q, kc, vc, seq = args["q"], args["k_cache"], args["v_cache"], args["cache_seqlens"]
+    first = tileattn.attention_with_kvcache(q, kc, vc, seq, softcap=30.0)
+    q2 = _t(2, 4, 1, 16)
+    second = tileattn.attention_with_kvcache(q2, kc, vc, seq, softcap=30.0)
+    assert len(calls) == 1
+    assert not torch.equal(first, second)   # computed for the new query, not replayed
+    tileattn.attention_with_kvcache(q2, kc, vc, seq, softcap=20.0)
+    tileattn.attention_with_kvcache(q2, kc, vc, seq, softcap=30.0, causal=False)
+    assert len(calls) == 3
+
+
+def test_call_key_none_for_unhashable_or_foreign_arguments():
+    from tileattn import decode
+    args = _base()
+    q, kc, vc, seq = args["q"], args["k_cache"], args["v_cache"], args["cache_seqlens"]
+    common = (None, None, None, True)
+    assert decode._call_key(q, kc, vc, seq, *common, [0.1], None, None, None, 0, False, True) is None
+    assert decode._call_key([1.0], kc, vc, seq, *common, None, None, None, None, 0, False, True) is None
+    assert decode._call_key(q, kc, vc, [3, 5], *common, None, None, None, None, 0, False, True) is None
+    assert decode._call_key(q, kc, vc, seq, *common, None, (3,), None, None, 0, False, True) is None
+    key = decode._call_key(q, kc, vc, seq, *common, None, (3, 0), None, None, 0, False, True)
+    assert key is not None and hash(key) is not None
+    # an int and a float of one value (or a bool and an int) key differently
+    assert key != decode._call_key(q, kc, vc, seq, *common, None, (3.0, 0), None, None, 0, False, True)
+    assert (decode._call_key(q, kc, vc, seq, *common, None, None, None, None, 1, False, True)
+            != decode._call_key(q, kc, vc, seq, *common, None, None, None, None, True, False, True))
 
 
 def test_mixed_devices():

@@ -192,6 +192,44 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, cau
                  on_kernels=on_kernels)
 
 
+# validated calls: _call_key -> _Plan.  A decoding loop makes
+# the same call every step with new data, and the key (every tensor's
+# shape, strides, dtype, device, alignment and requires_grad, every other
+# argument with its type, the grad mode and the dispatch switch) holds all
+# that _validate reads, so a repeated call skips it; the same key then keys
+# the call's launch plan (launch_decode.kvcache_attention).
+_VALIDATED: dict = {}
+_VALIDATED_MAX = 256
+
+
+def _call_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal, scale, window, softcap,
+              alibi_slopes, num_splits, return_lse, check_indices):
+    """The key of a call whose tensors are all plain ``torch.Tensor``s, or None
+    (then the call is validated in full)."""
+    if type(q) is not torch.Tensor:
+        return None
+    if window is not None:
+        if type(window) not in (tuple, list) or len(window) != 2:
+            return None
+        window = (type(window[0]), window[0], type(window[1]), window[1])
+    key = [ops._backend, torch.is_grad_enabled(), causal, type(causal), return_lse, type(return_lse),
+           check_indices, type(check_indices), scale, type(scale), softcap, type(softcap),
+           num_splits, type(num_splits), window]
+    for t in (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes):
+        if t is None:
+            key.append(None)
+        elif type(t) is torch.Tensor:
+            key += (t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.data_ptr() % 16 == 0)
+        else:
+            return None
+    key = tuple(key)
+    try:
+        hash(key)
+    except TypeError:   # an argument of a type that cannot key a dict
+        return None
+    return key
+
+
 def _check_indices(cache_seqlens, block_table, n_new: int, capacity: int, num_pages: int, page_size: int) -> None:
     """cache_seqlens + n_new must fit the cache and every page the call touches
     must exist.  Reads the index tensors on the host: one device sync."""
@@ -275,8 +313,16 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     fp16, bf16 and fp32 run Triton kernels on GPUs; elsewhere (and for
     float64 on CPU) the same split-KV algorithm runs in PyTorch.
     """
-    plan = _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal, scale, window,
-                     softcap, alibi_slopes, num_splits, return_lse, check_indices)
+    args = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal, scale, window, softcap,
+            alibi_slopes, num_splits, return_lse, check_indices)
+    key = _call_key(*args)
+    plan = _VALIDATED.get(key) if key is not None else None
+    if plan is None:
+        plan = _validate(*args)
+        if key is not None:
+            if len(_VALIDATED) >= _VALIDATED_MAX:
+                _VALIDATED.clear()
+            _VALIDATED[key] = plan
     paged = block_table is not None
     if check_indices:
         _check_indices(cache_seqlens, block_table, plan.n_new, plan.capacity,
@@ -285,12 +331,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     with torch.no_grad():
         if plan.on_kernels:
             from . import launch_decode
-            if k_new is not None:
-                launch_decode.append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, plan.capacity)
             out, lse = launch_decode.kvcache_attention(
                 q, k_cache, v_cache, cache_seqlens, block_table, n_new=plan.n_new, capacity=plan.capacity,
                 scale=plan.scale, window=plan.window, softcap=plan.softcap, alibi_slopes=alibi_slopes,
-                num_splits=num_splits)
+                num_splits=num_splits, k_new=k_new, v_new=v_new, call_key=key)
         else:
             if k_new is not None:
                 reference_decode.append_kv_(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table)

@@ -332,28 +332,42 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capaci
 
 def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new: int, capacity: int,
                       scale: float, window=(-1, -1), softcap=None, alibi_slopes=None, num_splits: int = 0,
-                      lead_permille: int | None = None, config: DecodeConfig | None = None):
-    """Split-KV attention over the cache (the append already done).  ``window``
-    has causal folded in (right = 0).  ``lead_permille``: the leading split's
-    share of the tiles in 1/1000 (0: even splits; None: :func:`choose_lead`
-    decides when ``num_splits`` is 0, even splits otherwise).  Returns (out
-    like q, lse float32 (B, Hq, Nq))."""
+                      lead_permille: int | None = None, config: DecodeConfig | None = None,
+                      k_new=None, v_new=None, call_key=None):
+    """Split-KV attention over the cache, after appending ``k_new``/``v_new``
+    (when given; else the append is already done and ``n_new`` counts the
+    rows it added).  ``window`` has causal folded in (right = 0).
+    ``lead_permille``: the leading split's share of the tiles in 1/1000 (0:
+    even splits; None: :func:`choose_lead` decides when ``num_splits`` is 0,
+    even splits otherwise).  ``call_key``: a hashable key of the whole
+    validated call (``decode._call_key``: every tensor's shape, strides,
+    dtype, device and alignment, and every argument), which then keys the
+    launch plan instead of the tensors being read again.  Returns (out like
+    q, lse float32 (B, Hq, Nq))."""
     b, hq, n_q, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
     block_m = block_m_for(group, n_q)
+    appends = k_new is not None and k_new.shape[0] > 0 and k_new.shape[2] > 0
     # a launch plan (launch.py) for repeated calls of one shape: a decoding
-    # loop calls this with the same shapes every step
+    # loop calls this with the same shapes every step; the plan holds the
+    # append's launch too
     plan_key = None
-    if config is None and q.is_cuda:
-        plan_key = launch._plan_key("decode", (q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes),
-                                    int(n_new), int(capacity), float(scale), tuple(window), softcap, num_splits,
-                                    lead_permille, decode_autotune_enabled(block_m, k_cache.element_size()))
+    if config is None and q.is_cuda and b > 0 and n_q > 0:
+        autotuned = decode_autotune_enabled(block_m, k_cache.element_size())
+        if call_key is not None:
+            plan_key = launch._plan_key("decode-call", (), call_key, lead_permille, autotuned)
+        else:
+            plan_key = launch._plan_key("decode", (q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes,
+                                                   k_new if appends else None, v_new if appends else None),
+                                        int(n_new), int(capacity), float(scale), tuple(window), softcap,
+                                        num_splits, lead_permille, autotuned)
         plan = launch._PLANS.get(plan_key) if plan_key is not None else None
         splits = _PLAN_SPLITS.get(plan_key) if plan is not None else None
         if splits is not None:   # (a plan without its split count is recorded again below)
             out, lse = _empty(None, None, None, like=q), _empty((b, hq, n_q), torch.float32, q.device)
-            tensors = _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse)
+            tensors = _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse,
+                                      k_new if appends else None, v_new if appends else None)
             if splits > 1:
                 tensors["o_part"] = _empty((b, hq, n_q, splits, d), torch.float32, q.device)
                 tensors["l_part"] = _empty((b, hq, n_q, splits), torch.float32, q.device)
@@ -361,6 +375,29 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
                 launch._replay(plan, tensors)
                 return out, lse
             plan_key = None
+    if plan_key is not None:
+        launch._begin_record()
+    try:
+        out, lse = _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new if appends else None,
+                                       v_new if appends else None, n_new=n_new, capacity=capacity, scale=scale,
+                                       window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                                       num_splits=num_splits, lead_permille=lead_permille, config=config,
+                                       block_m=block_m, plan_key=plan_key)
+    except BaseException:
+        launch._abandon_record()
+        raise
+    return out, lse
+
+
+def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, *, n_new, capacity, scale,
+                        window, softcap, alibi_slopes, num_splits, lead_permille, config, block_m, plan_key):
+    """The launches of :func:`kvcache_attention` without a plan to replay;
+    records one under ``plan_key`` when it is not None."""
+    b, hq, n_q, d = q.shape
+    hkv = k_cache.shape[1]
+    group = hq // hkv
+    if k_new is not None:
+        append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity)
     out = _empty(None, None, None, like=q)
     lse = _empty((b, hq, n_q), torch.float32, q.device)
     if b == 0 or n_q == 0:
@@ -374,19 +411,14 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     lead_permille = lead_permille or 0
     if lead_permille and num_splits < 2:
         raise ValueError(f"a leading split needs num_splits >= 2, got {num_splits}")
+    o_part, l_part = _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
+                                     n_new=n_new, capacity=capacity, scale=scale, window=window,
+                                     softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
+                                     lead_permille=lead_permille, block_m=block_m, m_blocks=m_blocks,
+                                     config=config)
     if plan_key is not None:
-        launch._begin_record()
-    try:
-        o_part, l_part = _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
-                                         n_new=n_new, capacity=capacity, scale=scale, window=window,
-                                         softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
-                                         lead_permille=lead_permille, block_m=block_m, m_blocks=m_blocks,
-                                         config=config)
-    except BaseException:
-        launch._abandon_record()
-        raise
-    if plan_key is not None:
-        tensors = _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse)
+        tensors = _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse,
+                                  k_new, v_new)
         if num_splits > 1:
             tensors.update(o_part=o_part, l_part=l_part)
         launch._end_record(plan_key, tensors)
@@ -402,9 +434,12 @@ _PLAN_SPLITS: dict = {}
 _DECODE_OUTPUTS = ("out", "lse", "o_part", "l_part")
 
 
-def _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse) -> dict:
+def _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse, k_new=None,
+                    v_new=None) -> dict:
     """The per-call tensors of a decode launch, by name (optional ones only when given)."""
     tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seqlens": cache_seqlens, "out": out, "lse": lse}
+    if k_new is not None:
+        tensors.update(k_new=k_new, v_new=v_new)
     if block_table is not None:
         tensors["block_table"] = block_table
     if alibi_slopes is not None:
