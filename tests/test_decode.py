@@ -969,12 +969,17 @@ def test_gpu_decode_config_choice(env, monkeypatch):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("page,splits,alibi", [(0, 0, False), (0, 3, True), (16, 0, False), (256, 2, False)],
-                         ids=["contig-auto", "contig-3splits-alibi", "page16-auto", "page256-2splits"])
-def test_gpu_decode_plans_match_regular_launches(page, splits, alibi, monkeypatch):
-    """From the third call of a shape on, a decoding step replays a launch
-    plan (launch._PLANS): bitwise the result of regular launches, with fresh
-    cache contents and lengths each step."""
+@pytest.mark.parametrize("page,splits,alibi,append", [(0, 0, False, False), (0, 3, True, False),
+                                                      (16, 0, False, False), (256, 2, False, False),
+                                                      (0, 0, False, True), (16, 2, False, True)],
+                         ids=["contig-auto", "contig-3splits-alibi", "page16-auto", "page256-2splits",
+                              "contig-auto-append", "page16-2splits-append"])
+def test_gpu_decode_plans_match_regular_launches(page, splits, alibi, append, monkeypatch):
+    """From the second call of a shape on, a decoding step replays a launch
+    plan (launch._PLANS, keyed by the validated call): bitwise the result of
+    regular launches, with fresh cache contents and lengths each step; with
+    ``append`` the plan holds the append too, and the caches after each step
+    are bitwise those of regular launches."""
     if not launch._DIRECT_SUPPORTED:
         pytest.skip("direct launches are off on this Triton version (launch.DIRECT_LAUNCH_VERSIONS)")
     monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
@@ -985,8 +990,11 @@ def test_gpu_decode_plans_match_regular_launches(page, splits, alibi, monkeypatc
         q = torch.randn(b, hq, 1, d, generator=gen).to("cuda", BF16)
         k = torch.randn(b, hkv, cap, d, generator=gen).to("cuda", BF16)
         v = torch.randn(b, hkv, cap, d, generator=gen).to("cuda", BF16)
-        seqlens = torch.randint(1, cap, (b,), generator=gen, dtype=torch.int32).to("cuda")
+        seqlens = torch.randint(1, cap - 2, (b,), generator=gen, dtype=torch.int32).to("cuda")
         kw = {"num_splits": splits}
+        if append:
+            kw["k_new"] = torch.randn(b, hkv, 2, d, generator=gen).to("cuda", BF16)
+            kw["v_new"] = torch.randn(b, hkv, 2, d, generator=gen).to("cuda", BF16)
         if alibi:
             kw["alibi_slopes"] = torch.rand(hq, generator=gen).to("cuda")
         if page:
@@ -998,14 +1006,22 @@ def test_gpu_decode_plans_match_regular_launches(page, splits, alibi, monkeypatc
         return (q, k, v, seqlens), kw
 
     steps = [step_inputs(i) for i in range(4)]
+    fresh = [(a[0], a[1].clone(), a[2].clone(), a[3]) for a, _ in steps]   # caches before any append
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
     want = [tileattn.attention_with_kvcache(*a, **kw, return_lse=True) for a, kw in steps]
+    want_caches = [(a[1].clone(), a[2].clone()) for a, _ in steps]
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "1")
     launch._PLANS.clear()
+    replayed = []
     for i, (a, kw) in enumerate(steps):
+        a = fresh[i]
+        planned = len(launch._PLANS)
         out, lse = tileattn.attention_with_kvcache(*a, **kw, return_lse=True)
+        replayed.append(planned > 0 and len(launch._PLANS) == planned)
         assert torch.equal(out, want[i][0]) and torch.equal(lse, want[i][1]), f"step {i}"
-    assert any(key[0] == "decode" for key in launch._PLANS), "no step replayed a plan"
+        assert torch.equal(a[1], want_caches[i][0]) and torch.equal(a[2], want_caches[i][1]), f"step {i} cache"
+    assert any(key[0] == "decode-call" for key in launch._PLANS), "no plan was recorded"
+    assert all(replayed[1:]), f"steps after the first recorded again: {replayed}"
 
 
 @gpu

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import threading
 
 import torch
@@ -213,7 +212,7 @@ def _tuned(kind: str):
 def _autotune_enabled() -> bool:
     # TILEATTN_AUTOTUNE=0: take the first config of the table that fits (the
     # tuned choice for the H200) instead of timing the candidates
-    return os.environ.get("TILEATTN_AUTOTUNE", "1") != "0"
+    return configs.env("TILEATTN_AUTOTUNE", "1") != "0"
 
 
 # (kind, device, dtype, autotune key values) -> (meta-parameters, launch
@@ -247,7 +246,7 @@ _DIRECT_SUPPORTED = triton.__version__.startswith(DIRECT_LAUNCH_VERSIONS)
 
 
 def _direct_enabled() -> bool:
-    return _DIRECT_SUPPORTED and os.environ.get("TILEATTN_DIRECT_LAUNCH", "1") != "0"
+    return _DIRECT_SUPPORTED and configs.env("TILEATTN_DIRECT_LAUNCH", "1") != "0"
 
 
 def _params(kernel):

@@ -56,7 +56,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 
 import torch
 import triton
@@ -287,7 +286,7 @@ def decode_autotune_enabled(block_m: int, elem_bytes: int) -> bool:
     timing the candidates is worth its first-call cost."""
     if not launch._autotune_enabled():
         return False
-    env = os.environ.get("TILEATTN_DECODE_AUTOTUNE", "")
+    env = configs.env("TILEATTN_DECODE_AUTOTUNE", "")
     if env in ("0", "1"):
         return env == "1"
     return not (elem_bytes == 2 and block_m <= 16)
