@@ -717,6 +717,12 @@ def _paged(**over):
 BAD = {
     "q-not-tensor": (lambda: _base(q=[1.0]), TypeError, "q must be a torch.Tensor"),
     "q-rank3": (lambda: _base(q=_t(2, 4, 16)), ValueError, "q must have 4 dimensions"),
+    "k_cache-sparse": (lambda: _base(k_cache=_t(2, 2, 32, 16).to_sparse()), TypeError,
+                       "k_cache must be a dense"),
+    "seqlens-sparse": (lambda: _base(cache_seqlens=_i32(3, 5).to_sparse()), TypeError,
+                       "cache_seqlens must be a dense"),
+    "alibi-sparse": (lambda: _base(alibi_slopes=torch.ones(4, device=DEVICE).to_sparse()), TypeError,
+                     "alibi_slopes must be a dense"),
     "k_cache-rank5": (lambda: _base(k_cache=_t(2, 2, 1, 32, 16)), ValueError, "k_cache must have 4 dimensions"),
     "kv-shape-mismatch": (lambda: _base(v_cache=_t(2, 2, 24, 16)), ValueError, "same shape"),
     "head_dim-mismatch": (lambda: _base(k_cache=_t(2, 2, 32, 8), v_cache=_t(2, 2, 32, 8)), ValueError, "head_dim"),

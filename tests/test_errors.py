@@ -16,6 +16,8 @@ def t(*shape, dtype=torch.float16, device=DEVICE):
 CASES = {
     "q-not-tensor": (lambda: ([1.0], t(1, 1, 4, 8), t(1, 1, 4, 8)), {}, TypeError, "q must be a torch.Tensor"),
     "q-rank3": (lambda: (t(1, 4, 8), t(1, 1, 4, 8), t(1, 1, 4, 8)), {}, ValueError, "q must have 4 dimensions"),
+    "k-sparse": (lambda: (t(1, 1, 4, 8), t(1, 1, 4, 8).to_sparse(), t(1, 1, 4, 8)), {}, TypeError,
+                 "k must be a dense"),
     "v-rank5": (lambda: (t(1, 1, 4, 8), t(1, 1, 4, 8), t(1, 1, 1, 4, 8)), {}, ValueError, "v must have 4 dimensions"),
     "batch-mismatch": (lambda: (t(2, 1, 4, 8), t(1, 1, 4, 8), t(1, 1, 4, 8)), {}, ValueError, "batch size"),
     "headdim-mismatch": (lambda: (t(1, 1, 4, 8), t(1, 1, 4, 16), t(1, 1, 4, 16)), {}, ValueError, "head_dim"),

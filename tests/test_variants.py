@@ -676,6 +676,8 @@ def _with(i, value, **kw):
 BAD_VARLEN = {
     "q-rank4": (_with(0, lambda a: a[0][None]), {}, ValueError, "q must have 3 dimensions"),
     "k-not-tensor": (_with(1, 3.0), {}, TypeError, "k must be a torch.Tensor"),
+    "v-sparse": (_with(2, lambda a: a[2].to_sparse()), {}, TypeError, "v must be a dense"),
+    "cu-sparse": (_with(4, lambda a: a[4].to_sparse()), {}, TypeError, "cu_seqlens_k must be a dense"),
     "cu-int64": (_with(3, lambda a: a[3].long()), {}, TypeError, "cu_seqlens_q must have dtype torch.int32"),
     "cu-2d": (_with(4, lambda a: a[4][None]), {}, ValueError, "cu_seqlens_k must be 1-D"),
     "cu-list": (_with(3, [0, 3, 8]), {}, TypeError, "cu_seqlens_q must be a torch.Tensor"),

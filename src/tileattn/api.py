@@ -17,9 +17,17 @@ _CPU_DTYPES = _GPU_DTYPES + (torch.float64,)
 _MAX_GRID_YZ = 65535  # CUDA grid axes y and z (heads, batch)
 
 
+def check_dense(name: str, t: torch.Tensor) -> None:
+    """TypeError for sparse and other non-strided layouts (the kernels and the
+    PyTorch path address elements by strides)."""
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+
+
 def _check_tensor(name: str, t) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_dense(name, t)
     if t.dim() != 4:
         raise ValueError(f"{name} must have 4 dimensions (batch, heads, seqlen, head_dim), "
                          f"got shape {tuple(t.shape)}")
@@ -115,6 +123,7 @@ def _check_alibi(alibi_slopes, q, batch: int, hq: int):
         return None
     if not isinstance(alibi_slopes, torch.Tensor):
         raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
+    check_dense("alibi_slopes", alibi_slopes)
     if not alibi_slopes.is_floating_point():
         raise TypeError(f"alibi_slopes must be a floating-point tensor, got {alibi_slopes.dtype}")
     if alibi_slopes.device != q.device:
@@ -209,6 +218,7 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
 def _check_packed(name: str, t) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_dense(name, t)
     if t.dim() != 3:
         raise ValueError(f"{name} must have 3 dimensions (total_tokens, heads, head_dim), "
                          f"got shape {tuple(t.shape)}")
@@ -217,6 +227,7 @@ def _check_packed(name: str, t) -> None:
 def _check_cu_seqlens(name: str, cu, q) -> None:
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+    check_dense(name, cu)
     if cu.dtype != torch.int32:
         raise TypeError(f"{name} must have dtype torch.int32, got {cu.dtype}")
     if cu.dim() != 1 or cu.numel() < 1:

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from . import ops, reference_decode
-from .api import check_path_dtype
+from .api import check_dense, check_path_dtype
 
 __all__ = ["attention_with_kvcache"]
 
@@ -42,6 +42,7 @@ def _is_int(x) -> bool:
 def _check_4d(name: str, t) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_dense(name, t)
     if t.dim() != 4:
         raise ValueError(f"{name} must have 4 dimensions, got shape {tuple(t.shape)}")
 
@@ -49,6 +50,7 @@ def _check_4d(name: str, t) -> None:
 def _check_index_tensor(name: str, t, dim: int, what: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_dense(name, t)
     if t.dtype != torch.int32:
         raise TypeError(f"{name} must be int32, got {t.dtype}")
     if t.dim() != dim:
@@ -94,6 +96,7 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, cau
     if alibi_slopes is not None:
         if not isinstance(alibi_slopes, torch.Tensor):
             raise TypeError(f"alibi_slopes must be a torch.Tensor, got {type(alibi_slopes).__name__}")
+        check_dense("alibi_slopes", alibi_slopes)
         if alibi_slopes.dtype != torch.float32:
             raise TypeError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}")
         indexed.append(("alibi_slopes", alibi_slopes))
@@ -215,17 +218,17 @@ def _call_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, cau
     key = [ops._backend, torch.is_grad_enabled(), causal, type(causal), return_lse, type(return_lse),
            check_indices, type(check_indices), scale, type(scale), softcap, type(softcap),
            num_splits, type(num_splits), window]
-    for t in (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes):
-        if t is None:
-            key.append(None)
-        elif type(t) is torch.Tensor:
-            key += (t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.data_ptr() % 16 == 0)
-        else:
-            return None
-    key = tuple(key)
     try:
+        for t in (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes):
+            if t is None:
+                key.append(None)
+            elif type(t) is torch.Tensor:
+                key += (t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.data_ptr() % 16 == 0)
+            else:
+                return None
+        key = tuple(key)
         hash(key)
-    except TypeError:   # an argument of a type that cannot key a dict
+    except (TypeError, RuntimeError):   # unhashable arguments; tensors without strides or storage
         return None
     return key
 
