@@ -465,11 +465,16 @@ def test_combine_kernel(splits, kernels):
 
 
 def test_leading_split_needs_two_splits():
+    """Raised before anything is written: the append of k_new has not happened."""
     q = torch.randn(1, 2, 1, 16, device=DEVICE)
     k = torch.randn(1, 1, 32, 16, device=DEVICE)
+    before = k.clone()
+    k_new = torch.randn(1, 1, 1, 16, device=DEVICE)
     with pytest.raises(ValueError, match="num_splits >= 2"):
-        launch_decode.kvcache_attention(q, k, k, torch.tensor([32], dtype=torch.int32, device=DEVICE), None,
-                                        n_new=0, capacity=32, scale=0.25, num_splits=1, lead_permille=900)
+        launch_decode.kvcache_attention(q, k, k, torch.tensor([31], dtype=torch.int32, device=DEVICE), None,
+                                        n_new=1, capacity=32, scale=0.25, num_splits=1, lead_permille=500,
+                                        k_new=k_new, v_new=k_new.clone())
+    assert torch.equal(k, before)
 
 
 def test_leading_split_rule():

@@ -395,21 +395,20 @@ def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, 
     b, hq, n_q, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
-    if k_new is not None:
-        append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity)
-    out = _empty(None, None, None, like=q)
-    lse = _empty((b, hq, n_q), torch.float32, q.device)
-    if b == 0 or n_q == 0:
-        return out, lse
-
     m_blocks = triton.cdiv(group * n_q, block_m)
     if num_splits == 0:
         num_splits, lead = choose_splits(b * hkv * m_blocks, capacity, _device_sms(q.device),
                                          descriptor_tiles(k_cache, v_cache, block_table is not None))
         lead_permille = lead if lead_permille is None else lead_permille
     lead_permille = lead_permille or 0
-    if lead_permille and num_splits < 2:
+    if lead_permille and num_splits < 2:   # (before the append writes the cache)
         raise ValueError(f"a leading split needs num_splits >= 2, got {num_splits}")
+    if k_new is not None:
+        append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity)
+    out = _empty(None, None, None, like=q)
+    lse = _empty((b, hq, n_q), torch.float32, q.device)
+    if b == 0 or n_q == 0:
+        return out, lse
     o_part, l_part = _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
                                      n_new=n_new, capacity=capacity, scale=scale, window=window,
                                      softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
