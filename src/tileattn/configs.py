@@ -160,7 +160,7 @@ INTERPRETER_BWD = KernelConfig(32, 32, 4, 1, "interpreter: smallest tile that tl
 # that mapping change shape) the plain lookup runs.
 _ENV_DATA = getattr(os.environ, "_data", None)
 _ENV_FAST = (isinstance(_ENV_DATA, dict) and os.name == "posix"
-             and all(type(k) is bytes for k in list(_ENV_DATA)[:1]))
+             and type(next(iter(_ENV_DATA), b"")) is bytes)
 
 
 _ENV_NAMES: dict = {}

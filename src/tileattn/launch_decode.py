@@ -347,7 +347,8 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     hkv = k_cache.shape[1]
     group = hq // hkv
     block_m = block_m_for(group, n_q)
-    appends = k_new is not None and k_new.shape[0] > 0 and k_new.shape[2] > 0
+    if k_new is not None and (k_new.shape[0] == 0 or k_new.shape[2] == 0):
+        k_new = v_new = None   # nothing to append
     # a launch plan (launch.py) for repeated calls of one shape: a decoding
     # loop calls this with the same shapes every step; the plan holds the
     # append's launch too
@@ -358,7 +359,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
             plan_key = launch._plan_key("decode-call", (), call_key, lead_permille, autotuned)
         else:
             plan_key = launch._plan_key("decode", (q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes,
-                                                   k_new if appends else None, v_new if appends else None),
+                                                   k_new, v_new),
                                         int(n_new), int(capacity), float(scale), tuple(window), softcap,
                                         num_splits, lead_permille, autotuned)
         plan = launch._PLANS.get(plan_key) if plan_key is not None else None
@@ -366,7 +367,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
         if splits is not None:   # (a plan without its split count is recorded again below)
             out, lse = _empty(None, None, None, like=q), _empty((b, hq, n_q), torch.float32, q.device)
             tensors = _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse,
-                                      k_new if appends else None, v_new if appends else None)
+                                      k_new, v_new)
             if splits > 1:
                 tensors["o_part"] = _empty((b, hq, n_q, splits, d), torch.float32, q.device)
                 tensors["l_part"] = _empty((b, hq, n_q, splits), torch.float32, q.device)
@@ -377,8 +378,8 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     if plan_key is not None:
         launch._begin_record()
     try:
-        out, lse = _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new if appends else None,
-                                       v_new if appends else None, n_new=n_new, capacity=capacity, scale=scale,
+        out, lse = _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new,
+                                       n_new=n_new, capacity=capacity, scale=scale,
                                        window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                                        num_splits=num_splits, lead_permille=lead_permille, config=config,
                                        block_m=block_m, plan_key=plan_key)

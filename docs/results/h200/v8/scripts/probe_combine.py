@@ -1,4 +1,8 @@
-"""Probe: what the separate combine costs a leading split (graph replay)."""
+"""Probe: what the separate combine costs a leading split (graph replay).
+
+As run, the "nocombine" cases did not drop the combine: launch plans replay
+the recorded launches without calling combine_splits again (set
+TILEATTN_DIRECT_LAUNCH=0 for the patch to take effect); see perf-notes v8."""
 import sys, torch
 from triton.testing import do_bench_cudagraph
 sys.path.insert(0, "benchmarks")
