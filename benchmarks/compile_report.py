@@ -17,7 +17,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from tileattn import configs
+from tileattn import configs, launch_decode
 from tileattn.launch import _BOX_ROWS
 from tileattn.kernels.bwd import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
 from tileattn.kernels.fwd import _attn_fwd_kernel
@@ -96,6 +96,7 @@ def compile_decode(block_n: int, num_warps: int, num_stages: int, head_dim: int 
              "PAGE_SIZE": page_size, "HAS_LEFT": False, "HAS_RIGHT": True, "SOFTCAP": False, "HAS_ALIBI": False,
              "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32", "USE_TMA": descriptors,
              "SAME_KV_STRIDES": same_kv_strides, "OFFSETS_32": offsets_32,
+             "ONE_LOOP": launch_decode.one_loop(descriptors, page_size > 0),
              "stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od": 1, "stride_tn": 1}
     sig = {}
     for name in k.arg_names:

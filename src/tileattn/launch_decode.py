@@ -151,15 +151,31 @@ def pipeline_buffers(num_stages: int, paged: bool) -> int:
 def decode_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int,
                       paged: bool = False, descriptors: bool = True) -> int:
     """Shared memory of a partial program: the Q tile, the K and V tiles
-    buffered by the pipeliner, the probabilities, and with descriptors one
-    more tile that the masked tiles are staged through (they are zeroed in
-    registers past n_k); the pointer path buffers the page numbers instead
-    (sm_90 compiles, triton 3.6: at most 1 KB above the compiler's figure)."""
+    buffered by the pipeliner, the probabilities, and with descriptors on a
+    paged cache one more tile that the masked tiles are staged through (they
+    are zeroed in registers past n_k; a contiguous cache's edge tile is moved
+    back instead, ONE_LOOP); the pointer path buffers the page numbers
+    instead (sm_90 compiles, triton 3.6: at most 1 KB above the compiler's
+    figure)."""
     d = configs.block_d(head_dim)
     buffers = pipeline_buffers(num_stages, paged)
-    tiles = 2 * buffers + (1 if descriptors else 0)
+    tiles = 2 * buffers + (1 if descriptors and paged else 0)
     pages = 4 * buffers * block_n if paged and not descriptors else 0
     return elem_bytes * (d * (block_m + tiles * block_n) + block_m * block_n) + pages + 1024
+
+
+def one_loop(descriptors: bool, paged: bool) -> bool:
+    """Whether the partial kernel runs its tiles in one loop, every tile
+    masked (``ONE_LOOP``), instead of a masked head, an unmasked body and a
+    masked tail, each loop with a prologue of its own.  One loop lets the
+    pipeline run on through a ragged last tile.  H200, graph replay
+    (docs/perf-notes.md, v9): a contiguous cache by descriptor, 4095 keys,
+    66.0 -> 64.0 us, full caches level; 16-token pages by pointer, 4095 keys,
+    66.0 -> 64.9 us, full caches level; but a contiguous cache by pointer lost
+    up to 0.7 % on full caches (every row's load masked), and on a paged cache
+    by descriptor an edge tile must be zeroed in registers (the rows past the
+    length are in the page), so those two keep three loops."""
+    return descriptors != paged
 
 
 def block_m_for(group_size: int, n_q: int) -> int:
@@ -500,6 +516,7 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
         DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma,
         SAME_KV_STRIDES=k_cache.stride() == v_cache.stride(),
         OFFSETS_32=_max_offset(k_cache) < 2 ** 31 and _max_offset(v_cache) < 2 ** 31,
+        ONE_LOOP=one_loop(tma, paged),
     )
     grid = (hkv * m_blocks, b, num_splits)
     if config is None and configs.interpreter_active():

@@ -20,6 +20,15 @@ the partial *is* the result and the kernel writes the output directly.
 out = sum_s exp(lse_s - lse) out_s with lse = log sum_s exp(lse_s), up to
 16 splits of a row in one load.
 
+A split's tiles run in three pipelined loops (a masked head at a left
+window edge, an unmasked body, a masked tail at the diagonal and the n_k
+edge; an empty head or tail is skipped by a branch) or, with ONE_LOOP, in
+one loop of masked tiles, so that the pipeline runs on through a ragged last
+tile.  ONE_LOOP on descriptor loads of a contiguous cache moves a split's
+last tile back to end at the split's end: every tile then holds cache rows
+below n_k only (rows below 0 come as zeros from the copy engine) and the
+scores alone are masked; on the pointer path the loads are masked as well.
+
 Masks (all bottom-right aligned against n_k, the cache length after the
 append; ``q_pos = i + n_k - N_Q`` is row i's diagonal key):
 key j is visible to row i iff j < n_k, j >= q_pos - WINDOW_LEFT (when
@@ -142,15 +151,27 @@ def _decode_inner(acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
                   PAGE_SIZE: tl.constexpr,
                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
                   HAS_ALIBI: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  USE_TMA: tl.constexpr, SAME_KV_STRIDES: tl.constexpr, OFFSETS_32: tl.constexpr):
+                  USE_TMA: tl.constexpr, SAME_KV_STRIDES: tl.constexpr, OFFSETS_32: tl.constexpr,
+                  SHIFT_LAST: tl.constexpr = False):
+    """The online softmax over the tiles [lo, hi), MASKED or not.  With
+    SHIFT_LAST (descriptor loads of a contiguous cache) the last tile is moved
+    back to end at hi, so that every tile holds only cache rows below n_k (rows
+    below 0 come as zeros from the copy engine) and needs no zeroing; the
+    scores of its keys before the tile's own start (done by the tile before)
+    are masked instead."""
     if SAME_KV_STRIDES:
         # V's tiles then reuse K's row offsets (the same values, computed once)
         stride_vb, stride_vh, stride_vn, stride_vd = stride_kb, stride_kh, stride_kn, stride_kd
-    for start_n in range(lo, hi, BLOCK_N):
+    ZERO_ROWS: tl.constexpr = MASKED and not SHIFT_LAST
+    for lo_n in range(lo, hi, BLOCK_N):
+        if SHIFT_LAST:
+            start_n = tl.minimum(lo_n, hi - BLOCK_N)
+        else:
+            start_n = lo_n
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _kv_tile(K_DESC, K, bt_row, start_n, n_k, num_pages, off_b, off_hk,
                      stride_kb, stride_kh, stride_kn, stride_kd, stride_tn,
-                     BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, MASKED, USE_TMA, OFFSETS_32)
+                     BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, ZERO_ROWS, USE_TMA, OFFSETS_32)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if SOFTCAP:
             s = softcap_log2 * _tanh(qk * softcap_scale)
@@ -160,6 +181,8 @@ def _decode_inner(acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
             s = s - slopes[:, None] * tl.abs(q_pos[:, None] - offs_n[None, :]).to(tl.float32)
         if MASKED:
             visible = (offs_n < n_k)[None, :]
+            if SHIFT_LAST:
+                visible = visible & (offs_n >= lo_n)[None, :]
             if HAS_LEFT:
                 visible = visible & (offs_n[None, :] >= q_pos[:, None] - window_left)
             if HAS_RIGHT:
@@ -168,7 +191,7 @@ def _decode_inner(acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
         p, alpha, l_i, m_new = online_softmax_step(s, m_i, l_i, MASKED)
         v = _kv_tile(V_DESC, V, bt_row, start_n, n_k, num_pages, off_b, off_hk,
                      stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
-                     BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, MASKED, USE_TMA, OFFSETS_32)
+                     BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, ZERO_ROWS, USE_TMA, OFFSETS_32)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -191,7 +214,7 @@ def _decode_partial_kernel(
     PAGE_SIZE: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SAME_KV_STRIDES: tl.constexpr = False,
-    OFFSETS_32: tl.constexpr = False,
+    OFFSETS_32: tl.constexpr = False, ONE_LOOP: tl.constexpr = False,
 ):
     off_hk = tl.program_id(0) % N_KV_HEADS
     m_block = tl.program_id(0) // N_KV_HEADS
@@ -262,37 +285,52 @@ def _decode_partial_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    # masked head (left window edge), unmasked body, masked tail (diagonal,
-    # n_k edge).  Each pipelined loop sets up its own barriers and prologue
-    # even when it runs no tile, so an empty head or tail is skipped by a
-    # branch (without a left window the head is always empty: full_a == start)
-    if HAS_LEFT:
-        if full_a > start:
+    if ONE_LOOP:
+        # one loop, every tile masked, so that the pipeline runs on through
+        # the edge tiles without a prologue of their own: by the scores alone
+        # with descriptor loads of a contiguous cache (a ragged last tile is
+        # moved back, SHIFT_LAST), by the load masks too on the pointer path
+        # (rows at and past n_k load as zeros)
+        acc, l_i, m_i = _decode_inner(
+            acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
+            start, end, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
+            stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
+            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
+            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+            MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
+            SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32, SHIFT_LAST=USE_TMA)
+    else:
+        # masked head (left window edge), unmasked body, masked tail (diagonal,
+        # n_k edge).  Each pipelined loop sets up its own barriers and prologue
+        # even when it runs no tile, so an empty head or tail is skipped by a
+        # branch (without a left window the head is always empty: full_a == start)
+        if HAS_LEFT:
+            if full_a > start:
+                acc, l_i, m_i = _decode_inner(
+                    acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
+                    start, full_a, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
+                    stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
+                    HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
+                    HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+                    MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
+                    SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32)
+        acc, l_i, m_i = _decode_inner(
+            acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
+            full_a, full_b, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
+            stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
+            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
+            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+            MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
+            SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32)
+        if end > full_b:
             acc, l_i, m_i = _decode_inner(
                 acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
-                start, full_a, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
+                full_b, end, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
                 stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
                 HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
                 MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
                 SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32)
-    acc, l_i, m_i = _decode_inner(
-        acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
-        full_a, full_b, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
-        stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
-        HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
-        HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-        MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-        SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32)
-    if end > full_b:
-        acc, l_i, m_i = _decode_inner(
-            acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
-            full_b, end, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
-            stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
-            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-            MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-            SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32)
 
     # rows (or splits) that saw no key: output 0, lse -inf
     empty = l_i == 0.0
