@@ -1,9 +1,14 @@
 """Named decoding cases replayed from CUDA graphs (GPU time only) beside
 SDPA-cuDNN on the contiguous cache, in one process: B=16, Hq=32, Hkv=8,
 d=128, bf16, Nq=1, full caches, shuffled block tables (``page<P>i``: pages
-in order, the table the identity).
+in order, the table the identity; ``contigp``: a contiguous cache read by
+pointer, the path of GPUs without the copy engine).
 
     python benchmarks/decode_cases.py 4096,16384,65536 cudnn,contig,page16,contig@N128-w4-s4 [tag [rounds]]
+
+A length ``L-r`` leaves the last r rows of each cache of L unused (cache_seqlens
+= L - r, a ragged last tile); cuDNN then runs on contiguous copies of the
+L - r valid rows.
 
 A case is a layout (``contig`` or ``page<P>``) run through
 ``tileattn.attention_with_kvcache`` (the default choices), or
@@ -26,7 +31,7 @@ import torch
 from triton.testing import do_bench_cudagraph
 
 import tileattn
-from tileattn import launch_decode
+from tileattn import launch, launch_decode
 from tileattn.launch_decode import DecodeConfig
 from decode_bench import parse_config, sdpa_fn, to_paged
 
@@ -38,18 +43,23 @@ def main(argv=None) -> int:
     if len(argv) < 2 or not torch.cuda.is_available():
         print(__doc__, file=sys.stderr)
         return 2
-    lens = [int(x) for x in argv[0].split(",")]
+    lens = [tuple(int(p) for p in (x.split("-") + ["0"])[:2]) for x in argv[0].split(",")]
     names = argv[1].split(",")
     tag = argv[2] if len(argv) > 2 else ""
     rounds = int(argv[3]) if len(argv) > 3 else 1
     gen = torch.Generator().manual_seed(0)
-    for n in lens:
+    for n, ragged in lens:
         q = torch.randn(B, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(B, HKV, n, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
-        seqlens = torch.full((B,), n, dtype=torch.int32, device="cuda")
-        gb = 2 * B * HKV * n * D * 2 / 1e9
-        cudnn = sdpa_fn("cudnn", q, k, v, enable_gqa=True)
+        n_k = n - ragged
+        seqlens = torch.full((B,), n_k, dtype=torch.int32, device="cuda")
+        gb = 2 * B * HKV * n_k * D * 2 / 1e9
+        if ragged:
+            cudnn = sdpa_fn("cudnn", q, k[:, :, :n_k].contiguous(), v[:, :, :n_k].contiguous(), enable_gqa=True)
+        else:
+            cudnn = sdpa_fn("cudnn", q, k, v, enable_gqa=True)
+        n_label = f"{n}-{ragged}" if ragged else str(n)
         ref = cudnn().float()
         caches, fns = {}, {}
         for name in names:
@@ -57,7 +67,7 @@ def main(argv=None) -> int:
             if layout.startswith("cudnn"):  # cudnn2, ...: the reference again (drift)
                 fns[name] = cudnn
                 continue
-            if layout == "contig":
+            if layout in ("contig", "contigp"):
                 kk, vv, table = k, v, None
             else:
                 in_order = layout.endswith("i")
@@ -79,17 +89,21 @@ def main(argv=None) -> int:
                                                            scale=D ** -0.5, window=(-1, 0), num_splits=s,
                                                            lead_permille=lead, config=c)[0]
             else:
-                def fn(kk=kk, vv=vv, table=table):
-                    return tileattn.attention_with_kvcache(q, kk, vv, seqlens, block_table=table,
-                                                           check_indices=False)
+                def fn(kk=kk, vv=vv, table=table, pointers=layout == "contigp"):
+                    launch.FORCE_POINTER_PATH = pointers
+                    try:
+                        return tileattn.attention_with_kvcache(q, kk, vv, seqlens, block_table=table,
+                                                               check_indices=False)
+                    finally:
+                        launch.FORCE_POINTER_PATH = False
             try:
                 err = float((fn().float() - ref).norm() / ref.norm())
             except Exception as exc:  # report and go on (a config may not fit)
-                print(f"{tag} L={n} {name}: failed {type(exc).__name__}: {str(exc).splitlines()[0][:150]}",
+                print(f"{tag} L={n_label} {name}: failed {type(exc).__name__}: {str(exc).splitlines()[0][:150]}",
                       flush=True)
                 continue
             if err > 1e-2:
-                print(f"{tag} L={n} {name}: relative error {err:.1e} against cuDNN", flush=True)
+                print(f"{tag} L={n_label} {name}: relative error {err:.1e} against cuDNN", flush=True)
                 continue
             fns[name] = fn
         # rounds: every case once per round, in order, so that drift of the
@@ -103,7 +117,7 @@ def main(argv=None) -> int:
         for name, us in med.items():
             ratio = f"{base / us:.3f}x cudnn" if base else ""
             spread = f"  rounds {' '.join(f'{t:.1f}' for t in times[name])}" if rounds > 1 else ""
-            print(f"{tag} L={n} {name:<22} {us:8.1f} us {gb * 1e3 / us:5.2f} TB/s {ratio}{spread}", flush=True)
+            print(f"{tag} L={n_label} {name:<22} {us:8.1f} us {gb * 1e3 / us:5.2f} TB/s {ratio}{spread}", flush=True)
         del caches, k, v, q
         torch.cuda.empty_cache()
     return 0

@@ -592,6 +592,52 @@ def test_other_key_tiles(block_n, case, loads, kernels, monkeypatch):
     assert_case(case)
 
 
+_LOOPS_CONTIG = [
+    Case(4, 2, 1, 32, F16, (0, 5, 30, 33, 100), n_new=1),          # shorter than a tile: moved below row 0
+    Case(8, 2, 1, 32, F16, (70, 45, 97), n_new=2, splits=3),        # ragged edges in the last split only
+    Case(4, 2, 3, 32, F32, (60, 29), n_new=3, window=(20, -1), splits=2),  # left edge, a diagonal per row
+    Case(4, 2, 2, 32, F16, (61, 7), n_new=2, causal=False, splits=2),       # no right bound: n_k alone
+    Case(4, 2, 1, 32, F32, (90, 63), n_new=1, alibi="batch", softcap=1.5, splits=2),
+]
+_LOOPS_PAGED = [
+    Case(8, 2, 1, 32, F16, (45, 16, 3), n_new=2, page=16, splits=2),
+    Case(4, 2, 2, 32, F16, (100, 47), n_new=1, page=48, window=(30, -1)),
+]
+
+
+@pytest.mark.parametrize("case,loads", [(c, l) for c in _LOOPS_CONTIG for l in ("descriptors", "pointers")]
+                         + [(c, "pointers") for c in _LOOPS_PAGED],
+                         ids=lambda x: x if isinstance(x, str) else x.id)
+@pytest.mark.parametrize("one_loop", [True, False], ids=["one-loop", "three-loops"])
+def test_loop_structures(case, loads, one_loop, kernels, monkeypatch):
+    """Both loop structures of the partial kernel on every load path where
+    both are valid, whichever ``launch_decode.one_loop`` picks there: ONE_LOOP
+    (every tile masked; by descriptor a split's ragged last tile is moved back
+    to end at the split's end, below row 0 for a cache shorter than a tile)
+    and the masked head / unmasked body / masked tail.  32-key tiles, so that
+    the edges fall inside tiles.  (By descriptor on a paged cache only the
+    three loops are valid: a moved tile could cross a page.)"""
+    if loads == "pointers":
+        monkeypatch.setattr(launch, "FORCE_POINTER_PATH", True)
+    monkeypatch.setattr(launch_decode, "one_loop", lambda descriptors, paged: one_loop)
+    # no launch plans: a plan recorded by another test would replay without asking one_loop
+    monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
+    monkeypatch.setattr(launch_decode, "INTERPRETER_CONFIG", launch_decode.DecodeConfig(32, 4, 1))
+    if not INTERPRETED:
+        monkeypatch.setattr(launch_decode, "DECODE_CONFIGS", (launch_decode.DecodeConfig(32, 4, 2),))
+        monkeypatch.setenv("TILEATTN_AUTOTUNE", "0")
+    assert_case(case)
+
+
+def test_one_loop_rule():
+    """ONE_LOOP where measured as no slower (docs/perf-notes.md, v9):
+    contiguous caches by descriptor, paged caches by pointer."""
+    assert launch_decode.one_loop(descriptors=True, paged=False)
+    assert launch_decode.one_loop(descriptors=False, paged=True)
+    assert not launch_decode.one_loop(descriptors=True, paged=True)    # an edge tile must be zeroed in registers
+    assert not launch_decode.one_loop(descriptors=False, paged=False)  # masked loads cost up to 0.7 %
+
+
 def test_unchecked_indices_same_result(path):
     c = Case(8, 2, 1, 32, F16, (23, 40), n_new=1, page=16, splits=2)
     x = make_inputs(c)
