@@ -151,15 +151,15 @@ def pipeline_buffers(num_stages: int, paged: bool) -> int:
 def decode_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int,
                       paged: bool = False, descriptors: bool = True) -> int:
     """Shared memory of a partial program: the Q tile, the K and V tiles
-    buffered by the pipeliner, the probabilities, and with descriptors on a
-    paged cache one more tile that the masked tiles are staged through (they
-    are zeroed in registers past n_k; a contiguous cache's edge tile is moved
-    back instead, ONE_LOOP); the pointer path buffers the page numbers
+    buffered by the pipeliner, the probabilities, and with descriptors in
+    three loops one more tile that the masked tiles are staged through (they
+    are zeroed in registers past n_k; in one loop, :func:`one_loop`, the edge
+    tile is moved back instead); the pointer path buffers the page numbers
     instead (sm_90 compiles, triton 3.6: at most 1 KB above the compiler's
     figure)."""
     d = configs.block_d(head_dim)
     buffers = pipeline_buffers(num_stages, paged)
-    tiles = 2 * buffers + (1 if descriptors and paged else 0)
+    tiles = 2 * buffers + (1 if descriptors and not one_loop(descriptors, paged) else 0)
     pages = 4 * buffers * block_n if paged and not descriptors else 0
     return elem_bytes * (d * (block_m + tiles * block_n) + block_m * block_n) + pages + 1024
 
