@@ -285,35 +285,28 @@ def _decode_partial_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
+    # masked head (left window edge), unmasked body, masked tail (diagonal,
+    # n_k edge); with ONE_LOOP the tail loop takes every tile, so that the
+    # pipeline runs on through the edge tiles without a prologue of their
+    # own: masked by the scores alone on descriptor loads of a contiguous
+    # cache (a ragged last tile moved back, SHIFT_LAST), by the load masks too
+    # on the pointer path (rows at and past n_k load as zeros).  Each
+    # pipelined loop sets up its own barriers and prologue even when it runs
+    # no tile, so an empty head or tail is skipped by a branch (without a left
+    # window the head is always empty: full_a == start)
     if ONE_LOOP:
-        # one loop, every tile masked, so that the pipeline runs on through
-        # the edge tiles without a prologue of their own: by the scores alone
-        # with descriptor loads of a contiguous cache (a ragged last tile is
-        # moved back, SHIFT_LAST), by the load masks too on the pointer path
-        # (rows at and past n_k load as zeros)
-        acc, l_i, m_i = _decode_inner(
-            acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
-            start, end, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
-            stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
-            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-            MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-            SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32, SHIFT_LAST=USE_TMA)
-    else:
-        # masked head (left window edge), unmasked body, masked tail (diagonal,
-        # n_k edge).  Each pipelined loop sets up its own barriers and prologue
-        # even when it runs no tile, so an empty head or tail is skipped by a
-        # branch (without a left window the head is always empty: full_a == start)
-        if HAS_LEFT:
-            if full_a > start:
-                acc, l_i, m_i = _decode_inner(
-                    acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
-                    start, full_a, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
-                    stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
-                    HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
-                    HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-                    MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-                    SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32)
+        full_b = start
+    if HAS_LEFT and not ONE_LOOP:
+        if full_a > start:
+            acc, l_i, m_i = _decode_inner(
+                acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
+                start, full_a, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
+                stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
+                HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+                MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
+                SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32)
+    if not ONE_LOOP:
         acc, l_i, m_i = _decode_inner(
             acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
             full_a, full_b, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
@@ -322,15 +315,15 @@ def _decode_partial_kernel(
             HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
             MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
             SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32)
-        if end > full_b:
-            acc, l_i, m_i = _decode_inner(
-                acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
-                full_b, end, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
-                stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
-                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
-                HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-                MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-                SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32)
+    if end > full_b:
+        acc, l_i, m_i = _decode_inner(
+            acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
+            full_b, end, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
+            stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
+            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
+            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+            MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
+            SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32, SHIFT_LAST=ONE_LOOP and USE_TMA)
 
     # rows (or splits) that saw no key: output 0, lse -inf
     empty = l_i == 0.0
