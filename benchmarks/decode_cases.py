@@ -1,8 +1,10 @@
 """Named decoding cases replayed from CUDA graphs (GPU time only) beside
 SDPA-cuDNN on the contiguous cache, in one process: B=16, Hq=32, Hkv=8,
 d=128, bf16, Nq=1, full caches, shuffled block tables (``page<P>i``: pages
-in order, the table the identity; ``contigp``: a contiguous cache read by
-pointer, the path of GPUs without the copy engine).
+in order, the table the identity; ``page<P>s``: shuffled, then each batch
+element's pages sorted by address; a trailing ``p`` (``contigp``,
+``page256p``): the cache read by pointer, the path of GPUs without the copy
+engine).
 
     python benchmarks/decode_cases.py 4096,16384,65536 cudnn,contig,page16,contig@N128-w4-s4 [tag [rounds]]
 
@@ -70,15 +72,21 @@ def main(argv=None) -> int:
             if layout in ("contig", "contigp"):
                 kk, vv, table = k, v, None
             else:
-                in_order = layout.endswith("i")
-                page = int(layout[4:].rstrip("i"))
-                if layout not in caches:
-                    perm = (torch.arange(B * (n // page)) if in_order
-                            else torch.randperm(B * (n // page), generator=gen)).cuda()
+                suffix = layout[4:].lstrip("0123456789")
+                page = int(layout[4:len(layout) - len(suffix)])
+                key = (page, suffix.replace("p", ""))  # read by pointer: the same pages
+                if key not in caches:
+                    if "i" in suffix:
+                        perm = torch.arange(B * (n // page))
+                    else:
+                        perm = torch.randperm(B * (n // page), generator=gen)
+                        if "s" in suffix:  # each batch element's pages in address order
+                            perm = perm.view(B, n // page).sort(dim=1).values.reshape(-1)
+                    perm = perm.cuda()
                     kp, table = to_paged(k, page, perm)
                     vp, _ = to_paged(v, page, perm)
-                    caches[layout] = (kp, vp, table)
-                kk, vv, table = caches[layout]
+                    caches[key] = (kp, vp, table)
+                kk, vv, table = caches[key]
             if cfg:
                 cfg_name, _, splits = cfg.partition("x")
                 splits, _, lead = splits.partition("l")
@@ -89,7 +97,7 @@ def main(argv=None) -> int:
                                                            scale=D ** -0.5, window=(-1, 0), num_splits=s,
                                                            lead_permille=lead, config=c)[0]
             else:
-                def fn(kk=kk, vv=vv, table=table, pointers=layout == "contigp"):
+                def fn(kk=kk, vv=vv, table=table, pointers=layout.endswith("p")):
                     launch.FORCE_POINTER_PATH = pointers
                     try:
                         return tileattn.attention_with_kvcache(q, kk, vv, seqlens, block_table=table,
