@@ -1,7 +1,7 @@
 #!/bin/bash
 # v10 call 3: rotated tile order (each program starts at its own place in its
-# snap/r: main at 3203ee6 with scripts/rotate.patch applied (TILEATTN_ROTATE=1 turns the rotation on)
 # split, exp/rotated-tiles) against main; cache placements on main
+# snap/r: main at 3203ee6 with scripts/rotate.patch applied (TILEATTN_ROTATE=1 turns the rotation on)
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 cd benchmarks
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee $OUT/rotate.log $OUT/placement.log
