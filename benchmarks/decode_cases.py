@@ -92,23 +92,21 @@ def main(argv=None) -> int:
                 splits, _, lead = splits.partition("l")
                 c: DecodeConfig | None = parse_config(cfg_name) if cfg_name else None
 
-                def fn(kk=kk, vv=vv, table=table, c=c, s=int(splits or 1), lead=int(lead or 0),
-                       pointers=layout.endswith("p")):
-                    launch.FORCE_POINTER_PATH = pointers
-                    try:
-                        return launch_decode.kvcache_attention(q, kk, vv, seqlens, table, n_new=0, capacity=n,
-                                                               scale=D ** -0.5, window=(-1, 0), num_splits=s,
-                                                               lead_permille=lead, config=c)[0]
-                    finally:
-                        launch.FORCE_POINTER_PATH = False
+                def call(kk=kk, vv=vv, table=table, c=c, s=int(splits or 1), lead=int(lead or 0)):
+                    return launch_decode.kvcache_attention(q, kk, vv, seqlens, table, n_new=0, capacity=n,
+                                                           scale=D ** -0.5, window=(-1, 0), num_splits=s,
+                                                           lead_permille=lead, config=c)[0]
             else:
-                def fn(kk=kk, vv=vv, table=table, pointers=layout.endswith("p")):
-                    launch.FORCE_POINTER_PATH = pointers
-                    try:
-                        return tileattn.attention_with_kvcache(q, kk, vv, seqlens, block_table=table,
-                                                               check_indices=False)
-                    finally:
-                        launch.FORCE_POINTER_PATH = False
+                def call(kk=kk, vv=vv, table=table):
+                    return tileattn.attention_with_kvcache(q, kk, vv, seqlens, block_table=table,
+                                                           check_indices=False)
+
+            def fn(call=call, pointers=layout.endswith("p")):   # a trailing p: read by pointer
+                launch.FORCE_POINTER_PATH = pointers
+                try:
+                    return call()
+                finally:
+                    launch.FORCE_POINTER_PATH = False
             try:
                 err = float((fn().float() - ref).norm() / ref.norm())
             except Exception as exc:  # report and go on (a config may not fit)
