@@ -210,3 +210,34 @@ def fitting(configs: Iterable[KernelConfig], head_dim: int, elem_bytes: int, sme
 def all_configs() -> list[tuple[str, int, KernelConfig]]:
     """Every (kind, head-dim bucket, config) in the tables, for tests that force each once."""
     return [(kind, bucket, c) for kind, table in TABLES.items() for bucket, cfgs in table.items() for c in cfgs]
+
+
+# ---------------------------------------------------------------------------
+# Hopper forward (Gluon, kernels/fwd_hopper.py): one config per head dim.
+# A 128-row query tile over two softmax warpgroups (num_warps = 8) plus a
+# one-warp TMA loader; 168 registers per thread at launch, reallocated to
+# 240 for the softmax warps and 24 for the loader (3 warpgroups x 128 threads
+# x 168 <= 65536).  Shared memory from the sm_90a compile report (triton
+# 3.6.0, compiled without a GPU): d = 128, 2 stages: 164,124 B; d = 64,
+# 3 stages: 115,036 B; no spills.  Timed on the H200: docs/perf-notes.md v11.
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class HopperFwdConfig:
+    block_m: int = 128
+    block_n: int = 128
+    num_stages: int = 2
+    overlap: bool = True        # issue Q K_j^T with P_{j-1} V_{j-1}; softmax j under the latter
+    num_warps: int = 8
+    maxnreg: int = 168
+    source: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"hopper-M{self.block_m}-N{self.block_n}-s{self.num_stages}{'-ov' if self.overlap else ''}"
+
+
+HOPPER_FWD_HEAD_DIMS = (64, 128)
+HOPPER_FWD = {
+    64: HopperFwdConfig(num_stages=3, source="sm_90a compile report; H200 timing in perf-notes v11"),
+    128: HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
+}

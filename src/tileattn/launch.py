@@ -12,9 +12,9 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import configs
+from . import configs, launch_hopper
 from .block_mask import BLOCK_K as MASK_BLOCK_K, BLOCK_Q as MASK_BLOCK_Q, cached_kernel_block_lists
-from .configs import KernelConfig
+from .configs import HopperFwdConfig, KernelConfig
 from .kernels.bwd import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess_kernel
 from .kernels.fwd import _attn_fwd_kernel
 
@@ -546,6 +546,8 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     ``block_mask`` (see ``tileattn.attention``) and, for packed sequences
     given as (1, H, total, D) views, ``cu_seqlens_q``, ``cu_seqlens_k``,
     ``max_seqlen_q``, ``max_seqlen_k`` (lse is then (1, Hq, total_q))."""
+    if not variants and (config is None or isinstance(config, HopperFwdConfig)) and launch_hopper.eligible(q, k, v):
+        return launch_hopper.attn_fwd(q, k, v, causal, scale, config, poison=POISON_OUTPUTS)
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     plan_key = None

@@ -1,0 +1,245 @@
+"""Hopper forward kernel (Gluon): warp-specialized, one query tile per program.
+
+Two roles share one CTA and talk through mbarriers:
+
+* the **load partition** (one warp, 24 registers) issues TMA copies: the Q
+  tile once, then K and V tiles into a ring of ``NUM_STAGES`` shared-memory
+  slots.  Slot ``s`` has four barriers: ``k_ready[s]`` and ``v_ready[s]``
+  (the copy engine completes them with the tile's bytes), ``k_empty[s]`` and
+  ``v_empty[s]`` (the softmax partition arrives once its Q Kᵀ, respectively
+  P V, product has read the tile), so the next K tile can land while the
+  last P V product still reads its V tile;
+* the **softmax partition** (the default partition, ``num_warps`` = 8 warps:
+  two warpgroups of 64 query rows each) runs S = Q Kᵀ and O += P V as
+  warpgroup MMAs (wgmma) straight from shared memory, with P fed from
+  registers, and keeps the running softmax (row max, row sum, rescaled
+  accumulator) in registers.  With ``OVERLAP`` the products of tile j (Q K_jᵀ)
+  and tile j-1 (P_{j-1} V_{j-1}) are issued together and the softmax of tile
+  j runs while the second is still on the tensor cores.
+
+Register reallocation gives the loader 24 registers per thread and the
+softmax warps the rest of the ``maxnreg`` budget.  The math is the portable
+kernel's (``fwd.py``): log2-unit scores (``qk_scale = scale * log2 e``), the
+same masked/unmasked split of the key tiles, rows that see no key return 0
+and lse -inf.  Tensors are addressed through rank-4 (B, H, N, D) TMA
+descriptors, so rows past N read as zeros and stores past N are clipped by
+the copy engine; masking handles the key edge and the causal diagonal.
+
+This module imports Gluon at load time: only the Hopper launcher imports it,
+lazily, so a CPU install never does.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _key_tiles(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """(n_full, n_tiles) for the query tile at ``start_m``: key tiles
+    [0, n_full) need no mask, [n_full, n_tiles) need the key-edge and/or
+    causal mask, later ones are hidden from every row (bottom-right causal:
+    row i sees key j iff j <= i + N_K - N_Q)."""
+    n_even = N_K // BLOCK_N
+    if IS_CAUSAL:
+        diag = N_K - N_Q
+        hi = gl.maximum(gl.minimum(start_m + BLOCK_M + diag, N_K), 0)
+        first_row_end = gl.maximum(start_m + diag + 1, 0)
+        n_full = gl.minimum(first_row_end // BLOCK_N, n_even)
+    else:
+        hi = N_K
+        n_full = n_even
+    n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
+    return n_full, n_tiles
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                    off_b, off_h, off_hk, start_m, n_tiles,
+                    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [off_b, off_h, start_m, 0], q_bar, q_smem)
+    for j in range(n_tiles):
+        s = j % NUM_STAGES
+        # a slot starts empty: the first wait on each passes (phase 1)
+        phase = ((j // NUM_STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(s), phase)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+        mbarrier.wait(v_empty.index(s), phase)
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _issue_qk(q2, k_smem, k_ready, j, s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """Wait for key tile ``j`` and issue S = Q Kᵀ asynchronously."""
+    s = j % NUM_STAGES
+    mbarrier.wait(k_ready.index(s), (j // NUM_STAGES) & 1)
+    k_t = k_smem.index(s).reshape([BLOCK_N, HEAD_DIM]).permute([1, 0])
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    return warpgroup_mma(q2, k_t, zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _issue_pv(p, acc, v_smem, v_ready, j, o_layout: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+              NUM_STAGES: gl.constexpr):
+    """Wait for value tile ``j`` and issue O += P V asynchronously (P from
+    registers)."""
+    s = j % NUM_STAGES
+    p16 = gl.convert_layout(p.to(v_smem.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+    mbarrier.wait(v_ready.index(s), (j // NUM_STAGES) & 1)
+    return warpgroup_mma(p16, v_smem.index(s).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+
+
+@gluon.jit
+def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                  IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+    """The running softmax of key tile ``j``: (p, alpha, m_new, l_new), as
+    ``kernels.common.online_softmax_step`` (a row that has seen no visible
+    key keeps max -inf and subtracts 0, so exp2 gives 0, not NaN)."""
+    x = qk * qk_scale
+    if MASKED:
+        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = (offs_n < N_K)[None, :]
+        if IS_CAUSAL:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None] + (N_K - N_Q))
+        x = gl.where(visible, x, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(x, 1))
+    if MASKED:
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    p = gl.exp2(x - m_ref[:, None])
+    alpha = gl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _softmax_partition(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_row0,
+                       off_b, off_h, start_m, n_full, n_tiles, N_Q, N_K, qk_scale,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                       NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+    num_warps: gl.constexpr = gl.num_warps()
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
+    l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+
+    mbarrier.wait(q_bar, 0)
+    q2 = q_smem.reshape([BLOCK_M, HEAD_DIM])
+    if OVERLAP:
+        # Software pipeline across key tiles: S_j = Q K_j^T and O += P_{j-1} V_{j-1}
+        # are issued together, then the softmax of tile j runs while the
+        # P V product is still on the tensor cores.  wgmma groups retire in
+        # order, so waiting with one group outstanding returns S_j.
+        if n_tiles > 0:
+            qk = _issue_qk(q2, k_smem, k_ready, 0, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)
+            qk = warpgroup_mma_wait(0, deps=[qk])
+            mbarrier.arrive(k_empty.index(0), count=1)
+            if n_full > 0:
+                p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, 0, offs_m, N_Q, N_K, qk_scale, s_layout,
+                                                   BLOCK_N, IS_CAUSAL, False)
+            else:
+                p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, 0, offs_m, N_Q, N_K, qk_scale, s_layout,
+                                                   BLOCK_N, IS_CAUSAL, True)
+            for j in range(1, n_tiles):
+                qk = _issue_qk(q2, k_smem, k_ready, j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)
+                acc = _issue_pv(p, acc, v_smem, v_ready, j - 1, o_layout, BLOCK_N, HEAD_DIM, NUM_STAGES)
+                qk = warpgroup_mma_wait(1, deps=[qk])
+                mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
+                if j < n_full:
+                    p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout,
+                                                       BLOCK_N, IS_CAUSAL, False)
+                else:
+                    p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout,
+                                                       BLOCK_N, IS_CAUSAL, True)
+                acc = warpgroup_mma_wait(0, deps=[acc])
+                mbarrier.arrive(v_empty.index((j - 1) % NUM_STAGES), count=1)
+                acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
+            acc = _issue_pv(p, acc, v_smem, v_ready, n_tiles - 1, o_layout, BLOCK_N, HEAD_DIM, NUM_STAGES)
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            mbarrier.arrive(v_empty.index((n_tiles - 1) % NUM_STAGES), count=1)
+    else:
+        for j in range(n_tiles):
+            qk = _issue_qk(q2, k_smem, k_ready, j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)
+            qk = warpgroup_mma_wait(0, deps=[qk])
+            mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
+            if j < n_full:
+                p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
+                                                   IS_CAUSAL, False)
+            else:
+                p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
+                                                   IS_CAUSAL, True)
+            acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
+            acc = _issue_pv(p, acc, v_smem, v_ready, j, o_layout, BLOCK_N, HEAD_DIM, NUM_STAGES)
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            mbarrier.arrive(v_empty.index(j % NUM_STAGES), count=1)
+
+    # rows that saw no key: output 0, lse -inf (never 0/0)
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
+    gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < N_Q)
+    out = acc / gl.convert_layout(l_safe, o_row_layout)[:, None]
+    # the Q tile is dead: stage O in its buffer for the TMA store
+    q2.store(out.to(q_smem.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [off_b, off_h, start_m, 0], q_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh,
+                            GROUP_SIZE, N_Q, N_K, qk_scale,
+                            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr):
+    # heaviest causal tiles (last rows) first: better tail balance
+    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    off_h = gl.program_id(1)
+    off_b = gl.program_id(2)
+    off_hk = off_h // GROUP_SIZE
+    start_m = pid_m * BLOCK_M
+    n_full, n_tiles = _key_tiles(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    lse_row0 = off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
+
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=1)
+
+    gl.warp_specialize([
+        (_softmax_partition, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_row0,
+                              off_b, off_h, start_m, n_full, n_tiles, N_Q, N_K, qk_scale,
+                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                           off_b, off_h, off_hk, start_m, n_tiles, BLOCK_N, NUM_STAGES)),
+    ], [1], [24])
+
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(k_ready.index(i))
+        mbarrier.invalidate(v_ready.index(i))
+        mbarrier.invalidate(k_empty.index(i))
+        mbarrier.invalidate(v_empty.index(i))

@@ -1,0 +1,169 @@
+"""The Hopper forward kernel (Gluon, kernels/fwd_hopper.py).
+
+On the CPU: every config compiles for sm_90a without a GPU, without spills,
+within the shared memory of an H100/H200 (the compiler runs; the kernel
+cannot).  On a GPU of compute capability 9.0: the kernel against a float64
+reference under the accuracy rule, with each config forced, odd lengths,
+Nq != Nk, fully masked rows (causal with Nq > Nk), large logits, GQA and
+strided layouts; and the dispatcher takes it for plain calls only.
+"""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tileattn
+from tileattn import configs, launch, launch_hopper
+from tileattn.configs import HopperFwdConfig
+from tileattn.reference import standard_attention
+from tileattn.testing import check_accuracy
+
+from conftest import HAS_CUDA, SEED_OFFSET
+
+ON_HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
+needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a compute capability 9.0 GPU")
+
+# every table config, plus the variants of the softmax loop, forced once each
+FORCED = [(d, c) for d, c in configs.HOPPER_FWD.items()] + [
+    (64, HopperFwdConfig(num_stages=2, overlap=False)),
+    (128, HopperFwdConfig(num_stages=2, overlap=False)),
+    (128, HopperFwdConfig(num_stages=3, overlap=True)),
+]
+
+
+def _compile_reports():
+    """One fresh process compiles every forced config (both causal modes) for
+    sm_90a: under TRITON_INTERPRET, which this test process runs with, Gluon
+    cannot compile."""
+    cases = [(d, c, causal) for d, c in FORCED for causal in (False, True)]
+    code = (
+        "import json, sys; from tileattn.configs import HopperFwdConfig; from tileattn import launch_hopper\n"
+        "cases = json.loads(sys.argv[1])\n"
+        "print(json.dumps([launch_hopper.compile_report(d, HopperFwdConfig(**c), causal) for d, c, causal in cases]))")
+    arg = json.dumps([(d, dataclasses.asdict(c), causal) for d, c, causal in cases])
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {(d, c.name, causal): r for (d, c, causal), r in zip(cases, json.loads(proc.stdout.splitlines()[-1]))}
+
+
+@pytest.fixture(scope="module")
+def reports():
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    return _compile_reports()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim,cfg", FORCED, ids=[f"d{d}-{c.name}" for d, c in FORCED])
+def test_compiles_for_sm90(reports, head_dim, cfg, causal):
+    rep = reports[(head_dim, cfg.name, causal)]
+    assert rep["wgmma"] > 0, "no warpgroup MMA in the PTX"
+    assert rep["tma"], "no TMA copy in the PTX"
+    assert rep["setmaxnreg"] == ["24", "240"], f"register reallocation {rep['setmaxnreg']}, not 24 / 240"
+    assert not rep["local"], "local memory in the PTX (a register array indexed at run time)"
+    expect = cfg.block_m * head_dim * 2 + 2 * cfg.num_stages * cfg.block_n * head_dim * 2
+    assert expect <= rep["shared"] <= expect + 1024, \
+        f"shared memory {rep['shared']} is not Q + K/V stages ({expect}) + barriers"
+    assert rep["shared"] <= 227 * 1024, "more shared memory than a Hopper block may have"
+
+
+def _inputs(b, hq, hkv, n_q, n_k, d, dtype, seed, layout="bhnd", logit_scale=1.0):
+    g = torch.Generator(device="cuda").manual_seed(seed + SEED_OFFSET)
+
+    def make(h, n):
+        if layout == "bnhd":   # (B, N, H, D) storage viewed as (B, H, N, D)
+            return torch.randn(b, n, h, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+        return torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=g)
+    q = make(hq, n_q) * logit_scale
+    return q, make(hkv, n_k), make(hkv, n_k)
+
+
+def _check(name, q, k, v, causal, cfg=None):
+    launch.POISON_OUTPUTS = True
+    assert launch_hopper.eligible(q, k, v)
+    out, lse = launch.attn_fwd(q, k, v, causal, q.shape[-1] ** -0.5, config=cfg)
+    ref, ref_lse = standard_attention(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
+    low, low_lse = standard_attention(q, k, v, causal=causal, return_lse=True)
+    check_accuracy(f"{name} out", out, ref, low, q.dtype)
+    check_accuracy(f"{name} lse", lse, ref_lse, low_lse.float(), q.dtype)
+    assert out.stride() == q.stride() or q.is_contiguous() is False
+
+
+CASES = {
+    # name: (b, hq, hkv, n_q, n_k, d)
+    "square-1000": (2, 4, 4, 1000, 1000, 128),
+    "odd-1": (1, 2, 2, 1, 1, 128),
+    "odd-17x129": (1, 2, 2, 17, 129, 64),
+    "odd-333": (2, 3, 3, 333, 333, 64),
+    "nq<nk-129x1000": (1, 4, 4, 129, 1000, 128),
+    "nq>nk-1000x129": (1, 4, 4, 1000, 129, 128),   # causal: the first rows see no key
+    "gqa4-777": (2, 8, 2, 777, 777, 128),
+    "gqa8-512": (1, 16, 2, 512, 512, 64),
+    "tiles-even-2048": (1, 2, 2, 2048, 2048, 128),
+}
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_against_float64(case, causal, dtype):
+    b, hq, hkv, n_q, n_k, d = CASES[case]
+    q, k, v = _inputs(b, hq, hkv, n_q, n_k, d, dtype, seed=hash(case) % 1000)
+    _check(case, q, k, v, causal)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim,cfg", FORCED, ids=[f"d{d}-{c.name}" for d, c in FORCED])
+def test_every_config(head_dim, cfg, causal):
+    q, k, v = _inputs(2, 4, 2, 700, 900, head_dim, torch.bfloat16, seed=7)
+    _check(cfg.name, q, k, v, causal, cfg)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_large_logits_and_strided_layout(causal):
+    q, k, v = _inputs(2, 4, 4, 600, 600, 128, torch.bfloat16, seed=11, layout="bnhd", logit_scale=30.0)
+    assert not q.is_contiguous()
+    _check("large-logits-bnhd", q, k, v, causal)
+
+
+@needs_hopper
+def test_dispatch_plain_only():
+    q, k, v = _inputs(1, 2, 2, 256, 256, 128, torch.bfloat16, seed=3)
+    calls = []
+    real = launch_hopper.attn_fwd
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    launch_hopper.attn_fwd = spy
+    try:
+        tileattn.attention(q, k, v, causal=True)
+        assert calls, "a plain bf16 d=128 call did not take the Hopper kernel"
+        calls.clear()
+        tileattn.attention(q, k, v, causal=True, window=(64, 0))
+        tileattn.attention(q.float(), k.float(), v.float())
+        tileattn.attention(q[..., :96].contiguous(), k[..., :96].contiguous(), v[..., :96].contiguous())
+        assert not calls, "a variant, fp32 or an unsupported head dim took the Hopper kernel"
+    finally:
+        launch_hopper.attn_fwd = real
+
+
+@needs_hopper
+def test_backward_after_hopper_forward():
+    q, k, v = (t.requires_grad_() for t in _inputs(2, 4, 2, 513, 513, 128, torch.bfloat16, seed=5))
+    do = torch.randn_like(q)
+    out = tileattn.attention(q, k, v, causal=True)
+    got = torch.autograd.grad(out, (q, k, v), do)
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(standard_attention(*leaves64, causal=True), leaves64, do.double())
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    low = torch.autograd.grad(standard_attention(*leaves, causal=True), leaves, do)
+    for name, g, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
+        check_accuracy(name, g, r, lo, q.dtype)
