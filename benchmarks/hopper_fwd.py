@@ -41,12 +41,12 @@ def providers(head_dim: int) -> dict:
     out = {"sdpa-cudnn": sdpa(torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
            "sdpa-flash": sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION),
            "portable": portable}
-    for stages in (2, 3):
-        for overlap in (True, False):
-            cfg = HopperFwdConfig(num_stages=stages, overlap=overlap)
-            if head_dim == 128 and stages == 3 and not overlap:
-                continue
-            out[cfg.name] = hopper(cfg)
+    variants = {64: [dict(num_stages=3), dict(num_stages=2), dict(num_stages=3, pingpong=False)],
+                128: [dict(num_stages=2), dict(num_stages=3), dict(num_stages=2, pingpong=False),
+                      dict(num_stages=2, overlap=False)]}
+    for kw in variants.get(head_dim, [{}]):
+        cfg = HopperFwdConfig(**kw)
+        out[cfg.name] = hopper(cfg)
     return out
 
 

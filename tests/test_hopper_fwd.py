@@ -30,8 +30,9 @@ needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a 
 # every table config, plus the variants of the softmax loop, forced once each
 FORCED = [(d, c) for d, c in configs.HOPPER_FWD.items()] + [
     (64, HopperFwdConfig(num_stages=2, overlap=False)),
-    (128, HopperFwdConfig(num_stages=2, overlap=False)),
-    (128, HopperFwdConfig(num_stages=3, overlap=True)),
+    (128, HopperFwdConfig(num_stages=2, overlap=False, pingpong=False)),
+    (128, HopperFwdConfig(num_stages=2, overlap=True, pingpong=False)),
+    (128, HopperFwdConfig(num_stages=3)),
 ]
 
 
@@ -39,7 +40,7 @@ def _compile_reports():
     """One fresh process compiles every forced config (both causal modes) for
     sm_90a: under TRITON_INTERPRET, which this test process runs with, Gluon
     cannot compile."""
-    cases = [(d, c, causal) for d, c in FORCED for causal in (False, True)]
+    cases = COMPILED
     code = (
         "import json, sys; from tileattn.configs import HopperFwdConfig; from tileattn import launch_hopper\n"
         "cases = json.loads(sys.argv[1])\n"
@@ -57,15 +58,19 @@ def reports():
     return _compile_reports()
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim,cfg", FORCED, ids=[f"d{d}-{c.name}" for d, c in FORCED])
+COMPILED = [(d, c, True) for d, c in FORCED] + [(d, c, False) for d, c in configs.HOPPER_FWD.items()]
+
+
+@pytest.mark.parametrize("head_dim,cfg,causal", COMPILED,
+                         ids=[f"d{d}-{c.name}-{'causal' if causal else 'full'}" for d, c, causal in COMPILED])
 def test_compiles_for_sm90(reports, head_dim, cfg, causal):
     rep = reports[(head_dim, cfg.name, causal)]
     assert rep["wgmma"] > 0, "no warpgroup MMA in the PTX"
     assert rep["tma"], "no TMA copy in the PTX"
-    assert rep["setmaxnreg"] == ["24", "240"], f"register reallocation {rep['setmaxnreg']}, not 24 / 240"
+    assert {"24", "240"} <= set(rep["setmaxnreg"]), \
+        f"register reallocation {rep['setmaxnreg']}: not 24 for the loader and 240 for the softmax warps"
     assert not rep["local"], "local memory in the PTX (a register array indexed at run time)"
-    expect = cfg.block_m * head_dim * 2 + 2 * cfg.num_stages * cfg.block_n * head_dim * 2
+    expect = 2 * cfg.block_m * head_dim * 2 + 2 * cfg.num_stages * cfg.block_n * head_dim * 2
     assert expect <= rep["shared"] <= expect + 1024, \
         f"shared memory {rep['shared']} is not Q + K/V stages ({expect}) + barriers"
     assert rep["shared"] <= 227 * 1024, "more shared memory than a Hopper block may have"

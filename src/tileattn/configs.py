@@ -213,27 +213,30 @@ def all_configs() -> list[tuple[str, int, KernelConfig]]:
 
 
 # ---------------------------------------------------------------------------
-# Hopper forward (Gluon, kernels/fwd_hopper.py): one config per head dim.
-# A 128-row query tile over two softmax warpgroups (num_warps = 8) plus a
-# one-warp TMA loader; 168 registers per thread at launch, reallocated to
+# Hopper forward (Gluon, kernels/fwd_hopper.py).  A program runs 2 * block_m
+# query rows: block_m per softmax warpgroup (two partitions of 4 warps) plus
+# a one-warp TMA loader; 168 registers per thread at launch, reallocated to
 # 240 for the softmax warps and 24 for the loader (3 warpgroups x 128 threads
-# x 168 <= 65536).  Shared memory from the sm_90a compile report (triton
-# 3.6.0, compiled without a GPU): d = 128, 2 stages: 164,124 B; d = 64,
-# 3 stages: 115,036 B; no spills.  Timed on the H200: docs/perf-notes.md v11.
+# x 168 <= 65536).  Shared memory is 2 Q tiles + num_stages K and V tiles
+# (the sm_90a compile report, triton 3.6.0, compiled without a GPU, matches it
+# within the barriers; tests/test_hopper_fwd.py).  Timed on the H200:
+# docs/perf-notes.md v11.
 # ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class HopperFwdConfig:
-    block_m: int = 128
+    block_m: int = 64           # query rows per softmax warpgroup
     block_n: int = 128
     num_stages: int = 2
     overlap: bool = True        # issue Q K_j^T with P_{j-1} V_{j-1}; softmax j under the latter
-    num_warps: int = 8
+    pingpong: bool = True       # the two warpgroups take turns issuing their products
+    num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
 
     @property
     def name(self) -> str:
-        return f"hopper-M{self.block_m}-N{self.block_n}-s{self.num_stages}{'-ov' if self.overlap else ''}"
+        return (f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}"
+                f"{'-ov' if self.overlap else ''}{'-pp' if self.pingpong else ''}")
 
 
 HOPPER_FWD_HEAD_DIMS = (64, 128)

@@ -96,13 +96,13 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     if poison:
         o.fill_(float("nan"))
         lse.fill_(float("nan"))
-    grid = (triton.cdiv(n_q, cfg.block_m), hq, b)
+    grid = (triton.cdiv(n_q, 2 * cfg.block_m), hq, b)
     _attn_fwd_hopper_kernel[grid](
         q_desc=_descriptor(q, cfg.block_m), k_desc=_descriptor(k, cfg.block_n), v_desc=_descriptor(v, cfg.block_n),
         o_desc=_descriptor(o, cfg.block_m), LSE=lse, stride_lb=lse.stride(0), stride_lh=lse.stride(1),
         GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
-        NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap,
+        NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong,
         num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
     return o, lse
 
@@ -122,7 +122,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     sig.update(LSE="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32", N_K="i32",
                qk_scale="fp32")
     const = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
-                 NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap)
+                 NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong)
     sig.update({name: "constexpr" for name in const})
     src = GluonASTSource(fn=kernel, signature=sig,
                          constexprs={(kernel.arg_names.index(k),): v for k, v in const.items()})

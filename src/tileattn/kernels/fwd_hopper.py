@@ -56,11 +56,14 @@ def _key_tiles(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, 
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                    off_b, off_h, off_hk, start_m, n_tiles,
-                    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [off_b, off_h, start_m, 0], q_bar, q_smem)
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                    turns, off_b, off_h, off_hk, start_m, n_tiles,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    # one Q tile of BLOCK_M rows per softmax warpgroup
+    for wg in gl.static_range(2):
+        mbarrier.expect(q_bars.index(wg), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [off_b, off_h, start_m + wg * BLOCK_M, 0], q_bars.index(wg),
+                                        q_smem.index(wg))
     for j in range(n_tiles):
         s = j % NUM_STAGES
         # a slot starts empty: the first wait on each passes (phase 1)
@@ -98,91 +101,125 @@ def _issue_pv(p, acc, v_smem, v_ready, j, o_layout: gl.constexpr, BLOCK_N: gl.co
 @gluon.jit
 def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr):
-    """The running softmax of key tile ``j``: (p, alpha, m_new, l_new), as
-    ``kernels.common.online_softmax_step`` (a row that has seen no visible
-    key keeps max -inf and subtracts 0, so exp2 gives 0, not NaN)."""
-    x = qk * qk_scale
+    """The running softmax of key tile ``j``: (p, alpha, m_new, l_new).
+
+    The max runs over the raw scores and is scaled once per row, so each
+    score costs one fused multiply-add before its exp2: exp2(s * c - m * c)
+    (c = scale * log2 e > 0, so the max commutes with the scaling).  As in
+    ``kernels.common.online_softmax_step``, a row that has seen no visible
+    key keeps max -inf and subtracts 0, so exp2 gives 0, not NaN."""
     if MASKED:
         offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         visible = (offs_n < N_K)[None, :]
         if IS_CAUSAL:
             visible = visible & (offs_n[None, :] <= offs_m[:, None] + (N_K - N_Q))
-        x = gl.where(visible, x, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(x, 1))
+        qk = gl.where(visible, qk, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
     if MASKED:
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_ref = m_new
-    p = gl.exp2(x - m_ref[:, None])
+    p = gl.exp2(qk * qk_scale - m_ref[:, None])
     alpha = gl.exp2(m_i - m_ref)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
 
 
 @gluon.jit
-def _softmax_partition(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_row0,
-                       off_b, off_h, start_m, n_full, n_tiles, N_Q, N_K, qk_scale,
+def _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr,
+                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """:func:`_softmax_step` with the mask where tile ``j`` needs one."""
+    if j < n_full:
+        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
+                                           IS_CAUSAL, False)
+    else:
+        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
+                                           IS_CAUSAL, True)
+    return p, alpha, m_i, l_i
+
+
+@gluon.jit
+def _my_turn(turns, i, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Wait until the other warpgroup has issued its products of step i-1
+    (warpgroup 0 goes first: its first wait passes)."""
+    if PINGPONG:
+        mbarrier.wait(turns.index(WG), (i & 1) ^ (1 - WG))
+
+
+@gluon.jit
+def _your_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turns.index(1 - WG), count=1)
+
+
+@gluon.jit
+def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turns,
+                       o_desc, LSE, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
-    num_warps: gl.constexpr = gl.num_warps()
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                       NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                       PINGPONG: gl.constexpr):
+    """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of the program's query tile.
+    Both warpgroups run every key tile of the program (the loader's ring is
+    shared), each with its own mask boundary ``n_full``."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+    row0 = start_m + WG * BLOCK_M
+    n_full, _ = _key_tiles(row0, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    offs_m = row0 + gl.arange(0, BLOCK_M, layout=row_layout)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
     l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
 
-    mbarrier.wait(q_bar, 0)
-    q2 = q_smem.reshape([BLOCK_M, HEAD_DIM])
+    q_tile = q_smem.index(WG)
+    mbarrier.wait(q_bars.index(WG), 0)
+    q2 = q_tile.reshape([BLOCK_M, HEAD_DIM])
     if OVERLAP:
         # Software pipeline across key tiles: S_j = Q K_j^T and O += P_{j-1} V_{j-1}
         # are issued together, then the softmax of tile j runs while the
         # P V product is still on the tensor cores.  wgmma groups retire in
         # order, so waiting with one group outstanding returns S_j.
         if n_tiles > 0:
+            _my_turn(turns, 0, WG, PINGPONG)
             qk = _issue_qk(q2, k_smem, k_ready, 0, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)
+            _your_turn(turns, WG, PINGPONG)
             qk = warpgroup_mma_wait(0, deps=[qk])
             mbarrier.arrive(k_empty.index(0), count=1)
-            if n_full > 0:
-                p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, 0, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                                   BLOCK_N, IS_CAUSAL, False)
-            else:
-                p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, 0, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                                   BLOCK_N, IS_CAUSAL, True)
+            p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, 0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
+                                               BLOCK_N, IS_CAUSAL)
             for j in range(1, n_tiles):
+                _my_turn(turns, j, WG, PINGPONG)
                 qk = _issue_qk(q2, k_smem, k_ready, j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)
                 acc = _issue_pv(p, acc, v_smem, v_ready, j - 1, o_layout, BLOCK_N, HEAD_DIM, NUM_STAGES)
+                _your_turn(turns, WG, PINGPONG)
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
-                if j < n_full:
-                    p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                                       BLOCK_N, IS_CAUSAL, False)
-                else:
-                    p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                                       BLOCK_N, IS_CAUSAL, True)
+                p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
+                                                   BLOCK_N, IS_CAUSAL)
                 acc = warpgroup_mma_wait(0, deps=[acc])
                 mbarrier.arrive(v_empty.index((j - 1) % NUM_STAGES), count=1)
                 acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
+            _my_turn(turns, n_tiles, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, n_tiles - 1, o_layout, BLOCK_N, HEAD_DIM, NUM_STAGES)
+            _your_turn(turns, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=[acc])
             mbarrier.arrive(v_empty.index((n_tiles - 1) % NUM_STAGES), count=1)
     else:
         for j in range(n_tiles):
+            _my_turn(turns, 2 * j, WG, PINGPONG)
             qk = _issue_qk(q2, k_smem, k_ready, j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)
+            _your_turn(turns, WG, PINGPONG)
             qk = warpgroup_mma_wait(0, deps=[qk])
             mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
-            if j < n_full:
-                p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
-                                                   IS_CAUSAL, False)
-            else:
-                p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
-                                                   IS_CAUSAL, True)
+            p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
+                                               BLOCK_N, IS_CAUSAL)
             acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
+            _my_turn(turns, 2 * j + 1, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, j, o_layout, BLOCK_N, HEAD_DIM, NUM_STAGES)
+            _your_turn(turns, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=[acc])
             mbarrier.arrive(v_empty.index(j % NUM_STAGES), count=1)
 
@@ -195,7 +232,7 @@ def _softmax_partition(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
     # the Q tile is dead: stage O in its buffer for the TMA store
     q2.store(out.to(q_smem.dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [off_b, off_h, start_m, 0], q_smem)
+    tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], q_tile)
     tma.store_wait(0)
 
 
@@ -203,41 +240,52 @@ def _softmax_partition(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
 def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh,
                             GROUP_SIZE, N_Q, N_K, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                            IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr):
+                            IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr,
+                            PINGPONG: gl.constexpr):
+    """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup."""
     # heaviest causal tiles (last rows) first: better tail balance
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
     off_h = gl.program_id(1)
     off_b = gl.program_id(2)
     off_hk = off_h // GROUP_SIZE
-    start_m = pid_m * BLOCK_M
-    n_full, n_tiles = _key_tiles(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    start_m = pid_m * (2 * BLOCK_M)
+    _, n_tiles = _key_tiles(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
     lse_row0 = off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
 
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+        mbarrier.init(turns.index(i), count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=1)
+        # both softmax warpgroups read every tile
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
 
     gl.warp_specialize([
-        (_softmax_partition, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_row0,
-                              off_b, off_h, start_m, n_full, n_tiles, N_Q, N_K, qk_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP)),
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                           off_b, off_h, off_hk, start_m, n_tiles, BLOCK_N, NUM_STAGES)),
-    ], [1], [24])
+        (_softmax_partition, (0, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turns, o_desc,
+                              LSE, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
+                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG)),
+        (_softmax_partition, (1, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turns, o_desc,
+                              LSE, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
+                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
+                           v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles, BLOCK_M, BLOCK_N, NUM_STAGES)),
+    ], [4, 1], [240, 24])
 
-    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(2):
+        mbarrier.invalidate(q_bars.index(i))
+        mbarrier.invalidate(turns.index(i))
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(k_ready.index(i))
         mbarrier.invalidate(v_ready.index(i))
