@@ -241,6 +241,6 @@ class HopperFwdConfig:
 
 HOPPER_FWD_HEAD_DIMS = (64, 128)
 HOPPER_FWD = {
-    64: HopperFwdConfig(num_stages=3, source="sm_90a compile report; H200 timing in perf-notes v11"),
+    64: HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
     128: HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
 }
