@@ -13,8 +13,8 @@ provider.  The table gives TFLOP/s, tileattn's ratio to every other provider
 and every provider's ratio to the --baseline (default sdpa-cudnn; when it
 cannot run here, the first SDPA backend that can, with a note).  TFLOP/s use
 tileattn.cost.io.attention_flops; achieved GB/s use the IO model's bytes
-(tiled model for tileattn, sdpa-* and flex; eager standard model for
-standard).  Every provider's output (and gradients, for modes with a
+(tiled model for tileattn, sdpa-*, flex and fa4; eager standard model
+for standard).  Every provider's output (and gradients, for modes with a
 backward) is checked against float32 standard attention and against tileattn
 on the first N of each configuration; a provider above the tolerance is
 marked "wrong".  Providers that are missing, fail or run out of memory are
@@ -291,9 +291,11 @@ def _finite(x):
 def run(args) -> int:
     if args.list_providers:
         device = _device(args) or torch.device("cpu")
+        states = {name: p.unavailable_reason(device) for name, p in _providers.PROVIDERS.items()}
+        states = {name: "ok" if why is None else f"unavailable: {why}" for name, why in states.items()}
+        width = max(34, *(len(s) for s in states.values()))
         for name, p in _providers.PROVIDERS.items():
-            reason = p.unavailable_reason(device)
-            print(f"{name:16} {'ok' if reason is None else 'unavailable: ' + reason:34} {p.description}")
+            print(f"{name:16} {states[name]:{width}} {p.description}")
         return 0
     if args.plot_from:
         if not Path(args.plot_from).is_file():
