@@ -285,17 +285,22 @@ def _residue_bytes(device, *inputs) -> int:
     return max(0, torch.cuda.memory_allocated(device) - sum(storages.values()))
 
 
-def _clear(device, collect: Optional[bool] = None):
+def _clear(device):
     # tensors held by reference cycles (an out-of-memory error's traceback
     # frames, say) would otherwise stay alive into the next measurement.  Where
-    # no memory is measured (the CPU) only after an error: a full collection
-    # costs ~0.1-0.3 s with torch and triton loaded, more than a tiny point
-    if collect or (collect is None and device.type == "cuda"):
-        gc.collect()
+    # no memory is measured (the CPU) the error paths collect themselves
+    # (_clear_after_error): a full collection costs ~0.1-0.3 s with torch and
+    # triton loaded, more than a tiny point
     if device.type == "cuda":
+        gc.collect()
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+
+
+def _clear_after_error(device):
+    gc.collect()
+    _clear(device)
 
 
 def round_orders(names: list[str], rounds: int) -> list[list[str]]:
@@ -391,7 +396,7 @@ def run_sweep(cfg: BenchConfig, *, metadata: Optional[dict] = None,
                 row.status = _failure(e)
             finally:
                 step = None
-                _clear(device, collect=True if failed else None)
+                (_clear_after_error if failed else _clear)(device)
 
         # timing: every ready provider once per round, the order rotated each
         # round; a provider that fails in a round leaves the later ones
@@ -413,12 +418,12 @@ def run_sweep(cfg: BenchConfig, *, metadata: Optional[dict] = None,
                     point[name].status = "oom"
                     del times[name]
                     step = None
-                    _clear(device, collect=True)
+                    _clear_after_error(device)
                 except Exception as e:
                     point[name].status = _failure(e)
                     del times[name]
                     step = None
-                    _clear(device, collect=True)
+                    _clear_after_error(device)
         for name, ms_rounds in times.items():
             row = point[name]
             row.rounds, row.ms_rounds = len(ms_rounds), ms_rounds
