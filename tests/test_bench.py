@@ -4,8 +4,10 @@ import argparse
 import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ import torch
 import tileattn
 from tileattn.bench import cli, plots, providers, results, runner
 from tileattn.cost.io import attention_flops
+from tileattn.reference import standard_attention
 
 CUDA_ONLY = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex")
 
@@ -47,11 +50,16 @@ def quick_run(tmp_path_factory):
     res = subprocess.run([sys.executable, "-c", code, "bench", "--quick", "--device", "cpu", "--plot", "--json",
                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    return out, json.loads(res.stdout)
+    return out, json.loads(res.stdout), res.stderr
+
+
+def _fa4_reason_here(status):
+    """fa4's status on this CPU machine: not installed, or installed but no CUDA."""
+    return status in ("unavailable: flash_attn.cute not installed", "unavailable: needs CUDA")
 
 
 def test_quick_cli_writes_csv_and_jsonl_with_every_provider(quick_run):
-    out, summary = quick_run
+    out, summary, _ = quick_run
     rows = results.load_rows(out / "bench.jsonl")
     with open(out / "bench.csv", newline="") as fh:
         csv_rows = list(csv.DictReader(fh))
@@ -63,9 +71,14 @@ def test_quick_cli_writes_csv_and_jsonl_with_every_provider(quick_run):
         assert r["status"], r
         if r["provider"] in CUDA_ONLY:
             assert r["status"] == "unavailable: needs CUDA"
+        elif r["provider"] == "fa4":
+            assert _fa4_reason_here(r["status"]), r["status"]
+            assert r["ms"] is None and r["ms_rounds"] is None
         else:
             assert r["status"] == "ok", r
             assert r["ms"] > 0 and r["tflops"] > 0 and r["hbm_gbs"] > 0
+            assert r["rounds"] == 3 and len(r["ms_rounds"]) == 3
+            assert r["ms"] == pytest.approx(statistics.median(r["ms_rounds"]), rel=1e-12)
     # the first N of each configuration is checked, against the reference and tileattn
     checked = [r for r in rows if r["check"]]
     assert checked and all(r["check"] == "passed" and r["rel_err_ref"] < 1e-3 for r in checked)
@@ -74,8 +87,17 @@ def test_quick_cli_writes_csv_and_jsonl_with_every_provider(quick_run):
         {"standard-eager"}
 
 
+def test_quick_cli_prints_ratio_rows_and_baseline_note(quick_run):
+    _, summary, stderr = quick_run
+    assert "tileattn / standard" in stderr
+    # no SDPA backend runs on the CPU: no baseline, and the run says why
+    assert summary["baseline"] is None
+    assert "no baseline" in summary["baseline_note"] and "needs CUDA" in summary["baseline_note"]
+    assert "no baseline" in stderr
+
+
 def test_quick_cli_metadata_fields_present(quick_run):
-    out, summary = quick_run
+    out, summary, _ = quick_run
     for r in results.load_rows(out / "bench.csv"):
         for field in results.METADATA_FIELDS:
             assert r[field], field
@@ -85,7 +107,7 @@ def test_quick_cli_metadata_fields_present(quick_run):
 
 
 def test_quick_cli_plots_written(quick_run):
-    out, summary = quick_run
+    out, summary, _ = quick_run
     for name in ("tflops.png", "speedup.png", "memory.png"):
         assert (out / name).stat().st_size > 1000
     assert len(summary["plots"]) == 3
@@ -98,6 +120,8 @@ def test_tflops_is_attention_flops_over_time(torch_path):
     for r in rows:
         flops = attention_flops(r.batch, r.heads, r.seqlen_q, r.seqlen_k, r.head_dim, causal=r.causal, mode=r.mode)
         assert r.flops == flops
+        assert r.rounds == cfg.rounds and len(r.ms_rounds) == cfg.rounds and min(r.ms_rounds) > 0
+        assert r.ms == statistics.median(r.ms_rounds)
         assert r.tflops == pytest.approx(flops / (r.ms * 1e-3) / 1e12, rel=1e-12)
         assert r.hbm_gbs == pytest.approx(r.model_bytes / (r.ms * 1e-3) / 1e9, rel=1e-12)
 
@@ -193,8 +217,11 @@ def test_load_rows_picks_latest_run(tmp_path):
     (["--modes", "sideways"], "--modes"),
     (["--kv-heads", "3"], "--kv-heads"),
     (["--hidden", "48"], "--hidden"),
+    (["--rounds", "0"], "--rounds"),
+    (["--baseline", "no-such-kernel"], "--baseline"),
+    (["--providers", "tileattn", "standard", "--baseline", "sdpa-flash"], "--baseline"),
 ], ids=["seqlen-zero", "negative-head-dim", "unknown-provider", "unknown-mode", "kv-heads-not-divisor",
-        "hidden-not-multiple"])
+        "hidden-not-multiple", "rounds-zero", "baseline-unknown", "baseline-not-run"])
 def test_bad_arguments_exit_2(capsys, argv, flag):
     args = _parser().parse_args(["bench", "--quick", "--device", "cpu", *argv])
     assert args.func(args) == 2
@@ -242,3 +269,300 @@ def test_host_time_helpers():
     pr.disable()
     text = profile_text(pr, top=5)
     assert "sorted" in text and "tottime" in text
+
+
+# ---------------------------------------------------------------------------
+# interleaved timing rounds
+# ---------------------------------------------------------------------------
+@pytest.fixture
+def logged_providers(monkeypatch):
+    """Three correct providers that log every call, one that cannot run, and
+    a time_ms whose clock drifts: the n-th timed call takes n ms."""
+    log, timed = [], []
+
+    def make(name):
+        def fn(q, k, v, causal):
+            log.append(name)
+            return standard_attention(q, k, v, causal=causal)
+        return fn
+
+    names = ("fake-a", "fake-b", "fake-c")
+    for name in names:
+        providers.register(name, make(name))
+    providers.register("fake-off", make("fake-off"), check=lambda device: "switched off")
+
+    def drifting_time_ms(step, device, **kw):
+        before = len(log)
+        step()
+        called = set(log[before:])
+        assert len(called) == 1, called  # one provider per timed call
+        timed.append(called.pop())
+        return float(len(timed))
+
+    monkeypatch.setattr(runner, "time_ms", drifting_time_ms)
+    yield names, timed
+    for name in names + ("fake-off",):
+        providers.unregister(name)
+
+
+def test_round_orders_rotate():
+    assert runner.round_orders(["a", "b", "c"], 4) == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"],
+                                                      ["a", "b", "c"]]
+    assert runner.round_orders(["a"], 2) == [["a"], ["a"]]
+    assert runner.round_orders([], 2) == [[], []]
+
+
+def test_providers_alternate_per_round_at_each_point(logged_providers):
+    names, timed = logged_providers
+    cfg = _tiny(providers=names + ("fake-off",), rounds=3, seqlens=(17, 32), causal=(False, True))
+    rows = runner.run_sweep(cfg)
+    a, b, c = names
+    per_point = [a, b, c, b, c, a, c, a, b]  # round 1, 2, 3: rotated by one each
+    assert timed == per_point * 4  # 2 lengths x 2 causal, the off provider never timed
+    by = {(r.provider, r.causal, r.seqlen_q): r for r in rows}
+    # first point: a took 1, 6, 8 ms; b 2, 4, 9; c 3, 5, 7 (the clock drifts up by 1 per call)
+    expect = {a: [1.0, 6.0, 8.0], b: [2.0, 4.0, 9.0], c: [3.0, 5.0, 7.0]}
+    for name, ms_rounds in expect.items():
+        r = by[(name, False, 17)]
+        assert r.status == "ok" and r.rounds == 3 and r.ms_rounds == ms_rounds
+        assert r.ms == statistics.median(ms_rounds)
+    # the drift favours no one by more than a round: medians 6, 4, 5 (run in a fixed
+    # order a, b, c the medians would be 4, 5, 6: always the first provider ahead)
+    assert sorted(by[(n, False, 17)].ms for n in names) == [4.0, 5.0, 6.0]
+    off = [r for r in rows if r.provider == "fake-off"]
+    assert len(off) == 4 and all(r.status == "unavailable: switched off" and r.ms is None for r in off)
+
+
+def test_provider_failing_in_a_round_leaves_the_rounds(logged_providers, monkeypatch):
+    names, timed = logged_providers
+    calls = {"n": 0}
+
+    def flaky(q, k, v, causal):
+        calls["n"] += 1
+        if calls["n"] > 3:  # check and two set-up calls pass; the first timed call fails
+            raise RuntimeError("lost the device")
+        return standard_attention(q, k, v, causal=causal)
+
+    providers.register("flaky", flaky)
+    try:
+        rows = runner.run_sweep(_tiny(providers=names[:2] + ("flaky",), rounds=2, seqlens=(32,)))
+    finally:
+        providers.unregister("flaky")
+    st = {r.provider: r for r in rows}
+    assert st["flaky"].status == "failed: RuntimeError: lost the device" and st["flaky"].ms is None
+    assert timed == [names[0], names[1], names[1], names[0]]
+    assert all(st[n].status == "ok" and st[n].rounds == 2 for n in names[:2])
+
+
+def test_rounds_is_a_cli_option():
+    args = _parser().parse_args(["bench", "--quick", "--device", "cpu", "--rounds", "5"])
+    assert cli.build_config(args, torch.device("cpu")).rounds == 5
+    args = _parser().parse_args(["bench", "--quick", "--device", "cpu"])
+    assert cli.build_config(args, torch.device("cpu")).rounds == 3
+
+
+# ---------------------------------------------------------------------------
+# ratio rows and the baseline
+# ---------------------------------------------------------------------------
+def _ratio_rows():
+    tf = {"tileattn": 100.0, "sdpa-flash": 80.0, "sdpa-cudnn": 125.0, "flex": 100.0, "standard": 20.0}
+    rows = []
+    for n in (512, 1024):
+        for prov in ("tileattn", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex", "fa4", "standard"):
+            status = {"fa4": "unavailable: flash_attn.cute not installed"}.get(prov, "ok")
+            if prov == "sdpa-efficient":
+                status = "oom" if n == 1024 else "ok"
+            t = tf.get(prov, 50.0)
+            rows.append(dict(provider=prov, status=status, mode="fwd", causal=False, batch=1, heads=8, kv_heads=8,
+                             seqlen_q=n, seqlen_k=n, head_dim=64, dtype="bf16",
+                             tflops=t if status == "ok" else None))
+    return rows
+
+
+def test_tables_ratio_rows_to_baseline_and_tileattn_peers():
+    (title, header, body), = cli.tables(_ratio_rows(), "sdpa-cudnn")
+    assert header == ["provider", "N=512", "N=1024"]
+    ratios = {line[0]: line[1:] for line in body if " / " in line[0]}
+    assert list(ratios) == ["tileattn / sdpa-flash", "tileattn / sdpa-cudnn", "tileattn / sdpa-efficient",
+                            "tileattn / flex", "tileattn / standard", "sdpa-flash / sdpa-cudnn",
+                            "sdpa-efficient / sdpa-cudnn", "flex / sdpa-cudnn", "standard / sdpa-cudnn"]
+    assert ratios["tileattn / sdpa-cudnn"] == ["0.80x", "0.80x"]
+    assert ratios["sdpa-flash / sdpa-cudnn"] == ["0.64x", "0.64x"]
+    assert ratios["standard / sdpa-cudnn"] == ["0.16x", "0.16x"]
+    assert ratios["sdpa-efficient / sdpa-cudnn"] == ["0.40x", "-"]  # out of memory at 1024
+    assert not any(name.startswith("fa4") or name.endswith("fa4") for name in ratios)  # never ran
+    cells = {line[0]: line[1:] for line in body if " / " not in line[0]}
+    assert cells["fa4"] == ["UNAVAILABLE", "UNAVAILABLE"] and cells["sdpa-cudnn"] == ["125.0", "125.0"]
+
+
+def test_tables_other_baseline_and_none():
+    (_, _, body), = cli.tables(_ratio_rows(), "sdpa-flash")
+    names = [line[0] for line in body if " / " in line[0]]
+    assert "sdpa-cudnn / sdpa-flash" in names and "flex / sdpa-flash" in names
+    assert names.count("tileattn / sdpa-flash") == 1
+    (_, _, body), = cli.tables(_ratio_rows(), None)
+    assert [line[0] for line in body if " / " in line[0]] == [
+        "tileattn / sdpa-flash", "tileattn / sdpa-cudnn", "tileattn / sdpa-efficient", "tileattn / flex",
+        "tileattn / standard"]
+
+
+def test_baseline_falls_back_when_cudnn_cannot_run(monkeypatch):
+    cuda = torch.device("cuda")  # only its type is read; no GPU needed
+    monkeypatch.setattr(providers, "available_reason",
+                        lambda name, device: "cuDNN is not available" if name == "sdpa-cudnn" else None)
+    assert cli.resolve_baseline(None, providers.DEFAULT_PROVIDERS, cuda) == (
+        "sdpa-flash", "baseline sdpa-flash: sdpa-cudnn cannot be the baseline here (cuDNN is not available)")
+    assert cli.resolve_baseline("flex", providers.DEFAULT_PROVIDERS, cuda) == ("flex", "")
+    base, note = cli.resolve_baseline(None, ("tileattn", "sdpa-efficient"), cuda)
+    assert base == "sdpa-efficient" and "not among --providers" in note
+    monkeypatch.setattr(providers, "available_reason", lambda name, device: None)
+    assert cli.resolve_baseline(None, providers.DEFAULT_PROVIDERS, cuda) == ("sdpa-cudnn", "")
+
+
+def test_baseline_none_on_cpu():
+    base, note = cli.resolve_baseline(None, providers.DEFAULT_PROVIDERS, torch.device("cpu"))
+    assert base is None and note.startswith("no baseline: sdpa-cudnn cannot run here (needs CUDA)")
+    assert cli.resolve_baseline("standard", providers.DEFAULT_PROVIDERS, torch.device("cpu")) == ("standard", "")
+    for bad in ("no-such-kernel", "sdpa-flash"):
+        with pytest.raises(ValueError, match="--baseline"):
+            cli.resolve_baseline(bad, ("tileattn", "standard"), torch.device("cpu"))
+
+
+# ---------------------------------------------------------------------------
+# the optional FlashAttention-4 provider
+# ---------------------------------------------------------------------------
+def test_fa4_registered_and_unavailable_here():
+    assert "fa4" in providers.PROVIDERS and "fa4" in providers.DEFAULT_PROVIDERS
+    reason = providers.available_reason("fa4", "cpu")
+    assert _fa4_reason_here(f"unavailable: {reason}"), reason
+    import importlib.util
+    try:
+        installed = importlib.util.find_spec("flash_attn.cute") is not None
+    except (ImportError, ValueError):
+        installed = False
+    if not installed:
+        assert reason == "flash_attn.cute not installed"
+
+
+def test_fa4_rows_unavailable_in_a_sweep(torch_path):
+    rows = runner.run_sweep(_tiny(providers=("tileattn", "fa4"), seqlens=(32,)))
+    fa4 = [r for r in rows if r.provider == "fa4"]
+    assert len(fa4) == 1 and _fa4_reason_here(fa4[0].status) and fa4[0].ms is None
+    assert [r.status for r in rows if r.provider == "tileattn"] == ["ok"]
+
+
+@pytest.mark.parametrize("reason_case", ["missing", "cpu", "old-gpu", "broken-import"])
+def test_fa4_check_reasons(monkeypatch, reason_case):
+    import importlib.util
+    real_find_spec = importlib.util.find_spec
+    present = reason_case != "missing"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        object() if present else None) if name == "flash_attn.cute" else real_find_spec(name, *a))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0) if reason_case == "old-gpu"
+                        else (9, 0))
+    # what `import flash_attn.cute` finds: a module whose own imports fail
+    broken = types.ModuleType("flash_attn.cute")
+
+    def _getattr(name):
+        raise ImportError("libcute_dsl_runtime.so: cannot open shared object file")
+    broken.__getattr__ = _getattr
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", broken)
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    device = torch.device("cpu" if reason_case == "cpu" else "cuda")
+    reason = providers.available_reason("fa4", device)
+    expect = {"missing": "flash_attn.cute not installed", "cpu": "needs CUDA",
+              "old-gpu": "FlashAttention-4 needs compute capability >= 9.0, this GPU has 8.0",
+              "broken-import": "flash_attn.cute does not import: ImportError: libcute_dsl_runtime.so: "
+                               "cannot open shared object file"}[reason_case]
+    assert reason == expect
+
+
+@pytest.fixture
+def fake_flash_attn_cute(monkeypatch):
+    """A stand-in for flash_attn.cute with FlashAttention-4's calling convention:
+    (B, N, H, D) tensors in and out, (out, lse) returned, GQA by head groups,
+    bottom-right causal; it records the layouts it was given."""
+    seen = []
+
+    def flash_attn_func(q, k, v, causal=False, softmax_scale=None, **kw):
+        assert not kw
+        seen.append((tuple(q.shape), tuple(k.shape), causal, q.stride(-1)))
+        out = standard_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+                                 scale=softmax_scale)
+        return out.transpose(1, 2), None
+
+    mod = types.ModuleType("flash_attn.cute")
+    mod.flash_attn_func = flash_attn_func
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", mod)
+    return seen
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fa4_provider_layout_and_gradients(fake_flash_attn_cute, causal):
+    fn = providers.get_provider("fa4").fn
+    gen = torch.Generator().manual_seed(3)
+    b, h, hkv, nq, nk, d = 2, 4, 2, 17, 33, 16
+    q = torch.randn(b, h, nq, d, generator=gen).to(torch.bfloat16).requires_grad_(True)
+    k, v = (torch.randn(b, hkv, nk, d, generator=gen).to(torch.bfloat16).requires_grad_(True) for _ in range(2))
+    out = fn(q, k, v, causal)
+    # the wrapper hands over (B, N, H, D) views with a contiguous last dim
+    assert fake_flash_attn_cute == [((b, nq, h, d), (b, nk, hkv, d), causal, 1)]
+    assert out.shape == (b, h, nq, d) and out.dtype == torch.bfloat16
+    ref = standard_attention(q.double(), k.double(), v.double(), causal=causal)
+    assert (out.double() - ref).abs().max() < 2e-2
+    dout = torch.randn(out.shape, generator=gen).to(torch.bfloat16)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), dout.double())
+    for g, rg in zip(grads, ref_grads):
+        assert g.shape == rg.shape and (g.double() - rg).norm() / rg.norm() < 2e-2
+
+
+def test_fa4_provider_rejects_fp32_by_name(fake_flash_attn_cute):
+    q = torch.randn(1, 1, 8, 8)
+    with pytest.raises(TypeError, match="fa4: FlashAttention-4 takes float16 or bfloat16"):
+        providers.get_provider("fa4").fn(q, q, q, False)
+    assert fake_flash_attn_cute == []
+
+
+# ---------------------------------------------------------------------------
+# the results schema: rounds round-trip, older files still load
+# ---------------------------------------------------------------------------
+def _row(run_id, **kw):
+    return results.Row(provider="tileattn", status="ok", mode="fwd", causal=True, batch=1, heads=2, kv_heads=1,
+                       seqlen_q=8, seqlen_k=8, head_dim=8, dtype="fp32", device="cpu", run_id=run_id, **kw)
+
+
+def test_rounds_round_trip_csv_and_jsonl(tmp_path):
+    rows = [_row("r", ms=0.25, rounds=3, ms_rounds=[0.3, 0.25, 0.125]), _row("r")]
+    results.write_results(rows, tmp_path)
+    for name in ("bench.jsonl", "bench.csv"):
+        back = results.load_rows(tmp_path / name)
+        assert back == [r.as_dict() for r in rows], name
+
+
+OLD_FIELDS = [f for f in results.FIELDS if f not in ("rounds", "ms_rounds")]
+
+
+def test_older_results_files_still_load_and_append(tmp_path):
+    old = {**_row("old", ms=1.5).as_dict()}
+    for key in ("rounds", "ms_rounds"):
+        del old[key]
+    with open(tmp_path / "bench.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=OLD_FIELDS)
+        w.writeheader()
+        w.writerow({k: "" if v is None else v for k, v in old.items()})
+    with open(tmp_path / "bench.jsonl", "w") as fh:
+        fh.write(json.dumps(old) + "\n")
+    for name in ("bench.jsonl", "bench.csv"):
+        (r,) = results.load_rows(tmp_path / name)
+        assert r["rounds"] is None and r["ms_rounds"] is None and r["ms"] == 1.5 and r["causal"] is True
+    # new rows appended to the old files: the CSV header grows, no column shifts
+    results.write_results([_row("new", ms=0.5, rounds=2, ms_rounds=[0.5, 0.5])], tmp_path)
+    for name in ("bench.jsonl", "bench.csv"):
+        both = results.load_rows(tmp_path / name, run_id=None)
+        assert [(r["run_id"], r["ms"], r["rounds"], r["ms_rounds"]) for r in both] == [
+            ("old", 1.5, None, None), ("new", 0.5, 2, [0.5, 0.5])], name
+        assert all(r["provider"] == "tileattn" and r["seqlen_q"] == 8 for r in both)
+    with open(tmp_path / "bench.csv", newline="") as fh:
+        assert next(csv.reader(fh)) == results.FIELDS

@@ -2,10 +2,12 @@
 
 One process runs every provider side by side on the same inputs:
 tileattn, ``torch.nn.functional.scaled_dot_product_attention`` with each
-backend forced (flash, cuDNN, memory-efficient), FlexAttention (compiled) and
-standard (materialized) attention.  The default sweep is the FlashAttention-2
-protocol (bf16, 16k tokens in total, hidden 2048, d in {64, 128},
-N in {512, ..., 16k}, causal and not, forward / backward / forward+backward).
+backend forced (flash, cuDNN, memory-efficient), FlexAttention (compiled),
+FlashAttention-4 (``flash_attn.cute``, when installed) and standard
+(materialized) attention, each point's providers timed in interleaved rounds.
+The default sweep is the FlashAttention-2 protocol (bf16, 16k tokens in
+total, hidden 2048, d in {64, 128}, N in {512, ..., 16k}, causal and not,
+forward / backward / forward+backward).
 
 Modules: :mod:`~tileattn.bench.providers` (the registry),
 :mod:`~tileattn.bench.runner` (the sweep: timing, memory, correctness),

@@ -1,13 +1,20 @@
 """``tileattn bench``: tileattn beside torch SDPA (flash, cuDNN and efficient
-backends forced), FlexAttention (compiled) and standard attention, in one
-process, on the FlashAttention-2 protocol by default: bf16, 16k tokens in
-total (batch = 16384 / N), hidden 2048 (heads = 2048 / d), d in {64, 128},
+backends forced), FlexAttention (compiled), FlashAttention-4 (fa4, when
+flash-attn-4 is installed) and standard attention, in one process, on the
+FlashAttention-2 protocol by default: bf16, 16k tokens in total
+(batch = 16384 / N), hidden 2048 (heads = 2048 / d), d in {64, 128},
 N in {512, 1k, 2k, 4k, 8k, 16k}, causal and not, fwd, bwd and fwd+bwd.
 
-Times are triton.testing.do_bench medians (warm-up included).  TFLOP/s use
+At each point the providers are timed in --rounds rounds (default 3), every
+provider once per round, the order rotated each round; a provider's time is
+its median over the rounds (each round: a triton.testing.do_bench median,
+warm-up included), so clock drift during a point does not favour one
+provider.  The table gives TFLOP/s, tileattn's ratio to every other provider
+and every provider's ratio to the --baseline (default sdpa-cudnn; when it
+cannot run here, the first SDPA backend that can, with a note).  TFLOP/s use
 tileattn.cost.io.attention_flops; achieved GB/s use the IO model's bytes
-(tiled model for tileattn, sdpa-* and flex; eager standard model for
-standard).  Every provider's output (and gradients, for modes with a
+(tiled model for tileattn, sdpa-*, flex and fa4; eager standard model
+for standard).  Every provider's output (and gradients, for modes with a
 backward) is checked against float32 standard attention and against tileattn
 on the first N of each configuration; a provider above the tolerance is
 marked "wrong".  Providers that are missing, fail or run out of memory are
@@ -39,6 +46,9 @@ EXAMPLES = """examples:
   tileattn bench --batch 2 --heads 8 --seqlens 32k # any shape
   tileattn bench --quick --device cpu --json       # a tiny smoke test, no GPU needed
   tileattn bench --plot-from bench-results/bench.jsonl --out figures/"""
+
+DEFAULT_BASELINE = "sdpa-cudnn"
+SDPA_PROVIDERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 
 QUICK = {"cuda": dict(head_dims=(64,), seqlens=(256, 512), tokens=2048, hidden=256),
          "cpu": dict(head_dims=(32,), seqlens=(64, 128), tokens=256, hidden=64)}
@@ -78,6 +88,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     m.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms (default 25)")
     m.add_argument("--rep", type=int, default=100, help="do_bench measurement, ms (default 100)")
     m.add_argument("--repeats", type=int, default=3, help="timing repeats without CUDA (default 3)")
+    m.add_argument("--rounds", type=int, default=3,
+                   help="timing rounds per point, every provider once per round in a rotated order; "
+                        "the time is the median over rounds (default 3)")
+    m.add_argument("--baseline", default=None, metavar="NAME",
+                   help=f"provider the table's ratio rows divide by (default {DEFAULT_BASELINE}; if it cannot "
+                        f"run here, the first SDPA backend that can)")
     m.add_argument("--tolerance", type=float, default=None,
                    help="relative error that marks a provider wrong (default 2e-2 bf16/fp16, 1e-3 fp32)")
     o = p.add_argument_group("output")
@@ -117,7 +133,32 @@ def build_config(args, device: torch.device) -> runner.BenchConfig:
         tokens=pick(args.tokens, "tokens", runner.FA2_TOKENS),
         hidden=pick(args.hidden, "hidden", runner.FA2_HIDDEN),
         kv_heads=args.kv_heads, batch=args.batch, heads=args.heads, device=str(device),
-        warmup_ms=args.warmup, rep_ms=args.rep, cpu_repeats=args.repeats, tolerance=args.tolerance)
+        warmup_ms=args.warmup, rep_ms=args.rep, cpu_repeats=args.repeats, rounds=args.rounds,
+        tolerance=args.tolerance)
+
+
+def resolve_baseline(requested, providers: tuple, device: torch.device) -> tuple[str | None, str]:
+    """(baseline provider or None, a note saying why it is not the one asked
+    for, or ""): ``requested`` (None = the default, sdpa-cudnn) when it is in
+    the run and can run on ``device``, else the first SDPA backend that is and
+    can.  An explicit name that is unknown or not among ``providers`` raises
+    ValueError naming --baseline."""
+    if requested is not None:
+        if requested not in _providers.PROVIDERS:
+            raise ValueError(f"--baseline: unknown provider {requested!r} (known: {', '.join(_providers.PROVIDERS)})")
+        if requested not in providers:
+            raise ValueError(f"--baseline: {requested!r} is not among the providers run ({', '.join(providers)})")
+    want = requested or DEFAULT_BASELINE
+    if want in providers:
+        why = _providers.available_reason(want, device)
+        if why is None:
+            return want, ""
+    else:
+        why = "not among --providers"
+    for name in SDPA_PROVIDERS:
+        if name != want and name in providers and _providers.available_reason(name, device) is None:
+            return name, f"baseline {name}: {want} cannot be the baseline here ({why})"
+    return None, f"no baseline: {want} cannot run here ({why}) and no other SDPA backend can"
 
 
 class _Progress:
@@ -146,8 +187,8 @@ class _Progress:
     def step(self, desc: str) -> None:
         if self._bar:
             self._bar.update(self._task, description=desc)
-        else:
-            print(f"[{self.done + 1}/{self.total}] {desc}", file=sys.stderr, flush=True)
+        else:  # rows finish a point at a time, after its timing rounds
+            print(f"[{self.done}/{self.total} done] {desc}", file=sys.stderr, flush=True)
 
     def row(self, row) -> None:
         self.done += 1
@@ -168,9 +209,15 @@ def _ratio(a, b) -> str:
     return "-"
 
 
-def tables(rows: list[dict]) -> list[tuple[str, list[str], list[list[str]]]]:
+def _ran(at, name, ns) -> bool:
+    return any(at.get((name, n), {}).get("status") == "ok" for n in ns)
+
+
+def tables(rows: list[dict], baseline: str | None = DEFAULT_BASELINE) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, body) per configuration: provider x N in TFLOP/s, then
-    tileattn's ratio to sdpa-flash and sdpa-cudnn where both ran."""
+    ``tileattn / <peer>`` for every peer, then ``<provider> / <baseline>`` for
+    every other provider (speed ratios: > 1 is faster than the divisor), each
+    row only where both ran at some N."""
     out = []
     configs = list(dict.fromkeys((r["head_dim"], r["causal"], r["mode"]) for r in rows))
     for d, causal, mode in configs:
@@ -183,26 +230,34 @@ def tables(rows: list[dict]) -> list[tuple[str, list[str], list[list[str]]]]:
                  f"({r0['dtype']}, batch x heads = {r0['batch']}x{r0['heads']} at N={r0['seqlen_q']}"
                  f"{', kv heads ' + str(r0['kv_heads']) if r0['kv_heads'] != r0['heads'] else ''})")
         body = [[p] + [_cell(at[(p, n)]) if (p, n) in at else "" for n in ns] for p in provs]
-        for other in ("sdpa-flash", "sdpa-cudnn"):
-            if "tileattn" in provs and other in provs and any(
-                    at.get((other, n), {}).get("status") == "ok" for n in ns):
-                body.append([f"tileattn / {other}"] + [_ratio(at.get(("tileattn", n)), at.get((other, n)))
-                                                       for n in ns])
+        pairs = [("tileattn", other) for other in provs if other != "tileattn"]
+        if baseline is not None:
+            pairs += [(p, baseline) for p in provs if p not in (baseline, "tileattn")]
+        for a, b in pairs:
+            if a in provs and b in provs and _ran(at, a, ns) and _ran(at, b, ns):
+                body.append([f"{a} / {b}"] + [_ratio(at.get((a, n)), at.get((b, n))) for n in ns])
         out.append((title, ["provider"] + [f"N={n}" for n in ns], body))
     return out
 
 
-def print_tables(rows: list[dict], meta: dict, file) -> None:
+def print_tables(rows: list[dict], meta: dict, file, baseline: str | None = DEFAULT_BASELINE,
+                 baseline_note: str = "") -> None:
     head = (f"{meta.get('gpu')} | driver {meta.get('driver')} | torch {meta.get('torch')} | "
             f"triton {meta.get('triton')} | commit {meta.get('git_commit')}")
-    notes = [runner.BYTES_MODEL_NOTE + " (in the CSV/JSON, with ms and peak memory).",
-             "Cells: TFLOP/s; OOM = out of memory; UNAVAILABLE / FAILED / WRONG: see the status column."]
+    rounds = sorted({r["rounds"] for r in rows if r.get("rounds")})
+    notes = [runner.BYTES_MODEL_NOTE + " (in the CSV/JSON, with ms, each round's ms and peak memory).",
+             "Cells: TFLOP/s, the median over " + ("/".join(map(str, rounds)) if rounds else "the") +
+             " timing rounds (providers interleaved, order rotated per round); OOM = out of memory; "
+             "UNAVAILABLE / FAILED / WRONG: see the status column.",
+             "Ratios: TFLOP/s of the left provider over the right one's (> 1: the left is faster)."]
+    if baseline_note:
+        notes.insert(0, baseline_note)
     try:
         from rich.console import Console
         from rich.table import Table
         console = Console(file=file)
         console.print(head)
-        for title, header, body in tables(rows):
+        for title, header, body in tables(rows, baseline):
             t = Table(title=title, title_justify="left")
             for i, col in enumerate(header):
                 t.add_column(col, justify="left" if i == 0 else "right")
@@ -213,7 +268,7 @@ def print_tables(rows: list[dict], meta: dict, file) -> None:
             console.print(n, style="dim")
     except ImportError:
         print(head, file=file)
-        for title, header, body in tables(rows):
+        for title, header, body in tables(rows, baseline):
             print("\n" + title, file=file)
             for line in [header] + body:
                 print("  " + line[0].ljust(24) + " ".join(c.rjust(10) for c in line[1:]), file=file)
@@ -236,9 +291,11 @@ def _finite(x):
 def run(args) -> int:
     if args.list_providers:
         device = _device(args) or torch.device("cpu")
+        states = {name: p.unavailable_reason(device) for name, p in _providers.PROVIDERS.items()}
+        states = {name: "ok" if why is None else f"unavailable: {why}" for name, why in states.items()}
+        width = max(34, *(len(s) for s in states.values()))
         for name, p in _providers.PROVIDERS.items():
-            reason = p.unavailable_reason(device)
-            print(f"{name:16} {'ok' if reason is None else 'unavailable: ' + reason:34} {p.description}")
+            print(f"{name:16} {states[name]:{width}} {p.description}")
         return 0
     if args.plot_from:
         if not Path(args.plot_from).is_file():
@@ -264,6 +321,7 @@ def run(args) -> int:
     cfg = build_config(args, device)
     try:
         cfg.validate()
+        baseline, baseline_note = resolve_baseline(args.baseline, cfg.providers, device)
     except ValueError as e:
         return _err(str(e))
 
@@ -273,7 +331,7 @@ def run(args) -> int:
         rows = runner.run_sweep(cfg, metadata=meta, on_step=prog.step, on_row=prog.row)
     files = write_results(rows, args.out)
     dicts = [r.as_dict() for r in rows]
-    print_tables(dicts, meta, out_stream)
+    print_tables(dicts, meta, out_stream, baseline, baseline_note)
     for line in _problems(dicts):
         print(f"  note: {line}", file=out_stream)
     plots = []
@@ -286,6 +344,7 @@ def run(args) -> int:
         summary = {
             "meta": meta, "device": str(device), "bytes_model": runner.BYTES_MODEL_NOTE,
             "config": {k: v for k, v in vars(cfg).items()}, "files": files, "plots": plots,
+            "baseline": baseline, "baseline_note": baseline_note,
             "status_counts": dict(collections.Counter(r["status"].split(":")[0] for r in dicts)),
             "rows": [{k: _finite(v) for k, v in r.items() if k not in METADATA_FIELDS} for r in dicts],
         }

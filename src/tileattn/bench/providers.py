@@ -194,6 +194,56 @@ def _flex_check(device: torch.device) -> Optional[str]:
     return None
 
 
+# ---------------------------------------------------------------------------
+# FlashAttention-4 (CuTe DSL), optional
+# ---------------------------------------------------------------------------
+# flash_attn.cute.flash_attn_func(q, k, v, causal=..., softmax_scale=None) on
+# (B, N, H, D) tensors (read from flash-attn-4 4.0.0b36's interface.py):
+# * returns (out, lse), lse None unless it is needed for a backward or asked for;
+# * GQA natively: k/v with fewer heads, H a multiple of Hkv;
+# * causal aligns the end of the queries with the end of the keys (query i sees
+#   key j iff j <= i + Nk - Nq), the same bottom-right convention as tileattn
+#   and the flex provider; equal to SDPA's top-left one for Nq == Nk, the
+#   bench's shapes;
+# * default scale 1 / sqrt(D); fp16 / bf16 only; an autograd Function, so the
+#   backward runs through torch.autograd.grad;
+# * kernels for compute capability 8.x-12.x; the benchmark asks for 9.0 or
+#   newer (Hopper, Blackwell), the architectures FlashAttention-4 targets.
+# The (B, H, N, D) inputs go in as transposed views (no copy; the last dim stays
+# contiguous), as the other providers get them.
+FA4_MIN_CAPABILITY = (9, 0)
+
+
+def _fa4(q, k, v, causal):
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"fa4: FlashAttention-4 takes float16 or bfloat16 inputs, got {q.dtype}")
+    from flash_attn.cute import flash_attn_func
+    res = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
+    out = res[0] if isinstance(res, tuple) else res
+    return out.transpose(1, 2)
+
+
+def _fa4_check(device: torch.device) -> Optional[str]:
+    import importlib.util
+    try:
+        found = importlib.util.find_spec("flash_attn.cute") is not None
+    except (ImportError, ValueError):  # no flash_attn at all, or a broken parent package
+        found = False
+    if not found:
+        return "flash_attn.cute not installed"
+    if device.type != "cuda":
+        return "needs CUDA"
+    cap = torch.cuda.get_device_capability(device)
+    if cap < FA4_MIN_CAPABILITY:
+        return (f"FlashAttention-4 needs compute capability >= {FA4_MIN_CAPABILITY[0]}.{FA4_MIN_CAPABILITY[1]}, "
+                f"this GPU has {cap[0]}.{cap[1]}")
+    try:
+        from flash_attn.cute import flash_attn_func  # noqa: F401
+    except Exception as e:  # installed but its dependencies are not (the CuTe DSL libs, say)
+        return f"flash_attn.cute does not import: {type(e).__name__}: {str(e).strip()[:160]}"
+    return None
+
+
 def _register_defaults() -> None:
     register("tileattn", _tileattn, description="tileattn.attention (Triton kernels on GPUs, tiled PyTorch "
              "path elsewhere)", check=_tileattn_check)
@@ -202,6 +252,8 @@ def _register_defaults() -> None:
                  needs_cuda=True, check=_make_sdpa_check(be))
     register("flex", _flex, description="FlexAttention, torch.compile'd, causal block mask",
              needs_cuda=True, check=_flex_check)
+    register("fa4", _fa4, description="FlashAttention-4, CuTe DSL (flash_attn.cute, package flash-attn-4; "
+             "optional)", check=_fa4_check)
     register("standard", _standard, description="standard attention, eager, N x N scores materialized",
              bytes_model="standard")
 

@@ -1,6 +1,11 @@
 """One row per (point, provider), appended to CSV and JSON lines files, with
 the run's metadata (GPU, driver, versions, git commit, time) on every row so
-that each file stays self-describing when several runs are appended."""
+that each file stays self-describing when several runs are appended.
+
+The schema grows by adding fields with defaults, never by renaming: a file
+written before a field existed loads with that field at its default, and
+appending rows to an older CSV rewrites its header (old rows get empty cells)
+so that columns never shift."""
 from __future__ import annotations
 
 import csv
@@ -36,7 +41,7 @@ class Row:
     dtype: str
     device: str
     # results (None where not measured)
-    ms: Optional[float] = None
+    ms: Optional[float] = None        # median of ms_rounds
     flops: Optional[float] = None     # tileattn.cost.io.attention_flops
     tflops: Optional[float] = None    # flops / time
     model_bytes: Optional[float] = None
@@ -48,6 +53,11 @@ class Row:
     rel_err_ref: Optional[float] = None       # vs float32 standard attention, max over checked tensors
     rel_err_tileattn: Optional[float] = None  # vs tileattn's outputs, max over checked tensors
     check_detail: str = ""
+    # timing rounds: the point's providers are timed in turn, ``rounds`` times,
+    # in a rotated order; ms_rounds holds this provider's time in each round
+    # (in CSV: space-separated).  Absent (None) in files older than the rounds.
+    rounds: Optional[int] = None
+    ms_rounds: Optional[list] = None
     # metadata of the run
     run_id: str = ""
     timestamp: str = ""
@@ -64,8 +74,10 @@ class Row:
 
 FIELDS = [f.name for f in dataclasses.fields(Row)]
 METADATA_FIELDS = ("run_id", "timestamp", "gpu", "driver", "torch", "triton", "python", "git_commit")
-_INT = {"batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "head_dim", "peak_mem_bytes"}
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(Row) if f.default is not dataclasses.MISSING}
+_INT = {"batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "head_dim", "peak_mem_bytes", "rounds"}
 _FLOAT = {"ms", "flops", "tflops", "model_bytes", "hbm_gbs", "rel_err_ref", "rel_err_tileattn"}
+_FLOAT_LIST = {"ms_rounds"}
 
 
 def _run(cmd, cwd=None) -> Optional[str]:
@@ -128,16 +140,45 @@ def collect_metadata(device: torch.device | str = "cpu") -> dict:
     }
 
 
+def _to_csv_value(value):
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        return " ".join(repr(float(x)) for x in value)
+    return value
+
+
+def _upgrade_csv_header(path: Path) -> list[str]:
+    """The columns to append with: FIELDS, after rewriting a file whose header
+    differs (an older schema) so that its rows sit under the right columns.
+    Columns the file has and FIELDS lacks are kept, at the end."""
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = list(reader.fieldnames or [])
+        if header == FIELDS:
+            return FIELDS
+        old = list(reader)
+    columns = FIELDS + [c for c in header if c not in FIELDS]
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=columns, restval="")
+        w.writeheader()
+        w.writerows(old)
+    os.replace(tmp, path)
+    return columns
+
+
 def append_csv(rows: Iterable[Row], path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists() or path.stat().st_size == 0
+    columns = FIELDS if new else _upgrade_csv_header(path)
     with open(path, "a", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=FIELDS)
+        w = csv.DictWriter(fh, fieldnames=columns, restval="")
         if new:
             w.writeheader()
         for r in rows:
-            w.writerow({k: ("" if v is None else v) for k, v in r.as_dict().items()})
+            w.writerow({k: _to_csv_value(v) for k, v in r.as_dict().items()})
     return path
 
 
@@ -158,19 +199,23 @@ def write_results(rows: list[Row], out_dir: str | os.PathLike) -> dict[str, str]
 
 def _from_csv_value(key: str, value: str):
     if value == "":
-        return None if key in _INT | _FLOAT else ""
+        return None if key in _INT | _FLOAT | _FLOAT_LIST else ""
     if key in _INT:
         return int(float(value))
     if key in _FLOAT:
         return float(value)
+    if key in _FLOAT_LIST:
+        return [float(x) for x in value.split()]
     if key == "causal":
         return value in ("True", "true", "1")
     return value
 
 
 def load_rows(path: str | os.PathLike, run_id: str | None = "latest") -> list[dict]:
-    """Rows of a results file (``.csv`` or ``.jsonl``) as dicts.  ``run_id``:
-    ``"latest"`` (the last run in the file), a run id, or ``None`` for all."""
+    """Rows of a results file (``.csv`` or ``.jsonl``) as dicts, every
+    :class:`Row` field present (fields newer than the file at their defaults).
+    ``run_id``: ``"latest"`` (the last run in the file), a run id, or ``None``
+    for all."""
     path = Path(path)
     if path.suffix == ".csv":
         with open(path, newline="") as fh:
@@ -178,6 +223,7 @@ def load_rows(path: str | os.PathLike, run_id: str | None = "latest") -> list[di
     else:
         with open(path) as fh:
             rows = [json.loads(line) for line in fh if line.strip()]
+    rows = [{**DEFAULTS, **r} for r in rows]
     if run_id == "latest" and rows:
         run_id = rows[-1].get("run_id")
     if run_id is not None:

@@ -1,19 +1,27 @@
 """The sweep: shapes, modes, timing, peak memory, correctness.
 
 For every configuration (head dim, causal, mode) and every sequence length N
-each provider is timed on the same inputs.  On CUDA the time is the median of
-``triton.testing.do_bench`` (warm-up included); on the CPU, where do_bench
-cannot run, it is the median of a few ``time.perf_counter`` repeats after one
-warm-up call.  TFLOP/s come from :func:`tileattn.cost.io.attention_flops`
-(the one FLOP formula; causal counts the visible pairs) divided by that time,
-and the achieved HBM bandwidth from the IO model's bytes for the provider
-(``Provider.bytes_model``) divided by that time.
+each provider is timed on the same inputs, in rounds: a round times every
+provider that ran once, and round r starts r places further along the
+provider list (so with three providers the orders are ABC, BCA, CAB).  A
+provider's time is the median over the rounds, so a clock that drifts during
+the point (thermals, boost, a neighbour on the machine) moves every provider
+alike instead of whichever happened to run last.  Within a round the time is
+the median of ``triton.testing.do_bench`` (warm-up included) on CUDA; on the
+CPU, where do_bench cannot run, it is the median of a few
+``time.perf_counter`` repeats after one warm-up call.  Each round's time is
+kept in the row (``ms_rounds``).  TFLOP/s come from
+:func:`tileattn.cost.io.attention_flops` (the one FLOP formula; causal counts
+the visible pairs) divided by that time, and the achieved HBM bandwidth from
+the IO model's bytes for the provider (``Provider.bytes_model``) divided by
+that time.
 
 Modes: ``fwd`` times a forward under ``torch.no_grad``; ``bwd`` times
 ``torch.autograd.grad`` through a graph built once; ``fwd_bwd`` times both.
 
-Peak memory (CUDA): ``torch.cuda.max_memory_allocated`` over one call of the
-timed step after a first (compiling, autotuning) call, less what was alive
+Peak memory (CUDA), before the rounds, one provider at a time:
+``torch.cuda.max_memory_allocated`` over one call of the timed step after a
+first (compiling, autotuning) call, less what was alive
 before that first call besides the point's inputs (q, k, v, dO).  Memory
 that earlier work left behind, such as the cuBLAS workspaces of the float32
 reference check, is not the step's; so the figure is the inputs plus
@@ -42,7 +50,7 @@ from tileattn.cost import io as cost_io
 from tileattn.reference import standard_attention
 
 from . import providers as _providers
-from .results import Row
+from .results import METADATA_FIELDS, Row
 
 MODES = ("fwd", "bwd", "fwd_bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -73,6 +81,7 @@ class BenchConfig:
     warmup_ms: int = 25               # do_bench warm-up and measurement (ms)
     rep_ms: int = 100
     cpu_repeats: int = 3              # timing repeats without CUDA
+    rounds: int = 3                   # timing rounds per point, providers rotated each round
     tolerance: Optional[float] = None
     seed: int = 0
 
@@ -107,7 +116,7 @@ class BenchConfig:
                 raise ValueError(f"--head-dims: {d} exceeds 256, the largest head dim tileattn supports")
         for flag, v in (("--tokens", self.tokens), ("--hidden", self.hidden), ("--kv-heads", self.kv_heads),
                         ("--batch", self.batch), ("--heads", self.heads), ("--warmup", self.warmup_ms),
-                        ("--rep", self.rep_ms), ("--repeats", self.cpu_repeats)):
+                        ("--rep", self.rep_ms), ("--repeats", self.cpu_repeats), ("--rounds", self.rounds)):
             if v is not None and v < 1:
                 raise ValueError(f"{flag} must be >= 1, got {v}")
         bad = [m for m in self.modes if m not in MODES]
@@ -180,7 +189,7 @@ def _device_cache(device: torch.device):
 
 
 BYTES_MODEL_NOTE = ("achieved GB/s = IO-model HBM bytes / time: the tiled model (tileattn.cost.io.tiled_traffic, "
-                    "with the device's L2 reuse model on CUDA) for tileattn, sdpa-* and flex; the eager standard "
+                    "with the device's L2 reuse model on CUDA) for tileattn, sdpa-*, flex and fa4; the eager standard "
                     "model (standard_traffic, fusion='eager') for standard")
 
 
@@ -278,20 +287,36 @@ def _residue_bytes(device, *inputs) -> int:
 
 def _clear(device):
     # tensors held by reference cycles (an out-of-memory error's traceback
-    # frames, say) would otherwise stay alive into the next measurement
-    gc.collect()
+    # frames, say) would otherwise stay alive into the next measurement.  Where
+    # no memory is measured (the CPU) the error paths collect themselves
+    # (_clear_after_error): a full collection costs ~0.1-0.3 s with torch and
+    # triton loaded, more than a tiny point
     if device.type == "cuda":
+        gc.collect()
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+
+
+def _clear_after_error(device):
+    gc.collect()
+    _clear(device)
+
+
+def round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """The order of each timing round: round r is ``names`` rotated left by r."""
+    if not names:
+        return [[] for _ in range(rounds)]
+    return [names[r % len(names):] + names[:r % len(names)] for r in range(rounds)]
 
 
 def run_sweep(cfg: BenchConfig, *, metadata: Optional[dict] = None,
               on_step: Optional[Callable[[str], None]] = None,
               on_row: Optional[Callable[[Row], None]] = None) -> list[Row]:
     """Run the sweep; return one :class:`Row` per (point, provider).  ``on_step``
-    is called with a description before each provider runs, ``on_row`` with
-    each finished row."""
+    is called with a description before each provider's set-up (correctness
+    check, compile, peak memory) and before each timing round, ``on_row`` with
+    each finished row (a point's rows finish together, after its rounds)."""
     cfg.validate()
     device = torch.device(cfg.device)
     dtype = DTYPES[cfg.dtype]
@@ -316,72 +341,108 @@ def run_sweep(cfg: BenchConfig, *, metadata: Optional[dict] = None,
             except OOM_ERRORS:
                 ref_note = "skipped: the float32 reference ran out of memory"
             _clear(device)
+        point: dict[str, Row] = {}
+        ready: list[str] = []      # set up without error: timed in the rounds
         for name in order:
             if on_step:
                 on_step(f"{label} {name}")
             prov = _providers.get_provider(name)
-            row = Row(provider=name, status="", mode=mode, causal=causal, batch=b, heads=h, kv_heads=hkv,
-                      seqlen_q=n, seqlen_k=n, head_dim=d, dtype=cfg.dtype, device=str(device), flops=flops,
-                      **{k_: meta.get(k_, "") for k_ in ("run_id", "timestamp", "gpu", "driver", "torch",
-                                                         "triton", "python", "git_commit")})
+            row = point[name] = Row(
+                provider=name, status="", mode=mode, causal=causal, batch=b, heads=h, kv_heads=hkv,
+                seqlen_q=n, seqlen_k=n, head_dim=d, dtype=cfg.dtype, device=str(device), flops=flops,
+                **{k_: meta.get(k_, "") for k_ in METADATA_FIELDS})
             if reasons[name]:
                 row.status = f"unavailable: {reasons[name]}"
-            else:
+                continue
+            step, failed = None, True
+            try:
+                _clear(device)
+                if i == 0:
+                    if ref is None:
+                        row.check = ref_note
+                    else:
+                        outs = _outputs(prov.fn, q, k, v, causal, dout)
+                        row.rel_err_ref, row.check_detail = _errors(outs, ref)
+                        if name == "tileattn":
+                            tile_outs, row.rel_err_tileattn = outs, 0.0
+                        elif tile_outs is not None:
+                            row.rel_err_tileattn, _ = _errors(outs, tile_outs)
+                        del outs
+                        ok = row.rel_err_ref <= cfg.tol  # False for NaN
+                        row.check = "passed" if ok else "wrong"
+                        if not ok:
+                            wrong_at[(d, causal, mode, name)] = n
+                        _clear(device)
+                # what is alive now besides this point's inputs (cuBLAS
+                # workspaces left by the float32 reference check, other
+                # providers' caches) is not the step's: out of its peak
+                residue = _residue_bytes(device, q, k, v, dout)
+                step = _prepare(prov.fn, q, k, v, causal, mode, dout)
+                # a first call compiles and autotunes (the autotuner's timing
+                # buffers are not the step's); the peak is of the second
+                step()
+                _sync(device)
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                step()
+                _sync(device)
+                if device.type == "cuda":
+                    row.peak_mem_bytes = int(torch.cuda.max_memory_allocated(device)) - residue
+                ready.append(name)
+                failed = False
+            except OOM_ERRORS:
+                row.status = "oom"
+            except Exception as e:  # reported, never dropped
+                row.status = _failure(e)
+            finally:
+                step = None
+                (_clear_after_error if failed else _clear)(device)
+
+        # timing: every ready provider once per round, the order rotated each
+        # round; a provider that fails in a round leaves the later ones
+        times: dict[str, list[float]] = {name: [] for name in ready}
+        for r, names in enumerate(round_orders(ready, cfg.rounds)):
+            if on_step and names:
+                on_step(f"{label} timing round {r + 1}/{cfg.rounds}")
+            for name in names:
+                if name not in times:
+                    continue
                 step = None
                 try:
-                    _clear(device)
-                    if i == 0:
-                        if ref is None:
-                            row.check = ref_note
-                        else:
-                            outs = _outputs(prov.fn, q, k, v, causal, dout)
-                            row.rel_err_ref, row.check_detail = _errors(outs, ref)
-                            if name == "tileattn":
-                                tile_outs, row.rel_err_tileattn = outs, 0.0
-                            elif tile_outs is not None:
-                                row.rel_err_tileattn, _ = _errors(outs, tile_outs)
-                            del outs
-                            ok = row.rel_err_ref <= cfg.tol  # False for NaN
-                            row.check = "passed" if ok else "wrong"
-                            if not ok:
-                                wrong_at[(d, causal, mode, name)] = n
-                            _clear(device)
-                    # what is alive now besides this point's inputs (cuBLAS
-                    # workspaces left by the float32 reference check, other
-                    # providers' caches) is not the step's: out of its peak
-                    residue = _residue_bytes(device, q, k, v, dout)
-                    step = _prepare(prov.fn, q, k, v, causal, mode, dout)
-                    # a first call compiles and autotunes (the autotuner's timing
-                    # buffers are not the step's); the peak is of the second
-                    step()
-                    _sync(device)
-                    if device.type == "cuda":
-                        torch.cuda.reset_peak_memory_stats(device)
-                    step()
-                    _sync(device)
-                    if device.type == "cuda":
-                        row.peak_mem_bytes = int(torch.cuda.max_memory_allocated(device)) - residue
-                    row.ms = time_ms(step, device, warmup_ms=cfg.warmup_ms, rep_ms=cfg.rep_ms,
-                                     cpu_repeats=cfg.cpu_repeats)
-                    row.tflops = tflops_of(flops, row.ms)
-                    row.model_bytes, row.bytes_model = model_bytes(prov.bytes_model, b, h, hkv, n, d, causal,
-                                                                   cfg.dtype, mode, device)
-                    if row.model_bytes is not None:
-                        row.hbm_gbs = row.model_bytes / (row.ms * 1e-3) / 1e9
-                    row.status = "ok"
+                    step = _prepare(_providers.get_provider(name).fn, q, k, v, causal, mode, dout)
+                    times[name].append(time_ms(step, device, warmup_ms=cfg.warmup_ms, rep_ms=cfg.rep_ms,
+                                               cpu_repeats=cfg.cpu_repeats))
+                    step = None  # the step's graph goes by reference count; a full _clear
+                    _sync(device)  # (gc.collect) between rounds is only needed after an error
                 except OOM_ERRORS:
-                    row.status = "oom"
-                except Exception as e:  # reported, never dropped
-                    row.status = _failure(e)
-                finally:
+                    point[name].status = "oom"
+                    del times[name]
                     step = None
-                    _clear(device)
-                n0 = wrong_at.get((d, causal, mode, name))
-                if n0 is not None and i == 0:
-                    row.status = (f"wrong: relative error {row.rel_err_ref:.2e} > {cfg.tol:g} "
-                                  f"vs float32 standard attention")
-                elif n0 is not None and row.status == "ok":
-                    row.status = f"wrong: failed the correctness check at N={n0}"
+                    _clear_after_error(device)
+                except Exception as e:
+                    point[name].status = _failure(e)
+                    del times[name]
+                    step = None
+                    _clear_after_error(device)
+        for name, ms_rounds in times.items():
+            row = point[name]
+            row.rounds, row.ms_rounds = len(ms_rounds), ms_rounds
+            row.ms = statistics.median(ms_rounds)
+            row.tflops = tflops_of(flops, row.ms)
+            row.model_bytes, row.bytes_model = model_bytes(_providers.get_provider(name).bytes_model, b, h, hkv,
+                                                           n, d, causal, cfg.dtype, mode, device)
+            if row.model_bytes is not None:
+                row.hbm_gbs = row.model_bytes / (row.ms * 1e-3) / 1e9
+            row.status = "ok"
+
+        for name in order:
+            row = point[name]
+            n0 = wrong_at.get((d, causal, mode, name))
+            if n0 is not None and i == 0:
+                row.status = (f"wrong: relative error {row.rel_err_ref:.2e} > {cfg.tol:g} "
+                              f"vs float32 standard attention")
+            elif n0 is not None and row.status == "ok":
+                row.status = f"wrong: failed the correctness check at N={n0}"
             rows.append(row)
             if on_row:
                 on_row(row)
