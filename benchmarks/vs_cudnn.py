@@ -1,0 +1,133 @@
+"""tileattn against torch's default attention on Hopper (SDPA's cuDNN
+backend), forward or backward, providers interleaved at every point: each
+round times every provider once, in a rotated order, and the median over
+rounds is reported (clock drift hits all alike).  FlashAttention-2 paper
+protocol: 16k tokens, hidden 2048.
+
+Forward providers: the Hopper kernel's configs (``--configs``), the portable
+Triton kernel, SDPA cuDNN and SDPA flash.  Backward providers (the time of
+``torch.autograd.grad`` through a graph built once): tileattn with the
+atomic-dQ backward, with the deterministic one, and SDPA cuDNN.
+
+    python benchmarks/vs_cudnn.py [--mode fwd|bwd] [--head-dim 64 128] [--seqlen 2048 ...]
+                                  [--dtype bf16] [--rounds 3] [--configs] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+import triton
+
+import tileattn
+from tileattn import launch, launch_hopper
+from tileattn.configs import HopperFwdConfig
+from tileattn.cost.io import attention_flops
+
+
+def providers(head_dim: int, configs: bool = True) -> dict:
+    def sdpa(backend):
+        def fn(q, k, v, causal):
+            with torch.nn.attention.sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return fn
+
+    def portable(q, k, v, causal):
+        launch_hopper.ENABLED = False
+        try:
+            return tileattn.attention(q, k, v, causal=causal)
+        finally:
+            launch_hopper.ENABLED = True
+
+    def hopper(cfg):
+        return lambda q, k, v, causal: launch.attn_fwd(q, k, v, causal, head_dim ** -0.5, config=cfg)[0]
+
+    out = {"sdpa-cudnn": sdpa(torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
+           "sdpa-flash": sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION),
+           "portable": portable}
+    variants = {64: [dict(num_stages=3), dict(num_stages=2), dict(num_stages=3, pingpong=False)],
+                128: [dict(num_stages=2), dict(num_stages=3), dict(num_stages=2, pingpong=False),
+                      dict(num_stages=2, overlap=False)]}
+    if not configs:
+        out["tileattn"] = lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal)
+        return out
+    for kw in variants.get(head_dim, [{}]):
+        cfg = HopperFwdConfig(**kw)
+        out[cfg.name] = hopper(cfg)
+    return out
+
+
+def bwd_providers() -> dict:
+    def sdpa(q, k, v, causal):
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return {"sdpa-cudnn": sdpa,
+            "tileattn-atomic": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal, deterministic=False),
+            "tileattn-deterministic": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal,
+                                                                                 deterministic=True)}
+
+
+def _bwd_step(fn, q, k, v, do, causal):
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves, causal)
+    return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--seqlen", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
+    ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--mode", choices=("fwd", "bwd"), default="fwd")
+    ap.add_argument("--configs", action="store_true", help="forward: time each Hopper config, not the default")
+    args = ap.parse_args()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    rows = []
+    for d in args.head_dim:
+        provs = providers(d, args.configs) if args.mode == "fwd" else bwd_providers()
+        for causal in map(bool, args.causal):
+            for n in args.seqlen:
+                b, h = max(1, 16384 // n), 2048 // d
+                q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype) for _ in range(3))
+                times = {name: [] for name in provs}
+                errs = {}
+                if args.mode == "fwd":
+                    ref = provs["sdpa-cudnn"](q, k, v, causal).float()
+                    steps = {name: (lambda fn=fn: fn(q, k, v, causal)) for name, fn in provs.items()}
+                    for name, step in steps.items():
+                        errs[name] = float((step().float() - ref).abs().max())
+                else:
+                    do = torch.randn_like(q)
+                    steps = {name: _bwd_step(fn, q, k, v, do, causal) for name, fn in provs.items()}
+                    ref = [g.float() for g in steps["sdpa-cudnn"]()]
+                    for name, step in steps.items():
+                        errs[name] = max(float((g.float() - r).abs().max()) for g, r in zip(step(), ref))
+                names = list(provs)
+                for r in range(args.rounds):
+                    order = names[r % len(names):] + names[:r % len(names)]
+                    for name in order:
+                        times[name].append(triton.testing.do_bench(steps[name], warmup=25, rep=100))
+                flops = attention_flops(b, h, n, n, d, causal=causal, mode=args.mode)
+                base = statistics.median(times["sdpa-cudnn"])
+                for name in names:
+                    ms = statistics.median(times[name])
+                    rows.append(dict(mode=args.mode, dtype=args.dtype, d=d, causal=causal, n=n, provider=name, ms=ms,
+                                     tflops=flops / ms * 1e-9, vs_cudnn=base / ms, max_diff_vs_cudnn=errs[name],
+                                     rounds=times[name]))
+                line = "  ".join(f"{r['provider']}={r['tflops']:.0f}({r['vs_cudnn']:.3f}x,"
+                                 f"e{r['max_diff_vs_cudnn']:.0e})" for r in rows[-len(names):])
+                del steps
+                print(f"{args.mode} {args.dtype} d={d} causal={int(causal)} N={n}: {line}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "triton": triton.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
