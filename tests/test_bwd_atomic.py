@@ -4,8 +4,15 @@ accumulator with atomics, then a convert kernel): gradients against the
 float64 reference under the accuracy rule, through the case helpers of
 test_attention and test_variants; which backward the default picks; that
 the deterministic one is the old launch sequence; bad values of the flag."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+import triton
 
 import tileattn
 from tileattn import configs, launch
@@ -226,3 +233,36 @@ def test_bad_flag(name, path, monkeypatch):
     with pytest.raises(TypeError, match="deterministic must be a bool or None, got"):
         tileattn.attention_varlen(q[0].transpose(0, 1), q[0].transpose(0, 1), q[0].transpose(0, 1), cu, cu, 8, 8,
                                   deterministic=BAD[name])
+
+
+# ---------------------------------------------------------------------------
+# the shared-memory estimate of the fused kernel
+# ---------------------------------------------------------------------------
+_SMEM_SCRIPT = """
+import json, sys
+sys.path.insert(0, {bench!r})
+from compile_report import compile_one
+from tileattn import configs
+from tileattn.kernels.bwd import _attn_bwd_dkdv_kernel
+cfg = configs.candidates("dkdv_atomic", 128)[0]
+regs, smem, spills, wgmma, _ = compile_one(_attn_bwd_dkdv_kernel, cfg, 128, "bf16", True, 90, atomic_dq=True)
+print(json.dumps([cfg.block_m, cfg.block_n, cfg.num_stages, smem, "cp.reduce.async.bulk.tensor" in _.asm["ptx"]]))
+"""
+
+
+@pytest.mark.skipif(not triton.__version__.startswith("3.6"),
+                    reason="the estimate describes triton 3.6's pipeliner; re-measure it on another version")
+def test_atomic_smem_estimate_matches_compiler():
+    """The fused kernel compiled for sm_90 (no GPU needed; in a subprocess
+    without TRITON_INTERPRET): its shared memory is what
+    ``dkdv_atomic_smem_bytes`` says, to the overhead term, and its dQ adds
+    are the copy engine's bulk reduce."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    res = subprocess.run([sys.executable, "-c", _SMEM_SCRIPT.format(bench=bench)], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    bm, bn, stages, actual, bulk_reduce = json.loads(res.stdout.strip().splitlines()[-1])
+    est = configs.dkdv_atomic_smem_bytes(bm, bn, 128, 2, stages)
+    assert actual <= est <= actual + 2048, (actual, est)
+    assert bulk_reduce
