@@ -1,5 +1,7 @@
 """Compile the kernels ahead of time for a GPU target (no GPU needed) and print
-the compiler's resource report: registers, shared memory, spills.
+the compiler's resource report: registers, shared memory, spills.  Kernel
+"dkdv_atomic" is the dK/dV kernel as the atomic backward (deterministic=False)
+launches it, adding dQ into a float32 accumulator.
 
     python benchmarks/compile_report.py --arch 90 [--head-dim 64 128] [--dtype bf16]
     python benchmarks/compile_report.py --head-dim 128 --variant varlen window   # with variants on
@@ -57,7 +59,10 @@ VARIANTS = {
 }
 
 
-def compile_one(kernel, cfg, head_dim, dtype, causal, arch, use_tma=True, variants=()):
+def compile_one(kernel, cfg, head_dim, dtype, causal, arch, use_tma=True, variants=(), atomic_dq=False):
+    """``atomic_dq``: the dK/dV kernel as the non-deterministic backward
+    launches it (kind "dkdv_atomic": it also adds dQ into a float32
+    accumulator, by the copy engine's bulk reduce on the TMA path)."""
     constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim), "BLOCK_M": cfg.block_m,
                   "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal and "window" not in variants,
                   "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32", "USE_TMA": use_tma}
@@ -65,6 +70,11 @@ def compile_one(kernel, cfg, head_dim, dtype, causal, arch, use_tma=True, varian
     for name in variants:
         constexprs.update(VARIANTS[name][0])
         types.update(VARIANTS[name][1])
+    if atomic_dq:
+        dq_tma = use_tma and "varlen" not in variants
+        constexprs.update(ATOMIC_DQ=True, DQ_TMA=dq_tma)
+        types.update({n: "i32" for n in ("stride_dqab", "stride_dqah", "stride_dqan", "stride_dqad")})
+        types["DQ_ACC"] = (f"tensordesc<fp32[1,1,{cfg.block_m},{constexprs['BLOCK_D']}]>" if dq_tma else "*fp32")
     # the other variants' arguments keep their defaults (switches off, pointers None)
     constexprs.update({p.name: p.default for p in kernel.params
                        if p.name not in constexprs and p.name not in types
@@ -153,19 +163,21 @@ def main():
     for d in args.head_dim:
         for kind, kernel, cands in (("fwd", _attn_fwd_kernel, configs.candidates("fwd", d)),
                                     ("dkdv", _attn_bwd_dkdv_kernel, configs.candidates("dkdv", d)),
-                                    ("dq", _attn_bwd_dq_kernel, configs.candidates("dq", d))):
+                                    ("dq", _attn_bwd_dq_kernel, configs.candidates("dq", d)),
+                                    ("dkdv_atomic", _attn_bwd_dkdv_kernel, configs.candidates("dkdv_atomic", d))):
             for cfg in cands:
                 for causal in (False, True):
                     try:
                         regs, smem, spills, wgmma, _ = compile_one(kernel, cfg, d, args.dtype, causal, args.arch,
-                                                                   not args.pointer_path, tuple(args.variant))
+                                                                   not args.pointer_path, tuple(args.variant),
+                                                                   atomic_dq=kind == "dkdv_atomic")
                         rows.append((kind, d, cfg.name, causal, regs, smem, spills, wgmma))
                     except Exception as e:  # report and go on
                         msg = re.sub(r"\s+", " ", str(e))[:120]
                         rows.append((kind, d, cfg.name, causal, "ERR", msg, "", ""))
-    print(f"{'kernel':6} {'d':>4} {'config':18} {'causal':6} {'regs':>5} {'smem':>7} {'spills':>6} wgmma")
+    print(f"{'kernel':11} {'d':>4} {'config':18} {'causal':6} {'regs':>5} {'smem':>7} {'spills':>6} wgmma")
     for r in rows:
-        print(f"{r[0]:6} {r[1]:>4} {r[2]:18} {str(r[3]):6} {str(r[4]):>5} {str(r[5]):>7} {str(r[6]):>6} {r[7]}")
+        print(f"{r[0]:11} {r[1]:>4} {r[2]:18} {str(r[3]):6} {str(r[4]):>5} {str(r[5]):>7} {str(r[6]):>6} {r[7]}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 reference, under the accuracy rule (see ``tileattn.testing``), on the Triton
 kernels and on the pure-PyTorch tiled path."""
 import dataclasses
+import functools
 import zlib
 
 import pytest
@@ -40,8 +41,9 @@ def make_tensor(b, h, n, d, dtype, layout, scale=1.0, device=DEVICE):
     return x.detach().requires_grad_()
 
 
-def run_case(c: Case, input_scale=1.0, with_lse_grad=True, device=DEVICE):
-    """Forward + backward of tileattn, standard attention in c.dtype and in float64."""
+def run_case(c: Case, input_scale=1.0, with_lse_grad=True, device=DEVICE, deterministic=None):
+    """Forward + backward of tileattn (with ``deterministic`` passed on),
+    standard attention in c.dtype and in float64."""
     torch.manual_seed(zlib.crc32(c.id.encode()) + SEED_OFFSET)
     q = make_tensor(c.b, c.hq, c.nq, c.d, c.dtype, c.layout, input_scale, device)
     k = make_tensor(c.b, c.hkv, c.nk, c.d, c.dtype, c.layout, input_scale, device)
@@ -58,7 +60,7 @@ def run_case(c: Case, input_scale=1.0, with_lse_grad=True, device=DEVICE):
         grads = torch.autograd.grad(loss, (qq, kk, vv))
         return (out, lse) + grads
 
-    mine = fwd_bwd(tileattn.attention, q, k, v, do)
+    mine = fwd_bwd(functools.partial(tileattn.attention, deterministic=deterministic), q, k, v, do)
     lowp = fwd_bwd(standard_attention, q, k, v, do)
     with tileattn.use_backend("torch"):
         q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))

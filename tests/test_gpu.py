@@ -1,6 +1,9 @@
 """Cases that only a GPU can run in reasonable time and memory: a tensor of
-more than 2^31 elements (64-bit offsets), N = 16384, and 100 repeated
-backward passes compared bitwise."""
+more than 2^31 elements (64-bit offsets), N = 16384, 100 repeated
+deterministic backward passes compared bitwise, the atomic backward at
+N = 1000 with the copy engine's bulk reduce."""
+import functools
+
 import pytest
 import torch
 
@@ -59,12 +62,48 @@ def test_hundred_backward_passes_bitwise_equal():
     k = torch.randn(4, 4, 1024, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(4, 4, 1024, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     do = torch.randn_like(q)
-    out = tileattn.attention(q, k, v, causal=True)
+    out = tileattn.attention(q, k, v, causal=True, deterministic=True)
     first = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
     for i in range(100):
         again = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
         for name, a, b in zip(("dq", "dk", "dv"), first, again):
             assert torch.equal(a, b), f"{name} differs on repeat {i}"
+
+
+@pytest.mark.parametrize("b,hq,hkv,n,causal", [(2, 8, 8, 1000, True), (2, 8, 2, 1000, False), (1, 16, 4, 777, True)],
+                         ids=["B2-H8-N1000-causal", "B2-H8x2-N1000-full", "B1-H16x4-N777-causal"])
+def test_atomic_backward_accuracy(b, hq, hkv, n, causal):
+    """deterministic=False (dQ by float32 atomics, TMA bulk reduce for bf16)
+    under the accuracy rule, plain and grouped-query."""
+    torch.manual_seed(4)
+    d = 128
+    q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    do = torch.randn_like(q)
+    tileattn.launch.POISON_OUTPUTS = True
+    try:
+        got = _grads(functools.partial(tileattn.attention, deterministic=False), q, k, v, do, causal)
+    finally:
+        tileattn.launch.POISON_OUTPUTS = False
+    _check_slice(f"atomic-{b}x{hq}x{hkv}x{n}", q, k, v, do, got, causal)
+
+
+def test_atomic_backward_plans_start_from_a_zero_accumulator():
+    """Replayed launch plans of the atomic backward allocate a fresh zeroed
+    accumulator: dq stays what the first call gave (to rounding), and dk, dv
+    stay bitwise (they take no atomics)."""
+    launch = tileattn.launch
+    torch.manual_seed(5)
+    q, k, v, do = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    o, lse = launch.attn_fwd(q, k, v, True, 0.125)
+    launch._PLANS.clear()
+    first = launch.attn_bwd(do, q, k, v, o, lse, True, 0.125, deterministic=False)
+    for _ in range(4):   # the later calls launch directly, then from the plan
+        again = launch.attn_bwd(do, q, k, v, o, lse, True, 0.125, deterministic=False)
+        assert (again[0].float() - first[0].float()).abs().max() <= 1e-2 * first[0].float().abs().max()
+        assert torch.equal(again[1], first[1]) and torch.equal(again[2], first[2])
+    if launch._DIRECT_SUPPORTED:
+        assert any(key[0] == "bwd" for key in launch._PLANS), "no call replayed a plan"
 
 
 def _fwd_bwd_launchers(q, k, v, do, causal, dlse=None):

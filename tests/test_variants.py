@@ -110,10 +110,11 @@ def explicit_mask(c: Case, layout):
     return hidden
 
 
-def run_case(c: Case):
+def run_case(c: Case, deterministic=None):
     q, k, v, do, dlse, slopes, layout = make_inputs(c)
     out, lse = tileattn.attention(q, k, v, causal=c.causal, window=c.window, softcap=c.softcap,
-                                  alibi_slopes=slopes, block_mask=layout, return_lse=True)
+                                  alibi_slopes=slopes, block_mask=layout, return_lse=True,
+                                  deterministic=deterministic)
     mine = (out, lse) + torch.autograd.grad(_loss(out, lse, do, dlse), (q, k, v))
     mask = explicit_mask(c, layout)
 
@@ -128,8 +129,8 @@ def run_case(c: Case):
     return mine, lowp, ref64
 
 
-def assert_case(c: Case):
-    mine, lowp, ref64 = run_case(c)
+def assert_case(c: Case, deterministic=None):
+    mine, lowp, ref64 = run_case(c, deterministic)
     assert mine[0].shape == (c.b, c.hq, c.nq, c.d) and mine[0].dtype == c.dtype
     assert mine[1].shape == (c.b, c.hq, c.nq) and mine[1].dtype == torch.float32
     for name, got, r64, rlp in zip(("out", "lse", "dq", "dk", "dv"), mine, ref64, lowp):
@@ -295,7 +296,7 @@ def _packed(total, h, d, dtype, layout):
     return torch.randn(total, h, d, device=DEVICE).to(dtype).requires_grad_()
 
 
-def run_varlen(c: VarlenCase):
+def run_varlen(c: VarlenCase, deterministic=None):
     _seed(c.id)
     tq, tk = sum(c.lens_q), sum(c.lk)
     q = _packed(tq, c.hq, c.d, c.dtype, c.layout)
@@ -308,7 +309,8 @@ def run_varlen(c: VarlenCase):
               "bh": torch.rand(nb, c.hq, device=DEVICE) * 0.5 + 0.01}[c.alibi]
     cu_q, cu_k = _cu(c.lens_q), _cu(c.lk)
     out, lse = tileattn.attention_varlen(q, k, v, cu_q, cu_k, max(c.lens_q), max(c.lk), causal=c.causal,
-                                         window=c.window, softcap=c.softcap, alibi_slopes=slopes, return_lse=True)
+                                         window=c.window, softcap=c.softcap, alibi_slopes=slopes, return_lse=True,
+                                         deterministic=deterministic)
     mine = (out, lse) + torch.autograd.grad(_loss(out, lse, do, dlse), (q, k, v))
     mask = varlen_mask(cu_q, cu_k, causal=c.causal, window=c.window, device=DEVICE)
 
@@ -339,8 +341,8 @@ VARLEN_CASES = [
 ]
 
 
-def assert_varlen(case: VarlenCase):
-    mine, lowp, ref64 = run_varlen(case)
+def assert_varlen(case: VarlenCase, deterministic=None):
+    mine, lowp, ref64 = run_varlen(case, deterministic)
     tq = sum(case.lens_q)
     assert mine[0].shape == (tq, case.hq, case.d) and mine[1].shape == (case.hq, tq)
     assert mine[0].dtype == case.dtype and mine[1].dtype == torch.float32

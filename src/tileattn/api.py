@@ -135,6 +135,16 @@ def _check_alibi(alibi_slopes, q, batch: int, hq: int):
     return alibi_slopes.detach().to(dtype).contiguous()
 
 
+def _check_deterministic(deterministic) -> bool:
+    """The backward to run: ``None`` follows torch's global switch
+    (``torch.use_deterministic_algorithms``)."""
+    if deterministic is None:
+        return torch.are_deterministic_algorithms_enabled()
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool or None, got {type(deterministic).__name__}")
+    return deterministic
+
+
 def _check_block_mask(block_mask, q, batch: int, hq: int, n_q: int, n_k: int):
     if block_mask is None:
         return None
@@ -155,7 +165,7 @@ def _check_block_mask(block_mask, q, batch: int, hq: int, n_q: int, n_k: int):
 
 
 def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=None, softcap=None,
-              alibi_slopes=None, block_mask=None):
+              alibi_slopes=None, block_mask=None, deterministic=None):
     """Exact attention, softmax(scale * q k^T) v, computed tile by tile.
 
     Args:
@@ -184,15 +194,24 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
             query block i attends to key block j only where the entry is True;
             blocks switched off are never loaded or computed.  Combines with
             ``causal`` and ``window``.
+        deterministic: which backward the kernels run.  True: dK/dV and
+            dQ by separate kernels, bitwise reproducible.  False: one kernel
+            computes dK/dV and adds dQ into a float32 sum with atomics
+            (5 instead of 7 tile matmuls; faster, but dq may differ in the
+            last bits from run to run; dk and dv stay reproducible).  None
+            (default): True if ``torch.are_deterministic_algorithms_enabled()``,
+            else False.  The pure-PyTorch path ignores it (it is
+            deterministic).
 
     Returns:
         out (B, Hq, Nq, D) in the input dtype, or (out, lse).
 
     fp16, bf16 and fp32 run the Triton kernels on GPUs; on other devices (and
     for float64 on CPU) a pure-PyTorch tiled implementation of the same
-    algorithm runs.  The backward is deterministic.
+    algorithm runs.
     """
     scale = validate(q, k, v, causal, scale)
+    det = _check_deterministic(deterministic)
     b, hq, n_q, _ = q.shape
     left, right = _check_window(window)
     cap = _check_softcap(softcap)
@@ -202,11 +221,11 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
     if eager.applies(q, k, v):
         # same launchers, without the custom-op dispatch (host time; see eager.py)
         out, lse = eager.attention(q, k, v, causal, scale,
-                                   None if plain else ops.variant_kwargs(left, right, cap, slopes, mask))
+                                   None if plain else ops.variant_kwargs(left, right, cap, slopes, mask), det)
     elif plain:
-        out, lse = ops.attention_fwd(q, k, v, causal, scale)
+        out, lse = ops.attention_fwd(q, k, v, causal, scale, deterministic=det)
     else:
-        out, lse = ops.attention_fwd(q, k, v, causal, scale, left, right, cap, slopes, mask)
+        out, lse = ops.attention_fwd(q, k, v, causal, scale, left, right, cap, slopes, mask, det)
     if return_lse:
         return out, lse.float()
     return out
@@ -275,7 +294,7 @@ def check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: i
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
-                     window=None, softcap=None, alibi_slopes=None, return_lse=False):
+                     window=None, softcap=None, alibi_slopes=None, return_lse=False, deterministic=None):
     """Exact attention over packed sequences of different lengths (no padding).
 
     Sequence b owns query rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` and key
@@ -293,6 +312,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         causal, scale, window, softcap: as in :func:`attention`.
         alibi_slopes: (Hq,) or (B, Hq) floats, as in :func:`attention`.
         return_lse: also return the log-sum-exp, float32 (Hq, total_q).
+        deterministic: the backward, as in :func:`attention`.
 
     Returns:
         out (total_q, Hq, D), or (out, lse).
@@ -320,8 +340,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     left, right = _check_window(window)
     cap = _check_softcap(softcap)
     slopes = _check_alibi(alibi_slopes, q, batch, hq)
+    det = _check_deterministic(deterministic)
     out, lse = ops.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_q), int(max_k), causal, scale,
-                                        left, right, cap, slopes)
+                                        left, right, cap, slopes, det)
     if return_lse:
         return out, lse.float()
     return out

@@ -69,13 +69,23 @@ def dq_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, nu
     return _bwd_program_bytes(block_n, block_m, head_dim, elem_bytes, num_stages)
 
 
+def dkdv_atomic_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
+    """The dK/dV program of the atomic backward: the dK/dV program's tiles,
+    plus the float32 dQ tile staged for the copy engine's bulk reduce and dS
+    transposed (BLOCK_M x BLOCK_N) for the dS K matmul.  Matches the sm_90
+    compile report of the TMA path exactly (the pointer path needs less)."""
+    return (dkdv_smem_bytes(block_m, block_n, head_dim, elem_bytes, num_stages)
+            + 4 * block_m * block_d(head_dim) + elem_bytes * block_m * block_n)
+
+
 def bwd_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
     """The larger of the two backward programs for one config."""
     return max(dkdv_smem_bytes(block_m, block_n, head_dim, elem_bytes, num_stages),
                dq_smem_bytes(block_m, block_n, head_dim, elem_bytes, num_stages))
 
 
-SMEM_ESTIMATORS = {"fwd": fwd_smem_bytes, "dkdv": dkdv_smem_bytes, "dq": dq_smem_bytes}
+SMEM_ESTIMATORS = {"fwd": fwd_smem_bytes, "dkdv": dkdv_smem_bytes, "dkdv_atomic": dkdv_atomic_smem_bytes,
+                   "dq": dq_smem_bytes}
 
 
 def _head_dim_bucket(head_dim: int) -> int:
@@ -143,7 +153,31 @@ DQ_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     ),
 }
 
-TABLES = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}
+# The dK/dV kernel of the atomic backward (deterministic=False) also holds
+# the dQ tile and a transposed dS: more registers and shared memory
+# (dkdv_atomic_smem_bytes), so it has its own table.  UNMEASURED: the order
+# comes from the sm_90 compile report alone (bf16, TMA path, triton 3.6):
+# no or few spills first, and a wide BLOCK_N (fewer dQ adds per query row,
+# one per key block) before a narrow one.  The dK/dV table's first choice
+# spills more here (d=64: 0/100 B non-causal/causal; d=128: 212/504 B).
+_A = "sm_90 compile report, triton 3.6, bf16 TMA (benchmarks/compile_report.py, dkdv_atomic); not timed"
+DKDV_ATOMIC_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
+    64: (
+        KernelConfig(32, 128, 8, 2, _A + ": no spills"),
+        KernelConfig(32, 64, 4, 2, _A + ": no spills"),
+        KernelConfig(32, 64, 4, 3, _A + ": the dK/dV table's first; spills 0/100 B"),
+    ),
+    128: (
+        KernelConfig(32, 128, 8, 2, _A + ": spills 0/92 B"),
+        KernelConfig(32, 64, 8, 2, _A + ": no spills"),
+        KernelConfig(64, 128, 8, 2, _A + ": the dK/dV table's first; spills 212/504 B"),
+    ),
+    # the dK/dV table's: spills 24/168 B and 140/1396 B with the dQ adds
+    # (0/32 and 12/1308 without); nothing better tried yet
+    256: DKDV_CONFIGS[256],
+}
+
+TABLES = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dkdv_atomic": DKDV_ATOMIC_CONFIGS, "dq": DQ_CONFIGS}
 
 # One small config for the Triton interpreter (no GPU timer to autotune with).
 # Small tiles keep the interpreter fast and still exercise multi-tile loops.
@@ -182,7 +216,7 @@ def interpreter_active() -> bool:
 
 
 def candidates(kind: str, head_dim: int) -> tuple[KernelConfig, ...]:
-    """The table's configs for a kernel kind ("fwd", "dkdv", "dq") and head dim."""
+    """The table's configs for a kernel kind ("fwd", "dkdv", "dkdv_atomic", "dq") and head dim."""
     return TABLES[kind][_head_dim_bucket(head_dim)]
 
 

@@ -54,12 +54,12 @@ class _KernelAttention(torch.autograd.Function):
     # setup_context, Function.apply binds the arguments through
     # inspect.signature on every call (tens of microseconds of host time).
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float, variants: dict):
+    def forward(ctx, q, k, v, causal: bool, scale: float, variants: dict, deterministic: bool):
         from . import launch
         out, lse = launch.attn_fwd(q, k, v, causal, scale, **variants)
         ctx.save_for_backward(q, k, v, out, lse)
         # the variants' tensors (ALiBi slopes, block layout) get no gradient
-        ctx.causal, ctx.scale, ctx.variants = causal, scale, variants
+        ctx.causal, ctx.scale, ctx.variants, ctx.deterministic = causal, scale, variants, deterministic
         # an unused lse gets no gradient (None), not a tensor of zeros
         ctx.set_materialize_grads(False)
         return out, lse
@@ -70,15 +70,17 @@ class _KernelAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = launch.attn_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.scale, dlse=dlse, **ctx.variants)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = launch.attn_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.scale, dlse=dlse,
+                                     deterministic=ctx.deterministic, **ctx.variants)
+        return dq, dk, dv, None, None, None, None
 
 
 _NO_VARIANTS: dict = {}
 
 
-def attention(q, k, v, causal: bool, scale: float, variants: dict | None = None):
+def attention(q, k, v, causal: bool, scale: float, variants: dict | None = None, deterministic: bool = True):
     """(out, lse) of the dense kernels without the custom-op dispatch.
     ``variants``: the launchers' keyword arguments (``window``, ``softcap``,
-    ``alibi_slopes``, ``block_mask``), as ``ops.variant_kwargs`` builds them."""
-    return _KernelAttention.apply(q, k, v, causal, scale, variants or _NO_VARIANTS)
+    ``alibi_slopes``, ``block_mask``), as ``ops.variant_kwargs`` builds them;
+    ``deterministic`` picks the backward (see ``launch.attn_bwd``)."""
+    return _KernelAttention.apply(q, k, v, causal, scale, variants or _NO_VARIANTS, deterministic)

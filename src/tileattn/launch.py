@@ -15,7 +15,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from . import configs, launch_hopper
 from .block_mask import BLOCK_K as MASK_BLOCK_K, BLOCK_Q as MASK_BLOCK_Q, cached_kernel_block_lists
 from .configs import HopperFwdConfig, KernelConfig
-from .kernels.bwd import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess_kernel
+from .kernels.bwd import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_convert_kernel, _attn_bwd_dq_kernel,
+                          _attn_bwd_preprocess_kernel)
 from .kernels.fwd import _attn_fwd_kernel
 
 LOG2E = 1.4426950408889634
@@ -104,6 +105,8 @@ def _descriptor(t: torch.Tensor) -> TensorDescriptor:
 _BOX_ROWS = {
     "fwd": {"Q": "BLOCK_M", "O": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N"},
     "dkdv": {"Q": "BLOCK_M", "DO": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N", "DK": "BLOCK_N", "DV": "BLOCK_N"},
+    "dkdv_atomic": {"Q": "BLOCK_M", "DO": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N", "DK": "BLOCK_N",
+                    "DV": "BLOCK_N", "DQ_ACC": "BLOCK_M"},
     "dq": {"Q": "BLOCK_M", "DO": "BLOCK_M", "DQ": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N"},
 }
 
@@ -126,6 +129,12 @@ def _empty_like(t: torch.Tensor, dtype=None) -> torch.Tensor:
     if POISON_OUTPUTS:
         out.fill_(float("nan"))
     return out
+
+
+def _dq_accumulator(q: torch.Tensor) -> torch.Tensor:
+    """The float32 (B, Hq, Nq, D) sum the atomic backward adds dQ into: it
+    must start at zero (never poisoned; dq itself is)."""
+    return torch.zeros(q.shape, device=q.device, dtype=torch.float32)
 
 
 def _empty(shape, device) -> torch.Tensor:
@@ -199,7 +208,8 @@ def _tiles_divide_mask(block_m: int, block_n: int) -> bool:
 
 _TUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "HEAD_DIM", "IS_CAUSAL", "DOT_PRECISION", "USE_TMA",
              "IS_VARLEN", "HAS_WINDOW", "HAS_SOFTCAP", "HAS_ALIBI", "BLOCK_SPARSE"]
-_KERNELS = {"fwd": _attn_fwd_kernel, "dkdv": _attn_bwd_dkdv_kernel, "dq": _attn_bwd_dq_kernel}
+_KERNELS = {"fwd": _attn_fwd_kernel, "dkdv": _attn_bwd_dkdv_kernel, "dkdv_atomic": _attn_bwd_dkdv_kernel,
+            "dq": _attn_bwd_dq_kernel}
 
 
 @functools.lru_cache(maxsize=None)
@@ -599,22 +609,32 @@ def _attn_fwd_launch(q, k, v, o, lse, var, scale, config):
 
 
 def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
-             config: KernelConfig | dict | None = None, **variants):
-    """Backward launch. Returns (dq like q, dk like k, dv like v).  ``config``
-    forces both kernels' config, or {"dkdv": ..., "dq": ...} each;
+             config: KernelConfig | dict | None = None, deterministic: bool = True, **variants):
+    """Backward launch. Returns (dq like q, dk like k, dv like v).
+
+    ``deterministic=True``: the dK/dV kernel, then the dQ kernel (bitwise
+    reproducible).  ``False``: the dK/dV kernel also adds its share of dQ
+    into a float32 accumulator with atomics (5 tile matmuls instead of 7;
+    dq is then reproducible only up to the order of the float32 adds), and
+    a small kernel converts the sum into dq.  ``config`` forces every
+    kernel's config, or {"dkdv": ..., "dq": ..., "dkdv_atomic": ...} each;
     ``variants`` as for :func:`attn_fwd`."""
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
+    deterministic = bool(deterministic)
     plan_key = None
     if not variants and config is None and q.is_cuda:
-        plan_key = _plan_key("bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale))
+        plan_key = _plan_key("bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), deterministic)
         plan = _PLANS.get(plan_key) if plan_key is not None else None
         if plan is not None:
             dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
             delta, lse2 = _empty((b, hq, n_q), q.device), _empty((b, hq, n_q), q.device)
+            tensors = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse, "dlse": dlse,
+                       "dq": dq, "dk": dk, "dv": dv, "delta": delta, "lse2": lse2}
+            if not deterministic:
+                tensors["dq_acc"] = _dq_accumulator(q)
             if _aligned(dq, dk, dv, delta, lse2):
-                _replay(plan, {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse, "dlse": dlse,
-                               "dq": dq, "dk": dk, "dv": dv, "delta": delta, "lse2": lse2})
+                _replay(plan, tensors)
                 return dq, dk, dv
             plan_key = None
     var = _Variants(q, k, causal, scale, **variants)
@@ -623,10 +643,11 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
         return dq.zero_(), dk.zero_(), dv.zero_()
     delta = _empty((b, hq, n_q), q.device)
     lse2 = _empty((b, hq, n_q), q.device)
+    dq_acc = None if deterministic else _dq_accumulator(q)
     if plan_key is not None:
         _begin_record()
     try:
-        _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config)
+        _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc)
     except BaseException:
         _abandon_record()
         raise
@@ -635,12 +656,17 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
                    "delta": delta, "lse2": lse2}
         if dlse is not None:
             tensors["dlse"] = dlse
+        if dq_acc is not None:
+            tensors["dq_acc"] = dq_acc
         _end_record(plan_key, tensors)
     return dq, dk, dv
 
 
-def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config):
-    per_kind = config if isinstance(config, dict) else {"dkdv": config, "dq": config}
+def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc=None):
+    """The backward's launches; with ``dq_acc`` (a zeroed float32 tensor
+    shaped like q) the atomic path: the dK/dV kernel adds dQ into it and
+    the convert kernel writes dq from it."""
+    per_kind = config if isinstance(config, dict) else {"dkdv": config, "dq": config, "dkdv_atomic": config}
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     lse = lse.contiguous()
@@ -670,9 +696,21 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
     def grid_q(meta):
         return (triton.cdiv(var.len_q, meta["BLOCK_M"]), hq, var.batch)
 
-    _launch("dkdv", _attn_bwd_dkdv_kernel, grid_kv, per_kind.get("dkdv"), configs.INTERPRETER_BWD,
+    if dq_acc is None:
+        _launch("dkdv", _attn_bwd_dkdv_kernel, grid_kv, per_kind.get("dkdv"), configs.INTERPRETER_BWD,
+                DK=out_tiles(dk), DV=out_tiles(dv), **_strides4(dk, "dk"), **_strides4(dv, "dv"), **common,
+                **var.kernel_args("dkdv"))
+        _launch("dq", _attn_bwd_dq_kernel, grid_q, per_kind.get("dq"), configs.INTERPRETER_BWD,
+                DQ=out_tiles(dq), **_strides4(dq, "dq"), **common, **var.kernel_args("dq"))
+        return
+    # the copy engine's bulk reduce clips at the tensor's edges only, so
+    # packed sequences (and the interpreter, which lacks it) add by pointer
+    dq_tma = tma and not var.varlen and not configs.interpreter_active()
+    _launch("dkdv_atomic", _attn_bwd_dkdv_kernel, grid_kv, per_kind.get("dkdv_atomic"), configs.INTERPRETER_BWD,
             DK=out_tiles(dk), DV=out_tiles(dv), **_strides4(dk, "dk"), **_strides4(dv, "dv"), **common,
-            **var.kernel_args("dkdv"))
-    _launch("dq", _attn_bwd_dq_kernel, grid_q, per_kind.get("dq"), configs.INTERPRETER_BWD,
-            DQ=out_tiles(dq), **_strides4(dq, "dq"), **common, **var.kernel_args("dq"))
+            **var.kernel_args("dkdv"), DQ_ACC=_descriptor(dq_acc) if dq_tma else dq_acc,
+            **_strides4(dq_acc, "dqa"), ATOMIC_DQ=True, DQ_TMA=dq_tma)
+    _run(_attn_bwd_dq_convert_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
+        DQ_ACC=dq_acc, DQ=dq, **_strides4(dq_acc, "dqa"), **_strides4(dq, "dq"), N_Q=n_q, sm_scale=scale,
+        HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block))
 

@@ -11,7 +11,10 @@ implementation (``reference.py``) otherwise.
 The variants travel as trailing arguments with neutral defaults
 (``window_left = window_right = -1``: unbounded; ``softcap = 0``: none;
 ``alibi_slopes``, ``block_mask``: None), so a plain call keeps the schema's
-first five arguments.
+first five arguments.  Last comes ``deterministic`` (default True): False
+lets the kernels' backward add dQ with float32 atomics (see
+``launch.attn_bwd``).  The forward ops take it only to hand it to their
+backward; the pure-PyTorch path ignores it (it is deterministic anyway).
 """
 from __future__ import annotations
 
@@ -94,7 +97,7 @@ def variant_kwargs(window_left: int, window_right: int, softcap: float, alibi_sl
 @torch.library.custom_op("tileattn::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, window_left: int = -1,
                   window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
-                  block_mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                  block_mask: Optional[Tensor] = None, deterministic: bool = True) -> tuple[Tensor, Tensor]:
     kw = variant_kwargs(window_left, window_right, softcap, alibi_slopes, block_mask)
     if uses_triton(q):
         from . import launch
@@ -106,7 +109,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, w
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
-                        block_mask=None):
+                        block_mask=None, deterministic=True):
     b, h, n, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, h, n), dtype=_lse_dtype(q))
 
@@ -115,11 +118,11 @@ def _attention_fwd_fake(q, k, v, causal, scale, window_left=-1, window_right=-1,
 def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                   dlse: Optional[Tensor], causal: bool, scale: float, window_left: int = -1,
                   window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
-                  block_mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+                  block_mask: Optional[Tensor] = None, deterministic: bool = True) -> tuple[Tensor, Tensor, Tensor]:
     kw = variant_kwargs(window_left, window_right, softcap, alibi_slopes, block_mask)
     if uses_triton(q):
         from . import launch
-        return launch.attn_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, **kw)
+        return launch.attn_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, deterministic=deterministic, **kw)
     dq, dk, dv = reference.tiled_attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
                                                     dlse=dlse, block_n=_TORCH_BLOCK_N, **kw)
     return _like(q, dq), _like(k, dk), _like(v, dv)
@@ -127,7 +130,7 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(dout, q, k, v, out, lse, dlse, causal, scale, window_left=-1, window_right=-1,
-                        softcap=0.0, alibi_slopes=None, block_mask=None):
+                        softcap=0.0, alibi_slopes=None, block_mask=None, deterministic=True):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -137,7 +140,8 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal = causal
     ctx.scale = scale
-    ctx.variants = tuple(variants)  # window_left, window_right, softcap, alibi_slopes, block_mask (if given)
+    # window_left, window_right, softcap, alibi_slopes, block_mask, deterministic (if given)
+    ctx.variants = tuple(variants)
 
 
 def _backward(ctx, dout, dlse):
@@ -174,7 +178,7 @@ def _check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
 def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                          max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float, window_left: int = -1,
                          window_right: int = -1, softcap: float = 0.0,
-                         alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                         alibi_slopes: Optional[Tensor] = None, deterministic: bool = True) -> tuple[Tensor, Tensor]:
     _check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     kw = variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
@@ -190,7 +194,7 @@ def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, 
 
 @attention_varlen_fwd.register_fake
 def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                               window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None):
+                               window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, deterministic=True):
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=_lse_dtype(q))
 
 
@@ -198,15 +202,16 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 def attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                          dlse: Optional[Tensor], cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                          max_seqlen_k: int, causal: bool, scale: float, window_left: int = -1,
-                         window_right: int = -1, softcap: float = 0.0,
-                         alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+                         window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                         deterministic: bool = True) -> tuple[Tensor, Tensor, Tensor]:
     kw = variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
         from . import launch
         dq, dk, dv = launch.attn_bwd(_as_batch(dout), _as_batch(q), _as_batch(k), _as_batch(v), _as_batch(out),
                                      lse[None], causal, scale, dlse=None if dlse is None else dlse[None],
                                      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **kw)
+                                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                     deterministic=deterministic, **kw)
         return (_in_layout(q, dq[0].transpose(0, 1)), _in_layout(k, dk[0].transpose(0, 1)),
                 _in_layout(v, dv[0].transpose(0, 1)))
     dq, dk, dv = reference.tiled_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
@@ -218,7 +223,7 @@ def attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
 @attention_varlen_bwd.register_fake
 def _attention_varlen_bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, causal, scale, window_left=-1, window_right=-1, softcap=0.0,
-                               alibi_slopes=None):
+                               alibi_slopes=None, deterministic=True):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

@@ -5,13 +5,23 @@ With dS = P * (dP - delta), delta_i = sum_d dO_id * O_id (minus dlse_i when
 the caller differentiates through lse), the gradients are
     dV = P^T dO,   dK = scale * dS^T Q,   dQ = scale * dS K.
 
-Three launches, no atomics, so the result is bitwise reproducible:
+The deterministic backward is three launches, no atomics, so the result is
+bitwise reproducible:
   1. ``_attn_bwd_preprocess_kernel``: delta, and lse in log2 units;
   2. ``_attn_bwd_dkdv_kernel``: one program per (key block, kv head, batch)
      keeps dK/dV in registers and loops over the query heads that share the
      kv head (GQA) and over the query blocks that see the key block;
   3. ``_attn_bwd_dq_kernel``: one program per (query block, head, batch)
      keeps dQ in registers and loops over the visible key blocks.
+That is 7 tile matmuls per visible tile: S and dP are computed twice.
+
+The atomic backward (``ATOMIC_DQ``) does 5: the dK/dV kernel also forms
+dS K for each tile it visits and adds it into a zeroed float32 (B, Hq, N_Q,
+D) accumulator (``tl.atomic_add`` with row masks, or on Hopper the copy
+engine's bulk reduce through a tensor descriptor), and
+``_attn_bwd_dq_convert_kernel`` scales the sum into dQ's dtype and layout.
+Float32 adds in arrival order make dQ reproducible only to rounding; dK
+and dV are computed as in the deterministic backward.
 
 The variants are the forward's constexpr switches (see kernels/fwd.py):
 both gradient kernels recompute the same scores, visit only the tiles the
@@ -24,7 +34,7 @@ runs on them unchanged.
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, alibi_slope_log2, causal_key_bounds, causal_query_bounds, head_base, load_rows, load_seq_rows,
+from .common import (LOG2E, add_rows, alibi_slope_log2, causal_key_bounds, causal_query_bounds, head_base, load_rows, load_seq_rows,
                      load_tile, pair_visible, scores, sequence_bounds, store_rows, tile_source, window_key_bounds,
                      window_query_bounds)
 
@@ -68,10 +78,11 @@ def _attn_bwd_preprocess_kernel(
 def _dkdv_tile(dk, dv, k, v, q_src, do_src, off_b, off_h, lse2_ptrs, delta_ptrs, offs_n, start_m,
                N_Q, N_K, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
                q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2,
+               dq_dst, stride_dqan, stride_dqad,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                IS_VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-               HAS_ALIBI: tl.constexpr):
+               HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
     offs_m = start_m + tl.arange(0, BLOCK_M)
     m_ok = offs_m < N_Q
     if IS_VARLEN:
@@ -104,7 +115,14 @@ def _dkdv_tile(dk, dv, k, v, q_src, do_src, off_b, off_h, lse2_ptrs, delta_ptrs,
     ds_t = p_t * (dp_t - delta[None, :])
     if HAS_SOFTCAP:
         ds_t = ds_t * (1.0 - t_t * t_t)
-    dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+    ds_t = ds_t.to(q.dtype)
+    dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
+    if ATOMIC_DQ:
+        # this key block's share of dQ (unscaled: the convert kernel applies
+        # the softmax scale once); rows past the sequence / N_Q are never added
+        dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION)
+        add_rows(dq_dst, off_b, off_h, q_row0 + start_m, dq, q_end, stride_dqan, stride_dqad, BLOCK_M, HEAD_DIM,
+                 BLOCK_D, DQ_TMA)
     return dk, dv
 
 
@@ -112,12 +130,13 @@ def _dkdv_tile(dk, dv, k, v, q_src, do_src, off_b, off_h, lse2_ptrs, delta_ptrs,
 def _dkdv_inner(dk, dv, k, v, q_src, do_src, off_b, off_h, lse2_ptrs, delta_ptrs, offs_n,
                 lo, hi, N_Q, N_K, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
                 q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, block_idx,
+                dq_dst, stride_dqan, stride_dqad,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                 MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                 IS_CAUSAL: tl.constexpr = False, IS_VARLEN: tl.constexpr = False,
                 HAS_WINDOW: tl.constexpr = False, HAS_SOFTCAP: tl.constexpr = False,
                 HAS_ALIBI: tl.constexpr = False, BLOCK_SPARSE: tl.constexpr = False,
-                MASK_BLOCK_Q: tl.constexpr = 128):
+                MASK_BLOCK_Q: tl.constexpr = 128, ATOMIC_DQ: tl.constexpr = False, DQ_TMA: tl.constexpr = False):
     """Query tiles [lo, hi) in steps of BLOCK_M or, with BLOCK_SPARSE, the
     entries [lo, hi) of the sub-tile list of ``block_idx``."""
     if BLOCK_SPARSE:
@@ -127,15 +146,17 @@ def _dkdv_inner(dk, dv, k, v, q_src, do_src, off_b, off_h, lse2_ptrs, delta_ptrs
             dk, dv = _dkdv_tile(dk, dv, k, v, q_src, do_src, off_b, off_h, lse2_ptrs, delta_ptrs, offs_n, start_m,
                                 N_Q, N_K, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
                                 q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2,
+                                dq_dst, stride_dqan, stride_dqad,
                                 HEAD_DIM, BLOCK_D, BLOCK_M, IS_CAUSAL, MASKED, DOT_PRECISION, USE_TMA,
-                                IS_VARLEN, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI)
+                                IS_VARLEN, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, DQ_TMA)
     else:
         for start_m in range(lo, hi, BLOCK_M):
             dk, dv = _dkdv_tile(dk, dv, k, v, q_src, do_src, off_b, off_h, lse2_ptrs, delta_ptrs, offs_n, start_m,
                                 N_Q, N_K, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
                                 q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2,
+                                dq_dst, stride_dqan, stride_dqad,
                                 HEAD_DIM, BLOCK_D, BLOCK_M, IS_CAUSAL, MASKED, DOT_PRECISION, USE_TMA,
-                                IS_VARLEN, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI)
+                                IS_VARLEN, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, DQ_TMA)
     return dk, dv
 
 
@@ -164,6 +185,10 @@ def _attn_bwd_dkdv_kernel(
     IS_VARLEN: tl.constexpr = False, HAS_WINDOW: tl.constexpr = False, HAS_SOFTCAP: tl.constexpr = False,
     HAS_ALIBI: tl.constexpr = False, BLOCK_SPARSE: tl.constexpr = False,
     MASK_BLOCK_Q: tl.constexpr = 128, MASK_BLOCK_K: tl.constexpr = 128,
+    # ATOMIC_DQ: also add each tile's dS K into DQ_ACC, a zeroed float32
+    # (B, Hq, N_Q, D) accumulator (a tensor descriptor with DQ_TMA)
+    DQ_ACC=None, stride_dqab=None, stride_dqah=None, stride_dqan=None, stride_dqad=None,
+    ATOMIC_DQ: tl.constexpr = False, DQ_TMA: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     off_hk = tl.program_id(1)
@@ -183,6 +208,12 @@ def _attn_bwd_dkdv_kernel(
                       BLOCK_D, True, USE_TMA)
         v = load_rows(v_src, t_b, off_hk, k_row0 + start_n, k_row0 + n_k, stride_vn, stride_vd, BLOCK_N, HEAD_DIM,
                       BLOCK_D, True, USE_TMA)
+        if ATOMIC_DQ and USE_TMA:
+            # descriptors return the next sequence's keys past this one's end:
+            # harmless for dK/dV (those rows are not stored), not for dS K
+            kv_ok = (offs_n < n_k)[:, None]
+            k = tl.where(kv_ok, k, tl.zeros_like(k))
+            v = tl.where(kv_ok, v, tl.zeros_like(v))
     else:
         t_b = off_b
         n_q = N_Q
@@ -220,6 +251,10 @@ def _attn_bwd_dkdv_kernel(
         else:
             row0 = (off_b.to(tl.int64) * N_HEADS + off_h) * N_Q
         alibi_log2 = alibi_slope_log2(ALIBI, off_b, off_h, stride_ab, stride_ah, HAS_ALIBI)
+        if ATOMIC_DQ:
+            dq_dst = tile_source(DQ_ACC, t_b, off_h, stride_dqab, stride_dqah, DQ_TMA)
+        else:
+            dq_dst = DQ_ACC
         if BLOCK_SPARSE:
             col = start_n // MASK_BLOCK_K
             nb = off_b * stride_bs_nb + off_h * stride_bs_nh + col
@@ -229,17 +264,21 @@ def _attn_bwd_dkdv_kernel(
                 0, tl.load(BS_FULL_NUM + nb) * (MASK_BLOCK_Q // BLOCK_M), n_q, n_k, qk_scale,
                 stride_qn, stride_qd, stride_don, stride_dod,
                 q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, BS_FULL_IDX + ib,
+                dq_dst, stride_dqan, stride_dqad,
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, MASKED=False, DOT_PRECISION=DOT_PRECISION,
                 USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL, IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW,
-                HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_SPARSE=True, MASK_BLOCK_Q=MASK_BLOCK_Q)
+                HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_SPARSE=True, MASK_BLOCK_Q=MASK_BLOCK_Q,
+                ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA)
             dk, dv = _dkdv_inner(
                 dk, dv, k, v, q_src, do_src, t_b, off_h, LSE2 + row0, DELTA + row0, offs_n,
                 0, tl.load(BS_PART_NUM + nb) * (MASK_BLOCK_Q // BLOCK_M), n_q, n_k, qk_scale,
                 stride_qn, stride_qd, stride_don, stride_dod,
                 q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, BS_PART_IDX + ib,
+                dq_dst, stride_dqan, stride_dqad,
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, MASKED=True, DOT_PRECISION=DOT_PRECISION,
                 USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL, IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW,
-                HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_SPARSE=True, MASK_BLOCK_Q=MASK_BLOCK_Q)
+                HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_SPARSE=True, MASK_BLOCK_Q=MASK_BLOCK_Q,
+                ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA)
         else:
             if IS_CAUSAL or HAS_WINDOW:
                 # the causal diagonal / the window's lower edge
@@ -247,25 +286,31 @@ def _attn_bwd_dkdv_kernel(
                     dk, dv, k, v, q_src, do_src, t_b, off_h, LSE2 + row0, DELTA + row0, offs_n,
                     lo, full_start, n_q, n_k, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
                     q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, None,
+                    dq_dst, stride_dqan, stride_dqad,
                     HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
                     MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL,
-                    IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
+                    IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+                    ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA)
             dk, dv = _dkdv_inner(
                 dk, dv, k, v, q_src, do_src, t_b, off_h, LSE2 + row0, DELTA + row0, offs_n,
                 full_start, full_end, n_q, n_k, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
                 q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, None,
+                dq_dst, stride_dqan, stride_dqad,
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
                 MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL,
-                IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
+                IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+                ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA)
             if HAS_WINDOW or IS_VARLEN:
                 # the window's upper edge / the sequence's last tile
                 dk, dv = _dkdv_inner(
                     dk, dv, k, v, q_src, do_src, t_b, off_h, LSE2 + row0, DELTA + row0, offs_n,
                     full_end, hi, n_q, n_k, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
                     q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, None,
+                    dq_dst, stride_dqan, stride_dqad,
                     HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
                     MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL,
-                    IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
+                    IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+                    ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA)
 
     dk = dk * sm_scale
     if IS_VARLEN:
@@ -478,3 +523,25 @@ def _attn_bwd_dq_kernel(
         dq_dst = tile_source(DQ, off_b, off_h, stride_dqb, stride_dqh, USE_TMA)
         store_rows(dq_dst, off_b, off_h, start_m, dq, N_Q, stride_dqn, stride_dqd,
                    BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
+
+
+@triton.jit
+def _attn_bwd_dq_convert_kernel(
+    DQ_ACC, DQ,
+    stride_dqab, stride_dqah, stride_dqan, stride_dqad,
+    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    N_Q, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """dQ = scale * the float32 accumulator the atomic dK/dV kernel added
+    into, in dQ's dtype and strides: every row of dQ is written."""
+    pid_m = tl.program_id(0)
+    off_h = tl.program_id(1)
+    off_b = tl.program_id(2)
+    start_m = pid_m * BLOCK_M
+    acc_src = head_base(DQ_ACC, off_b, off_h, stride_dqab, stride_dqah)
+    dq = load_rows(acc_src, off_b, off_h, start_m, N_Q, stride_dqan, stride_dqad, BLOCK_M, HEAD_DIM, BLOCK_D, True,
+                   False)
+    dq_dst = head_base(DQ, off_b, off_h, stride_dqb, stride_dqh)
+    store_rows(dq_dst, off_b, off_h, start_m, dq * sm_scale, N_Q, stride_dqn, stride_dqd, BLOCK_M, HEAD_DIM,
+               BLOCK_D, False)

@@ -153,6 +153,25 @@ def store_rows(dst, off_b, off_h, start, x, n_rows, stride_n, stride_d, BLOCK_R:
 
 
 @triton.jit
+def add_rows(dst, off_b, off_h, start, x, n_rows, stride_n, stride_d, BLOCK_R: tl.constexpr,
+             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
+    """Atomically add x into rows [start, start + BLOCK_R) of one head of a
+    float32 tensor, clipped at the edges (rows from ``n_rows`` on are never
+    touched).  With ``USE_TMA`` ``dst`` is a tensor descriptor and the add is
+    one bulk reduce of the copy engine, clipped at the tensor's edges only."""
+    if USE_TMA:
+        dst.atomic_add([off_b, off_h, start, 0], x.reshape([1, 1, BLOCK_R, BLOCK_D]))
+    else:
+        rows = tl.arange(0, BLOCK_R)
+        offs_d = tl.arange(0, BLOCK_D)
+        ptrs = dst + tl.cast(start, tl.int64) * stride_n + (rows[:, None] * stride_n + offs_d[None, :] * stride_d)
+        ok = (start + rows < n_rows)[:, None]
+        if HEAD_DIM != BLOCK_D:
+            ok = ok & (offs_d < HEAD_DIM)[None, :]
+        tl.atomic_add(ptrs, x, mask=ok, sem="relaxed")
+
+
+@triton.jit
 def head_base(ptr, off_b, off_h, stride_b, stride_h):
     """Pointer to the (off_b, off_h) slice of a (B, H, N, D) tensor.  The
     offset is 64-bit: B*H*N*D may exceed 2**31 elements."""
