@@ -163,6 +163,22 @@ def test_compiled_graph_passes_the_flag(kernels, launched):
     assert launched == BACKWARD_KINDS[True][1:]
 
 
+def test_opcheck_atomic_backward_ops(kernels, launched):
+    """The backward custom ops with deterministic=False, dense and packed."""
+    torch.manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 40, 16, device=DEVICE) for _ in range(3))
+    out, lse = torch.ops.tileattn.attention_fwd(q, k, v, True, 0.25)
+    torch.library.opcheck(torch.ops.tileattn.attention_bwd.default,
+                          (torch.randn_like(out), q, k, v, out, lse, None, True, 0.25, -1, -1, 0.0, None, None, False))
+    qp, kp, vp = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))
+    cu = torch.tensor([0, 15, 40], dtype=torch.int32, device=DEVICE)
+    out, lse = torch.ops.tileattn.attention_varlen_fwd(qp, kp, vp, cu, cu, 25, 25, True, 0.25)
+    torch.library.opcheck(torch.ops.tileattn.attention_varlen_bwd.default,
+                          (torch.randn_like(out), qp, kp, vp, out, lse, None, cu, cu, 25, 25, True, 0.25, -1, -1, 0.0,
+                           None, False))
+    assert "dkdv_atomic" in launched and "dq" not in launched
+
+
 # ---------------------------------------------------------------------------
 # deterministic=True is the old launch sequence
 # ---------------------------------------------------------------------------

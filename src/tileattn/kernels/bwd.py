@@ -34,9 +34,9 @@ runs on them unchanged.
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, add_rows, alibi_slope_log2, causal_key_bounds, causal_query_bounds, head_base, load_rows, load_seq_rows,
-                     load_tile, pair_visible, scores, sequence_bounds, store_rows, tile_source, window_key_bounds,
-                     window_query_bounds)
+from .common import (LOG2E, add_rows, alibi_slope_log2, causal_key_bounds, causal_query_bounds, head_base, load_rows,
+                     load_seq_rows, load_tile, pair_visible, scores, sequence_bounds, store_rows, tile_source,
+                     window_key_bounds, window_query_bounds)
 
 
 
