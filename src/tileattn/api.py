@@ -136,10 +136,11 @@ def _check_alibi(alibi_slopes, q, batch: int, hq: int):
 
 
 def _check_deterministic(deterministic) -> bool:
-    """The backward to run: ``None`` follows torch's global switch
-    (``torch.use_deterministic_algorithms``)."""
+    """The backward to run: ``None`` means the deterministic one, the faster
+    of the two on the H200 in this version (docs/perf-notes.md v11), and what
+    ``torch.use_deterministic_algorithms`` asks for anyway."""
     if deterministic is None:
-        return torch.are_deterministic_algorithms_enabled()
+        return True
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool or None, got {type(deterministic).__name__}")
     return deterministic
@@ -199,8 +200,8 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
             computes dK/dV and adds dQ into a float32 sum with atomics
             (5 instead of 7 tile matmuls; faster, but dq may differ in the
             last bits from run to run; dk and dv stay reproducible).  None
-            (default): True if ``torch.are_deterministic_algorithms_enabled()``,
-            else False.  The pure-PyTorch path ignores it (it is
+            (default): True -- on the H200 the deterministic backward is
+            still the faster one (docs/perf-notes.md v11).  The pure-PyTorch path ignores it (it is
             deterministic).
 
     Returns:

@@ -445,7 +445,9 @@ def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter
     table's first fitting config (autotuning off), or autotuning."""
     if config is None and configs.interpreter_active():
         config = interpreter_cfg
-    if config is None and not _autotune_enabled():
+    # the atomic backward is never autotuned: the autotuner's trial launches
+    # would each add their dQ into the same accumulator
+    if config is None and (not _autotune_enabled() or kind == "dkdv_atomic"):
         head_dim, q = args["HEAD_DIM"], _tensor(args["Q"])
         fits = configs.fitting(configs.candidates(kind, head_dim), head_dim, q.element_size(),
                                _smem_limit(q.device), kind=kind)
