@@ -5,7 +5,8 @@ import torch
 
 import tileattn
 from tileattn import configs, launch
-from tileattn.reference import standard_attention, tiled_attention
+from tileattn.cpu import tiled_attention
+from tileattn.reference import standard_attention
 from tileattn.testing import check_accuracy
 
 from conftest import DEVICE

@@ -44,7 +44,7 @@ def test_bad_input_raises_before_launch(name, path, monkeypatch):
         raise AssertionError("a kernel was launched for bad input")
 
     monkeypatch.setattr(launch, "attn_fwd", no_launch)
-    monkeypatch.setattr(tileattn.reference, "tiled_attention", no_launch)
+    monkeypatch.setattr(tileattn.cpu, "attention_fwd", no_launch)
     with pytest.raises(exc, match=msg):
         tileattn.attention(*make(), **kwargs)
 

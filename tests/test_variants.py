@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tileattn
-from tileattn import launch, reference
+from tileattn import cpu, launch, reference
 from tileattn.block_mask import (BLOCK_K, BLOCK_Q, block_mask_from_fn, cached_kernel_block_lists,
                                  clear_block_list_cache, kernel_block_lists)
 from tileattn.reference import (alibi_bias, block_mask_dense, causal_mask, standard_attention, varlen_alibi_bias,
@@ -647,8 +647,8 @@ def _no_launch(*a, **k):
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    for mod, name in ((launch, "attn_fwd"), (launch, "attn_bwd"), (reference, "tiled_attention"),
-                      (reference, "tiled_attention_varlen")):
+    for mod, name in ((launch, "attn_fwd"), (launch, "attn_bwd"), (cpu, "attention_fwd"),
+                      (cpu, "tiled_attention_varlen")):
         monkeypatch.setattr(mod, name, _no_launch)
 
 
