@@ -75,11 +75,41 @@ def _expand_heads(t: torch.Tensor, group: int) -> torch.Tensor:
     return t if group == 1 else t.repeat_interleave(group, dim=1)
 
 
+# Below ATen's parallel grain (32768 elements) a copy or a reduction runs on
+# the calling thread.  The path's own copies stay below it: on a busy machine
+# a parallel region waits for its second thread to be scheduled (~8 ms
+# measured on a loaded 2-core box), longer than the copy itself.
+_SERIAL = 32767
+
+
+def _in_layout(template: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``src`` with ``template``'s strides (as ``torch.empty_like(template)``
+    lays it out), copied piece by piece when they differ."""
+    dst = torch.empty_like(template)
+    if src.stride() == dst.stride():
+        return src
+    if src.numel() <= _SERIAL:
+        return dst.copy_(src)
+    rows = max(1, _SERIAL // max(1, src.shape[-1]))
+    for b in range(src.shape[0]):
+        for h in range(src.shape[1]):
+            d, s = dst[b, h], src[b, h]
+            for r in range(0, s.shape[0], rows):
+                d[r:r + rows].copy_(s[r:r + rows])
+    return dst
+
+
+def _nonzero(t: torch.Tensor) -> bool:
+    flat = t.reshape(-1)
+    return any(bool(piece.any()) for piece in flat.split(_SERIAL))
+
+
 def _fused_fwd(q, k, v, causal: bool, scale: float):
     g = q.shape[1] // k.shape[1]
     out, lse = _aten._scaled_dot_product_flash_attention_for_cpu(
         _unit_inner(q), _expand_heads(_unit_inner(k), g), _expand_heads(_unit_inner(v), g), 0.0, causal, scale=scale)
-    return out, lse.contiguous()  # the kernel writes lse as a (B, N, H) layout
+    # the kernel writes out in the query's layout and lse as a (B, N, H) one
+    return _in_layout(q, out), _in_layout(lse.new_empty(lse.shape), lse)
 
 
 def _fused_bwd(dout, q, k, v, out, lse, causal: bool, scale: float):
@@ -91,7 +121,8 @@ def _fused_bwd(dout, q, k, v, out, lse, causal: bool, scale: float):
     if g > 1:  # the query heads of a group share one k/v head: sum their gradients
         dk = dk.reshape(b, hkv, g, n_k, d).sum(dim=2)
         dv = dv.reshape(b, hkv, g, n_k, v.shape[-1]).sum(dim=2)
-    return dq, dk, dv
+    # the kernel writes gradients in a (B, N, H, D) layout; ops.py hands them on in the inputs'
+    return _in_layout(q, dq), _in_layout(k, dk), _in_layout(v, dv)
 
 
 def attention_fwd(q, k, v, causal: bool, scale: float, *, block_n: int = BLOCK_N, **variants):
@@ -106,7 +137,7 @@ def attention_bwd(dout, q, k, v, out, lse, causal: bool, scale: float, *, dlse=N
     """(dq, dk, dv) of one dense call from the forward's out and lse.  A dlse
     of zeros (what autograd hands the op when the lse was not used) adds
     nothing and does not keep a call off the fused kernel."""
-    if (dlse is None or not dlse.any()) and fused_applies(q, k, causal, variants):
+    if (dlse is None or not _nonzero(dlse)) and fused_applies(q, k, causal, variants):
         return _fused_bwd(dout, q, k, v, out, lse, causal, scale)
     return tiled_attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale, dlse=dlse, block_n=block_n,
                                     **variants)

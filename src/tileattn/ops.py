@@ -100,7 +100,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, w
         from . import launch
         return launch.attn_fwd(q, k, v, causal, scale, **kw)
     out, lse = cpu.attention_fwd(q, k, v, causal, scale, block_n=_TORCH_BLOCK_N, **kw)
-    return _like(q, out), lse.to(_lse_dtype(q)).contiguous()
+    return _in_layout(q, out), lse.to(_lse_dtype(q)).contiguous()
 
 
 @attention_fwd.register_fake
@@ -120,7 +120,7 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
         from . import launch
         return launch.attn_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, **kw)
     dq, dk, dv = cpu.attention_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, block_n=_TORCH_BLOCK_N, **kw)
-    return _like(q, dq), _like(k, dk), _like(v, dv)
+    return _in_layout(q, dq), _in_layout(k, dk), _in_layout(v, dv)
 
 
 @attention_bwd.register_fake
