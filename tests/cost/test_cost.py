@@ -354,7 +354,7 @@ def test_model_within_20_percent_of_measured_h200(row):
     assert abs(chk.ratio - 1) < 0.05, f"{chk.label}: ratio {chk.ratio:.3f}"
 
 
-_RUN2 = Path(__file__).parents[1] / "docs" / "results" / "h200" / "bytes" / "measured_h200_run2.json"
+_RUN2 = Path(__file__).parents[2] / "docs" / "results" / "h200" / "bytes" / "measured_h200_run2.json"
 _NAMED = [r for r in validation.load_rows(_RUN2)[1] if r.get("kernel_names") and r["impl"] == "standard"]
 
 
@@ -375,5 +375,5 @@ def test_measured_kernel_lists_match_standard_passes(row):
 
 
 def test_docs_table_matches_measurements():
-    doc = (Path(__file__).parents[1] / "docs" / "io-model.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "io-model.md").read_text()
     assert validation.markdown_table() in doc

@@ -10,7 +10,7 @@ from tileattn.cost import interconnect as ic
 from tileattn.cost.interconnect import (RingShape, break_even_tokens, link_bandwidth, predict_ring, ring_step_bytes,
                                         ring_step_flops, step_costs, transfer_hidden)
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "distributed.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "distributed.md"
 H100 = get_hardware("nvidia-h100-sxm")
 
 

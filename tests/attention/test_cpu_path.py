@@ -8,9 +8,7 @@ import torch
 
 import tileattn
 from tileattn import cpu
-from tileattn.testing import check_accuracy
-
-from test_attention import Case, run_case
+from tileattn.testing import Case, check_accuracy, run_case
 
 NAMES = ("out", "lse", "dq", "dk", "dv")
 

@@ -19,7 +19,7 @@ import triton
 
 from tileattn import launch_decode
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # (block_n, num_warps, num_stages, page_size, descriptors)
 BUILDS = [

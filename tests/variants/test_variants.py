@@ -18,7 +18,6 @@ from tileattn.reference import (alibi_bias, block_mask_dense, causal_mask, stand
 from tileattn.testing import check_accuracy
 
 from conftest import DEVICE, DT_NAME, SEED_OFFSET
-from test_attention import pointer_path  # noqa: F401  (fixture)
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 

@@ -555,7 +555,7 @@ def test_ring_benchmark_runs_on_cpu_processes(tmp_path):
     (gloo, tiny shapes): checks pass, every point has a row, plots are drawn."""
     import subprocess
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "ring_bench.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "ring_bench.py"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
@@ -583,7 +583,7 @@ def test_ring_benchmark_runs_on_cpu_processes(tmp_path):
 def _ring_bench_module():
     import importlib.util
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "ring_bench.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "ring_bench.py"
     spec = importlib.util.spec_from_file_location("ring_bench", script)
     mod = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(spec.name, mod)   # its dataclasses look their module up
@@ -618,7 +618,7 @@ def test_committed_h200_ring_run_is_consistent():
     """The 2-GPU H200 run under docs/results: every point checked, the overlap
     columns reproduce from its per-step records, efficiency = t1 / (W tW)."""
     mod = _ring_bench_module()
-    out = Path(__file__).resolve().parents[1] / "docs" / "results" / "h200" / "ring"
+    out = Path(__file__).resolve().parents[2] / "docs" / "results" / "h200" / "ring"
     checks = json.loads((out / "ring_check.json").read_text())
     assert checks["meta"]["world_size"] == 2 and checks["meta"]["backend"] == "nccl"
     assert checks["checks"] and all(c["passed"] for c in checks["checks"])

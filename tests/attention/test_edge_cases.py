@@ -7,10 +7,9 @@ import tileattn
 from tileattn import configs, launch
 from tileattn.cpu import tiled_attention
 from tileattn.reference import standard_attention
-from tileattn.testing import check_accuracy
+from tileattn.testing import Case, assert_case, check_accuracy
 
 from conftest import DEVICE
-from test_attention import Case, assert_case
 
 
 @pytest.mark.parametrize("case", [
@@ -21,7 +20,7 @@ from test_attention import Case, assert_case
 def test_fully_masked_rows(case, path):
     """Causal with Nq > Nk: rows i < Nq - Nk see no key: output 0, lse -inf,
     no NaN forward or backward."""
-    from test_attention import run_case
+    from tileattn.testing import run_case
     (out, lse, dq, dk, dv), _, _ = run_case(case)
     hidden = case.nq - case.nk
     assert torch.equal(out[:, :, :hidden].float(), torch.zeros_like(out[:, :, :hidden].float()))

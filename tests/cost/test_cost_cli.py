@@ -146,7 +146,7 @@ def test_calibrated_h200_entry_loads_as_measured():
     from pathlib import Path
 
     from tileattn.cost.hardware import load_hardware_file
-    path = Path(__file__).resolve().parents[1] / "docs" / "results" / "h200" / "calibrate" / "calibrated_h200.json"
+    path = Path(__file__).resolve().parents[2] / "docs" / "results" / "h200" / "calibrate" / "calibrated_h200.json"
     hw = load_hardware_file(path)
     assert hw.name == "nvidia-h200-calibrated" and hw.has_measured()
     assert 3.5e12 < hw.bandwidth("measured") < 4.8e12      # datasheet: 4.8 TB/s

@@ -1141,7 +1141,7 @@ def test_decode_bench_script_on_cpu(tmp_path):
     import json
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_bench.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_bench.py"
     spec = importlib.util.spec_from_file_location("decode_bench", script)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
