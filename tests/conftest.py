@@ -26,10 +26,7 @@ import tileattn  # noqa: E402  (after TRITON_INTERPRET)
 from tileattn import configs, launch  # noqa: E402
 
 INTERPRETED = configs.interpreter_active()
-DEVICE = "cuda" if HAS_CUDA else "cpu"
-# TILEATTN_TEST_SEED shifts every case's seed (fresh inputs for a repeated run)
-SEED_OFFSET = int(os.environ.get("TILEATTN_TEST_SEED", "0"))
-DT_NAME = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+from tileattn.testing import DEVICE, DT_NAME, SEED_OFFSET  # noqa: E402,F401  (shared with the case builders)
 
 
 def _bf16_shim(fn, n_tensor_args):
@@ -64,6 +61,15 @@ def path(request):
     name = "triton" if request.param == "kernels" else "torch"
     with tileattn.use_backend(name):
         yield request.param
+
+
+@pytest.fixture
+def pointer_path():
+    """The portable path (per-thread addresses) where tensor descriptors would run."""
+    launch.FORCE_POINTER_PATH = True
+    with tileattn.use_backend("triton"):
+        yield
+    launch.FORCE_POINTER_PATH = False
 
 
 @pytest.fixture

@@ -1,11 +1,13 @@
 """tileattn: exact, IO-aware attention for PyTorch.
 
 ``attention`` computes softmax(scale * q k^T) v tile by tile, never writing the
-N x N score matrix to memory (Triton kernels on GPUs, a tiled PyTorch path
-elsewhere).  ``tileattn.reference`` holds the textbook (materialized) version
-and a readable tiled one; ``tileattn.cost`` models the FLOPs and bytes of both.
+N x N score matrix to memory (Triton kernels on GPUs; elsewhere
+``tileattn.cpu``: torch's fused CPU kernel for the calls it means the same
+way, a tiled PyTorch path for the rest).  ``tileattn.reference`` holds the textbook
+(materialized) version; ``tileattn.cpu.tiled_attention`` is the readable tiled
+one; ``tileattn.cost`` models the FLOPs and bytes of both.
 """
-from . import reference
+from . import cpu, reference
 from .api import attention, attention_varlen
 from .decode import attention_with_kvcache
 from .block_mask import BLOCK_K, BLOCK_Q, block_mask_from_fn
@@ -16,5 +18,5 @@ from .integrations import register_transformers  # imports transformers only whe
 __version__ = "0.1.0"
 
 __all__ = ["attention", "attention_with_kvcache", "attention_varlen", "block_mask_from_fn", "BLOCK_Q", "BLOCK_K",
-           "reference", "use_backend", "scaled_dot_product_attention", "patched_sdpa", "register_transformers",
+           "cpu", "reference", "use_backend", "scaled_dot_product_attention", "patched_sdpa", "register_transformers",
            "__version__"]

@@ -253,7 +253,7 @@ def all_configs() -> list[tuple[str, int, KernelConfig]]:
 # 240 for the softmax warps and 24 for the loader (3 warpgroups x 128 threads
 # x 168 <= 65536).  Shared memory is 2 Q tiles + num_stages K and V tiles
 # (the sm_90a compile report, triton 3.6.0, compiled without a GPU, matches it
-# within the barriers; tests/test_hopper_fwd.py).  Timed on the H200:
+# within the barriers; tests/attention/test_hopper_fwd.py).  Timed on the H200:
 # docs/perf-notes.md v11.
 # ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,10 @@
-"""``tileattn demo``: standard (materialized) attention beside tileattn on one
-shape: do the outputs agree, how long does each take, how much memory does
-each need on top of its inputs.  Runs on the GPU when there is one, else on
-the CPU (the pure-PyTorch tiled path)."""
+"""``tileattn demo``: standard (materialized) attention, tileattn and torch's
+SDPA on one shape: do the outputs agree, how long does each take, how much
+memory does each need on top of its inputs, and how many bytes the cost
+model says each moves through a named GPU's memory.  Runs on the GPU when
+there is one, else on the CPU (tileattn's CPU path).  The implementations
+take turns within every repeat and the medians are reported, so a machine
+whose load changes during the run slows all of them alike."""
 from __future__ import annotations
 
 import argparse
@@ -13,11 +16,16 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 import tileattn
+from tileattn import cpu
 from tileattn.reference import standard_attention
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+IMPLS = ("standard", "tileattn", "sdpa")
+_LABELS = {"standard": "standard", "tileattn": "tileattn", "sdpa": "torch SDPA"}
+_DEFAULT_HW = "nvidia-h200"
 
 
 def add_parser(sub) -> None:
@@ -32,33 +40,79 @@ def add_parser(sub) -> None:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="default: bf16 on GPU, fp32 on CPU")
     p.add_argument("--causal", action="store_true")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds; each runs every implementation once")
+    p.add_argument("--hw", default=None, help="GPU of the cost model's byte counts: a name of `tileattn io --hw`; "
+                   f"default: this GPU if the catalogue has it, else {_DEFAULT_HW}")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=run)
 
 
-def _timed(fn, device, repeats):
-    """Median wall time of fn() over ``repeats`` runs after one warm-up."""
-    fn()  # warm-up: compilation, autotuning
-    times = []
+def _once(fn, device) -> float:
+    """Seconds of one call of fn()."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def timed_interleaved(fns: dict, device, repeats: int) -> dict:
+    """Median seconds of each fn over ``repeats`` rounds; each round calls every
+    fn once, in turn, after one warm-up call each (compilation, autotuning)."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
     for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            times[name].append(_once(fn, device))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _call(impl: str, q, k, v, causal):
+    if impl == "sdpa":  # the demo's shapes are square: torch's top-left causal is tileattn's
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     fn = standard_attention if impl == "standard" else tileattn.attention
     return fn(q, k, v, causal=causal)
+
+
+def tileattn_path(q, k, causal) -> str:
+    """Which implementation a call of tileattn.attention on these tensors runs."""
+    if tileattn.ops.uses_triton(q):
+        return "Triton kernels"
+    if cpu.fused_applies(q, k, causal):
+        return "torch's fused CPU kernel"
+    return "PyTorch tiled path"
+
+
+def default_hw(device) -> str:
+    """The cost model's name for this GPU if its catalogue has it, else the H200."""
+    if device.type != "cuda":
+        return _DEFAULT_HW
+    from tileattn.cost.hardware import CATALOGUE
+    name = torch.cuda.get_device_name(device).lower()
+    for key, hw in CATALOGUE.items():
+        model = next((t for t in key.split("-")[1:] if any(ch.isdigit() for ch in t)), None)
+        if model and model in name.replace(" ", ""):
+            return key
+    return _DEFAULT_HW
+
+
+def predicted_io(hw_name: str, b, h, n, d, dtype_name, causal) -> dict:
+    """The cost model's HBM bytes and times (forward) of standard attention
+    (as PyTorch eager runs it) and of the tiled kernels on ``hw_name``."""
+    from tileattn.cost import hardware
+    from tileattn.cost.io import AttentionShape
+    from tileattn.cost.roofline import compare
+    hw = hardware.get_hardware(hw_name)
+    c = compare(AttentionShape(batch=b, heads=h, seqlen_q=n, head_dim=d, causal=causal, dtype=dtype_name), hw)
+    return {"hw": hw.name, "hw_display_name": hw.display_name,
+            "standard": {"hbm_bytes_fwd": c.standard_pred["fwd"].bytes, "time_s_fwd": c.standard_pred["fwd"].time_s},
+            "tileattn": {"hbm_bytes_fwd": c.tiled_pred["fwd"].bytes, "time_s_fwd": c.tiled_pred["fwd"].time_s}}
 
 
 def _gpu_peak_extra_bytes(impl, q, k, v, causal) -> int:
@@ -129,31 +183,33 @@ def run(args) -> int:
     q, k, v = (torch.randn(b, h, n, d, device=device, dtype=dtype) for _ in range(3))
 
     dt_name = args.dtype or ("bf16" if gpu else "fp32")
+    try:
+        io = predicted_io(args.hw or default_hw(device), b, h, n, d, dt_name, args.causal)
+    except ValueError as e:  # an unknown --hw name
+        print(f"tileattn: error: {e}")
+        return 2
     with torch.no_grad():
-        t_std = _timed(lambda: _call("standard", q, k, v, args.causal), device, args.repeats)
-        t_tile = _timed(lambda: _call("tileattn", q, k, v, args.causal), device, args.repeats)
+        times = timed_interleaved({impl: (lambda impl=impl: _call(impl, q, k, v, args.causal)) for impl in IMPLS},
+                                  device, args.repeats)
         if gpu:
-            m_std, m_tile = (_gpu_peak_extra_bytes(i, q, k, v, args.causal) for i in ("standard", "tileattn"))
+            mem = {impl: _gpu_peak_extra_bytes(impl, q, k, v, args.causal) for impl in IMPLS}
         else:
-            m_std, m_tile = (_cpu_peak_extra_bytes(i, b, h, n, d, dt_name, args.causal)
-                             for i in ("standard", "tileattn"))
-        out_std = standard_attention(q, k, v, causal=args.causal)
-        out_tile = tileattn.attention(q, k, v, causal=args.causal)
+            mem = {impl: _cpu_peak_extra_bytes(impl, b, h, n, d, dt_name, args.causal) for impl in IMPLS}
+        outs = {impl: _call(impl, q, k, v, args.causal) for impl in IMPLS}
         ref = standard_attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), causal=args.causal) \
             if n <= 4096 and b * h <= 64 else None
-    max_diff = float((out_std.float() - out_tile.float()).abs().max())
+    max_diff = float((outs["standard"].float() - outs["tileattn"].float()).abs().max())
     err = {}
     if ref is not None:
-        err = {"standard_vs_fp64": float((out_std.double().cpu() - ref).abs().max()),
-               "tileattn_vs_fp64": float((out_tile.double().cpu() - ref).abs().max())}
-    path = "Triton kernels" if tileattn.ops.uses_triton(q) else "PyTorch tiled path"
+        err = {f"{impl}_vs_fp64": float((outs[impl].double().cpu() - ref).abs().max()) for impl in IMPLS}
     res = {
         "device": torch.cuda.get_device_name(device) if gpu else "cpu",
-        "tileattn_path": path, "shape": {"batch": b, "heads": h, "seqlen": n, "head_dim": d},
-        "dtype": str(dtype).replace("torch.", ""), "causal": args.causal,
-        "standard": {"ms": t_std * 1e3, "peak_extra_bytes": m_std},
-        "tileattn": {"ms": t_tile * 1e3, "peak_extra_bytes": m_tile},
+        "tileattn_path": tileattn_path(q, k, args.causal), "shape": {"batch": b, "heads": h, "seqlen": n, "head_dim": d},
+        "dtype": str(dtype).replace("torch.", ""), "causal": args.causal, "repeats": args.repeats,
+        "timing": "interleaved: every repeat runs " + ", ".join(IMPLS) + " in turn; medians",
+        **{impl: {"ms": times[impl] * 1e3, "peak_extra_bytes": mem[impl]} for impl in IMPLS},
         "max_abs_diff_standard_vs_tileattn": max_diff, **err,
+        "predicted_gpu_io": io,
     }
     if args.json:
         print(json.dumps(res, indent=2))
@@ -166,21 +222,42 @@ def _mib(x):
     return "n/a" if x is None else f"{x / 2**20:,.1f} MiB"
 
 
+def _bytes(x):
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if x >= size:
+            return f"{x / size:,.1f} {unit}"
+    return f"{x:,.0f} B"
+
+
 def _print_table(r) -> None:
-    s = r["shape"]
+    s, io = r["shape"], r["predicted_gpu_io"]
+    gpu = io["hw_display_name"]
     title = (f"attention B={s['batch']} H={s['heads']} N={s['seqlen']} D={s['head_dim']} {r['dtype']}"
-             f"{' causal' if r['causal'] else ''} on {r['device']} (tileattn: {r['tileattn_path']})")
-    rows = [("standard (materialized)", f"{r['standard']['ms']:.2f} ms", _mib(r['standard']['peak_extra_bytes'])),
-            ("tileattn", f"{r['tileattn']['ms']:.2f} ms", _mib(r['tileattn']['peak_extra_bytes']))]
-    speed = r["standard"]["ms"] / max(r["tileattn"]["ms"], 1e-9)
-    notes = [f"speed-up {speed:.2f}x", f"max |standard - tileattn| = {r['max_abs_diff_standard_vs_tileattn']:.2e}"]
+             f"{' causal' if r['causal'] else ''} on {r['device']} (tileattn: {r['tileattn_path']}); "
+             f"medians of {r['repeats']} interleaved repeats")
+    cols = ("implementation", "time here", "memory beyond inputs here", f"bytes on {io['hw']} (model)",
+            f"time on {io['hw']} (model)")
+    rows = []
+    for impl in IMPLS:
+        model = io.get(impl)
+        rows.append((_LABELS[impl], f"{r[impl]['ms']:.2f} ms", _mib(r[impl]["peak_extra_bytes"]),
+                     _bytes(model["hbm_bytes_fwd"]) if model else "-",
+                     f"{model['time_s_fwd'] * 1e3:.3f} ms" if model else "-"))
+    std, tile, sdpa = (r[i]["ms"] for i in IMPLS)
+    notes = [f"tileattn: {std / max(tile, 1e-9):.2f}x the speed of standard, {sdpa / max(tile, 1e-9):.2f}x torch SDPA's",
+             f"max |standard - tileattn| = {r['max_abs_diff_standard_vs_tileattn']:.2e}"]
     if "tileattn_vs_fp64" in r:
-        notes.append(f"error vs float64: standard {r['standard_vs_fp64']:.2e}, tileattn {r['tileattn_vs_fp64']:.2e}")
+        notes.append("error vs float64: " + ", ".join(f"{_LABELS[i]} {r[i + '_vs_fp64']:.2e}" for i in IMPLS))
+    ratio = io["standard"]["hbm_bytes_fwd"] / max(io["tileattn"]["hbm_bytes_fwd"], 1)
+    notes.append(f"IO (forward, HBM bytes and time from tileattn's cost model for the {gpu}): standard attention "
+                 f"writes and rereads the N x N scores and probabilities, {ratio:.1f}x the bytes of tileattn's "
+                 f"kernels; here the same matrices are its extra memory. `tileattn io --hw {io['hw']}` has the "
+                 f"whole model")
     try:
         from rich.console import Console
         from rich.table import Table
         t = Table(title=title)
-        for col in ("implementation", "time (median)", "peak memory beyond inputs"):
+        for col in cols:
             t.add_column(col)
         for row in rows:
             t.add_row(*row)
@@ -191,6 +268,6 @@ def _print_table(r) -> None:
     except ImportError:
         print(title)
         for row in rows:
-            print(f"  {row[0]:26} {row[1]:>12} {row[2]:>14}")
+            print(f"  {row[0]:12} {row[1]:>12} {row[2]:>14} {row[3]:>12} {row[4]:>12}")
         for line in notes:
             print(line)

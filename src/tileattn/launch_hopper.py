@@ -111,7 +111,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     """Compile the kernel for sm_90a without a GPU (Triton bundles ptxas).
     Not under ``TRITON_INTERPRET``: Gluon cannot be compiled once the
     interpreter has wrapped its library, so callers in an interpreted
-    process run this in a fresh one (see tests/test_hopper_fwd.py)."""
+    process run this in a fresh one (see tests/attention/test_hopper_fwd.py)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type

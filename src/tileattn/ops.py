@@ -5,8 +5,9 @@
 sequences) are registered with ``torch.library.custom_op`` (with fake
 implementations for tracing) so that ``torch.compile(fullgraph=True)`` sees
 them as single opaque nodes.  Each op dispatches to the Triton kernels
-(``launch.py``) for tensors on a GPU, and to the pure-PyTorch tiled
-implementation (``reference.py``) otherwise.
+(``launch.py``) for tensors on a GPU, and to the CPU path (``cpu.py``:
+torch's fused CPU kernel where its semantics match, the pure-PyTorch tiled
+implementation otherwise) for the rest.
 
 The variants travel as trailing arguments with neutral defaults
 (``window_left = window_right = -1``: unbounded; ``softcap = 0``: none;
@@ -24,10 +25,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import reference
+from . import cpu
 
-# key/value block of the PyTorch path: extra memory Nq x 256 per head, few Python steps
-_TORCH_BLOCK_N = 256
+_TORCH_BLOCK_N = cpu.BLOCK_N
 _BACKENDS = ("auto", "triton", "torch")
 _backend = "auto"
 
@@ -102,9 +102,8 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, w
     if uses_triton(q):
         from . import launch
         return launch.attn_fwd(q, k, v, causal, scale, **kw)
-    out, lse = reference.tiled_attention(q, k, v, causal=causal, scale=scale, block_n=_TORCH_BLOCK_N,
-                                         return_lse=True, **kw)
-    return _like(q, out), lse.to(_lse_dtype(q)).contiguous()
+    out, lse = cpu.attention_fwd(q, k, v, causal, scale, block_n=_TORCH_BLOCK_N, **kw)
+    return _in_layout(q, out), lse.to(_lse_dtype(q)).contiguous()
 
 
 @attention_fwd.register_fake
@@ -123,9 +122,8 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     if uses_triton(q):
         from . import launch
         return launch.attn_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, deterministic=deterministic, **kw)
-    dq, dk, dv = reference.tiled_attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
-                                                    dlse=dlse, block_n=_TORCH_BLOCK_N, **kw)
-    return _like(q, dq), _like(k, dk), _like(v, dv)
+    dq, dk, dv = cpu.attention_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, block_n=_TORCH_BLOCK_N, **kw)
+    return _in_layout(q, dq), _in_layout(k, dk), _in_layout(v, dv)
 
 
 @attention_bwd.register_fake
@@ -187,8 +185,8 @@ def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, 
                                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **kw)
         return _in_layout(q, out[0].transpose(0, 1)), lse[0].contiguous()
-    out, lse = reference.tiled_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale,
-                                                block_n=_TORCH_BLOCK_N, return_lse=True, **kw)
+    out, lse = cpu.tiled_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale,
+                                          block_n=_TORCH_BLOCK_N, return_lse=True, **kw)
     return _like(q, out), lse.to(_lse_dtype(q)).contiguous()
 
 
@@ -214,9 +212,9 @@ def attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
                                      deterministic=deterministic, **kw)
         return (_in_layout(q, dq[0].transpose(0, 1)), _in_layout(k, dk[0].transpose(0, 1)),
                 _in_layout(v, dv[0].transpose(0, 1)))
-    dq, dk, dv = reference.tiled_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                                           causal=causal, scale=scale, dlse=dlse,
-                                                           block_n=_TORCH_BLOCK_N, **kw)
+    dq, dk, dv = cpu.tiled_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                                     causal=causal, scale=scale, dlse=dlse,
+                                                     block_n=_TORCH_BLOCK_N, **kw)
     return _like(q, dq), _like(k, dk), _like(v, dv)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .reference import online_softmax_finish, online_softmax_step
+from .cpu import online_softmax_finish, online_softmax_step
 
 __all__ = ["append_kv_", "gather_kv", "kvcache_attention", "combine_splits"]
 

@@ -1,0 +1,662 @@
+"""Ring attention on CPU processes over gloo.
+
+Outputs, lse and gradients of ``tileattn.distributed.ring_attention`` on W
+local processes against single-process ``tileattn.attention`` on the gathered
+sequence and a float64 reference (the accuracy rule of ``tileattn.testing``);
+the ring schedule against the global causal mask; the shard helpers; argument
+checks; and the failure path (a rank that dies or stops makes the others raise
+within the process group's timeout instead of hanging).
+
+Process start-up dominates on CPU, so the cases of one world size run in one
+set of W processes (forked from a server that has torch imported), once per
+test session even under pytest-xdist; each case is then checked by its own test.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import re
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import tileattn
+from tileattn import ops
+from tileattn.cost import visible_pairs
+from tileattn.distributed import (LAYOUTS, RingCommunicationError, RingProfile, ring_attention, ring_plan,
+                                  shard_sequence, unshard_sequence)
+from tileattn.distributed.ring import _merge_
+from tileattn.reference import standard_attention
+from tileattn.testing import FLOOR, check_accuracy, max_error
+
+DT = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
+LAUNCH_DEADLINE_S = 120     # a whole batch of cases; only reached if something hangs
+# process-group timeouts in the failure tests: a dead peer must be noticed long
+# before a (long) timeout; a stopped one only after a (short) one
+FAULT_TIMEOUT_S = {"dies": 30, "stops": 3}
+
+
+# ---------------------------------------------------------------------------
+# Cases
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Case:
+    world: int
+    layout: str
+    causal: bool
+    dtype: str
+    b: int
+    hq: int
+    hkv: int
+    n_local: int
+    d: int
+    lse: str = "grad"       # "grad": lse in the loss; "value": returned, unused; "none": return_lse=False
+    strided: bool = False   # (B, N, H, D) tensors transposed to (B, H, N, D)
+
+    @property
+    def id(self) -> str:
+        return (f"W{self.world}-{self.layout}-{'causal' if self.causal else 'full'}-{self.dtype}-B{self.b}-"
+                f"H{self.hq}x{self.hkv}-Nl{self.n_local}-D{self.d}-lse_{self.lse}"
+                + ("-bnhd" if self.strided else ""))
+
+
+def _cases(w: int) -> list[Case]:
+    return [
+        Case(w, "zigzag", True, "fp32", 2, 4, 2, 16, 16),
+        Case(w, "zigzag", True, "fp64", 1, 2, 2, 12, 8),
+        Case(w, "zigzag", False, "fp32", 1, 4, 1, 10, 16, lse="value"),
+        Case(w, "contiguous", True, "fp32", 1, 2, 2, 13, 16),
+        Case(w, "contiguous", False, "fp64", 2, 4, 2, 7, 8, lse="none"),
+        Case(w, "contiguous", True, "fp64", 1, 3, 1, 5, 8, lse="value"),
+        Case(w, "zigzag", True, "bf16", 1, 4, 2, 16, 32),
+        Case(w, "zigzag", True, "fp32", 1, 2, 1, 8, 16, strided=True),
+    ]
+
+
+CASES = [c for w in (2, 4) for c in _cases(w)]
+
+
+def _full_inputs(c: Case):
+    """The whole sequence, (B, H, N, D) (views of (B, N, H, D) when strided)."""
+    g = torch.Generator().manual_seed(zlib.crc32(c.id.encode()))
+    n, dt = c.world * c.n_local, DT[c.dtype]
+
+    def make(h, d):
+        if c.strided:
+            return torch.randn(c.b, n, h, d, generator=g).to(dt).transpose(1, 2)
+        return torch.randn(c.b, h, n, d, generator=g).to(dt)
+
+    q, k, v, do = make(c.hq, c.d), make(c.hkv, c.d), make(c.hkv, c.d), make(c.hq, c.d)
+    dlse = torch.randn(c.b, c.hq, n, generator=g)
+    return q, k, v, do, dlse
+
+
+def _shard(c: Case, x, rank):
+    if c.strided and x.dim() == 4:  # shard the (B, N, H, D) storage along N
+        return shard_sequence(x.transpose(1, 2), rank, c.world, c.layout, dim=1).transpose(1, 2)
+    return shard_sequence(x, rank, c.world, c.layout, dim=2)
+
+
+def _loss(c: Case, out, lse, do, dlse):
+    loss = (out.to(do.dtype) * do).sum()
+    if c.lse == "grad":
+        loss = loss + (lse * dlse.to(lse.dtype)).sum()
+    return loss
+
+
+# ---------------------------------------------------------------------------
+# Process launching (workers must be module-level functions)
+# ---------------------------------------------------------------------------
+def _context():
+    ctx = mp.get_context("forkserver")
+    # each worker starts with torch, torch._dynamo (the custom ops' first call
+    # imports it) and tileattn already imported: ~0.1 s instead of ~4 s
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "tileattn", "tileattn.distributed"])
+    return ctx
+
+
+def _init(rank: int, world: int, port: int, timeout_s: float) -> None:
+    if os.path.exists("/sys/class/net/lo"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    # rendezvous waits long (slow CI starts); operations time out after timeout_s
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _launch(target, world: int, args: tuple, deadline_s: float):
+    """Run ``target(rank, world, port, *args)`` on ``world`` processes; return
+    (exit codes, seconds, whether any had to be killed at the deadline)."""
+    ctx = _context()
+    # the rendezvous server lives here, on a port the OS picks (no race for a free port)
+    server = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=60))
+    port = server.port
+    procs = [ctx.Process(target=target, args=(rank, world, port) + args, daemon=True) for rank in range(world)]
+    start = time.monotonic()
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(max(0.1, deadline_s - (time.monotonic() - start)))
+    hung = [p for p in procs if p.is_alive()]
+    for p in hung:  # only our own children, by handle
+        p.kill()
+        p.join()
+    del server
+    return [p.exitcode for p in procs], time.monotonic() - start, bool(hung)
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj))
+    tmp.rename(path)
+
+
+def _case_worker(rank: int, world: int, port: int, outdir: str) -> None:
+    out = Path(outdir)
+    _init(rank, world, port, timeout_s=60)
+    for c in _cases(world):
+        q, k, v, do, dlse = (_shard(c, x, rank) for x in _full_inputs(c))
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        prof = RingProfile() if c.strided else None
+        res = ring_attention(q, k, v, causal=c.causal, layout=c.layout, return_lse=c.lse != "none", profile=prof)
+        o, lse = res if c.lse != "none" else (res, None)
+        _loss(c, o, lse, do, dlse).backward()
+        torch.save({"out": o.detach(), "lse": None if lse is None else lse.detach(), "dq": q.grad, "dk": k.grad,
+                    "dv": v.grad, "q_strides": q.stride(), "out_strides": o.stride(),
+                    "records": None if prof is None else [r.as_dict() for r in prof.records()]},
+                   out / f"{c.id}.rank{rank}.pt")
+    # calls that must fail on every rank, none of them hanging
+    errors = {}
+    x = torch.randn(1, 2, 8, 8)
+    bad = {
+        # one rank holds a different number of tokens
+        "length-mismatch": lambda: ring_attention(*(3 * (x[:, :, :6] if rank == 1 else x,)), causal=True),
+        # the last rank names a layout that does not exist
+        "one-rank-rejects": lambda: ring_attention(x, x, x, layout="zigzagg" if rank == world - 1 else "zigzag"),
+        "causal-mismatch": lambda: ring_attention(x, x, x, causal=rank == 0),
+        "scale-mismatch": lambda: ring_attention(x, x, x, scale=0.5 if rank == 0 else 0.25),
+    }
+    for name, call in bad.items():
+        try:
+            call()
+            errors[name] = None
+        except Exception as exc:  # recorded for the parent to check
+            errors[name] = [type(exc).__name__, str(exc)]
+    _write_json(out / f"errors.rank{rank}.json", errors)
+    dist.destroy_process_group()
+
+
+def _shared_root(tmp_path_factory) -> Path:
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def ring_results(tmp_path_factory):
+    """Directory with every rank's results for world size W, computed once per
+    session (a file lock shares them between xdist workers)."""
+    from filelock import FileLock
+
+    root = _shared_root(tmp_path_factory)
+
+    def get(world: int) -> Path:
+        d = root / f"ring-results-w{world}"
+        with FileLock(str(d) + ".lock"):
+            if not (d / "status.json").exists():
+                d.mkdir(exist_ok=True)
+                codes, secs, hung = _launch(_case_worker, world, (str(d),), LAUNCH_DEADLINE_S)
+                _write_json(d / "status.json", {"codes": codes, "seconds": secs, "hung": hung})
+        status = json.loads((d / "status.json").read_text())
+        assert not status["hung"] and status["codes"] == [0] * world, \
+            f"ring workers for W={world} failed: {status} (their output is in the captured stderr)"
+        return d
+
+    return get
+
+
+def _gather(d: Path, c: Case, name: str):
+    parts = [torch.load(d / f"{c.id}.rank{r}.pt")[name] for r in range(c.world)]
+    if parts[0] is None:
+        return None
+    if c.strided and parts[0].dim() == 4:
+        return unshard_sequence([p.transpose(1, 2) for p in parts], c.layout, dim=1).transpose(1, 2)
+    return unshard_sequence(parts, c.layout, dim=2)
+
+
+def _single_process(c: Case):
+    """tileattn.attention, standard attention in the case's dtype and in
+    float64, each on the whole sequence: (out, lse, dq, dk, dv)."""
+    q, k, v, do, dlse = _full_inputs(c)
+
+    def run(fn, dtype=None):
+        qq, kk, vv = (t.detach().to(dtype or t.dtype).requires_grad_() for t in (q, k, v))
+        o, lse = fn(qq, kk, vv, causal=c.causal, return_lse=True)
+        grads = torch.autograd.grad(_loss(c, o, lse, do.to(dtype or do.dtype), dlse), (qq, kk, vv))
+        return (o, lse) + grads
+
+    return run(tileattn.attention), run(standard_attention), run(standard_attention, torch.float64)
+
+
+# ---------------------------------------------------------------------------
+# Exactness against single-process attention
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_ring_matches_single_process(case, ring_results):
+    d = ring_results(case.world)
+    single, lowp, ref64 = _single_process(case)
+    dtype = DT[case.dtype]
+    for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
+        got = _gather(d, case, name)
+        if name == "lse" and case.lse == "none":
+            assert got is None
+            continue
+        assert got.shape == ref64[i].shape and got.dtype == (torch.float32 if name == "lse" else dtype), name
+        # the public lse is float32 for every input dtype (as tileattn.attention's)
+        floor = 1e-6 if name == "lse" and dtype == torch.float64 else None
+        _, allowed = check_accuracy(f"{case.id} {name}", got, ref64[i], lowp[i], dtype, floor=floor)
+        err = max_error(got, single[i])
+        assert err <= allowed, f"{case.id} {name}: {err:.3e} from single-process tileattn.attention (> {allowed:.3e})"
+
+
+def test_output_keeps_query_layout(ring_results):
+    c = next(c for c in CASES if c.strided and c.world == 2)
+    rank0 = torch.load(ring_results(2) / f"{c.id}.rank0.pt")
+    assert rank0["out_strides"] == rank0["q_strides"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_profile_records_every_step(world, ring_results):
+    c = next(c for c in CASES if c.strided and c.world == world)
+    for rank in range(world):
+        recs = torch.load(ring_results(world) / f"{c.id}.rank{rank}.pt")["records"]
+        plan = ring_plan(c.layout, c.causal, rank, world, c.n_local)
+        fwd = [r for r in recs if r["phase"] == "forward"]
+        bwd = [r for r in recs if r["phase"] == "backward"]
+        assert [r["kind"] for r in fwd] == [p.kind for p in plan]
+        assert [r["kind"] for r in bwd] == [p.kind for p in plan] + ["dkdv-return"]
+        assert [r["source"] for r in fwd] == [p.source for p in plan]
+        assert all(r["compute_ms"] >= 0 and r["wait_ms"] >= 0 for r in recs)
+        # K/V blocks leave on every step but the last; the forward moves (W-1) blocks
+        kv_bytes = 2 * c.b * c.hkv * c.n_local * c.d * torch.finfo(DT[c.dtype]).bits // 8
+        assert sum(r["bytes_sent"] for r in fwd) == (world - 1) * kv_bytes
+        assert sum(r["flops"] for r in fwd) > 0
+
+
+@pytest.mark.parametrize("name,who,match", [
+    ("length-mismatch", "all", "disagree on the local sequence length"),
+    ("causal-mismatch", "all", "causal: the ranks' calls disagree on the causal flag"),
+    ("scale-mismatch", "all", r"scale: .*softmax scale \(rank 0: 0\.5, rank 1: 0\.25"),
+    ("one-rank-rejects", "last", "layout must be one of"),
+    ("one-rank-rejects", "others", r"rank\(s\) \[\d\] rejected their arguments"),
+], ids=["length-all", "causal-all", "scale-all", "rejects-last", "rejects-others"])
+@pytest.mark.parametrize("world", [2, 4])
+def test_disagreeing_calls_fail_on_every_rank(world, name, who, match, ring_results):
+    d = ring_results(world)
+    ranks = {"all": range(world), "last": [world - 1], "others": range(world - 1)}[who]
+    for rank in ranks:
+        err = json.loads((d / f"errors.rank{rank}.json").read_text())[name]
+        assert err is not None, f"rank {rank}: {name} did not raise"
+        assert err[0] == "ValueError", err
+        assert re.search(match, err[1]), err[1]
+
+
+# ---------------------------------------------------------------------------
+# A rank that fails mid-run
+# ---------------------------------------------------------------------------
+def _fault_worker(rank: int, world: int, port: int, outdir: str, phase: str, mode: str) -> None:
+    """Rank 1 raises in its second block computation of ``phase``; with
+    ``mode="dies"`` its process exits, with ``"stops"`` it stays alive but
+    never calls again.  The others record what they raised, and how soon."""
+    import tileattn.distributed.ring as ring_mod
+
+    _init(rank, world, port, timeout_s=FAULT_TIMEOUT_S[mode])
+    name = "_block_forward" if phase == "forward" else "_block_backward"
+    original, calls = getattr(ring_mod, name), [0]
+
+    def faulty(*args, **kwargs):
+        calls[0] += 1
+        if rank == 1 and calls[0] == 2:
+            raise RuntimeError(f"fault injected in the {phase} on rank 1")
+        return original(*args, **kwargs)
+
+    setattr(ring_mod, name, faulty)
+    start = time.monotonic()
+    try:
+        for _ in range(3):  # later calls need rank 1 even if the first did not
+            x = torch.randn(1, 2, 8, 8, requires_grad=True)
+            ring_attention(x, x, x, causal=True).sum().backward()
+    except Exception as exc:
+        if rank == 1:
+            if mode == "stops":  # alive but silent until the others have given up
+                others = [Path(outdir) / f"rank{r}.json" for r in range(world) if r != 1]
+                until = time.monotonic() + FAULT_TIMEOUT_S[mode] * world + 5
+                while not all(f.exists() for f in others) and time.monotonic() < until:
+                    time.sleep(0.1)
+            raise
+        _write_json(Path(outdir) / f"rank{rank}.json",
+                    {"type": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - start})
+        sys.exit(3)
+    _write_json(Path(outdir) / f"rank{rank}.json", {"type": None, "seconds": time.monotonic() - start})
+
+
+@pytest.mark.parametrize("world,phase,mode", [(3, "forward", "dies"), (2, "backward", "stops"),
+                                              (3, "forward", "stops")],
+                         ids=lambda x: str(x))
+def test_failing_rank_makes_the_others_fail(world, phase, mode, tmp_path):
+    deadline = 50
+    codes, secs, hung = _launch(_fault_worker, world, (str(tmp_path), phase, mode), deadline)
+    assert not hung, f"processes still running after {deadline} s: the ring hung"
+    assert codes[1] not in (0, None), f"the failing rank exited with {codes[1]}"
+    # a dead peer is noticed at once; a stopped one after the timeout (per
+    # hop: the error reaches the rank across the ring one timeout later)
+    bound = 5.0 if mode == "dies" else FAULT_TIMEOUT_S[mode] * (world - 1) + 3
+    for rank in range(world):
+        if rank == 1:
+            continue
+        assert codes[rank] == 3, f"rank {rank} exited with {codes[rank]} instead of raising"
+        info = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert info["type"] == "RingCommunicationError", info
+        assert "a peer rank failed" in info["message"]
+        assert info["seconds"] <= bound, f"rank {rank} took {info['seconds']:.1f} s to fail (bound {bound} s)"
+
+
+# ---------------------------------------------------------------------------
+# The schedule, without processes
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+def test_plan_covers_the_global_mask_exactly(world, causal, layout):
+    """Over all steps, each rank computes exactly the (query, key) pairs the
+    global causal mask allows: nothing twice, nothing missing."""
+    n_local = 6
+    pos = [shard_sequence(torch.arange(world * n_local), r, world, layout, dim=0) for r in range(world)]
+    for rank in range(world):
+        covered = torch.zeros(n_local, world * n_local, dtype=torch.int64)
+        for p in ring_plan(layout, causal, rank, world, n_local):
+            block = torch.zeros(n_local, n_local, dtype=torch.int64)
+            if p.computes:
+                sub = torch.ones(p.n_q, p.n_k, dtype=torch.int64)
+                if p.causal:
+                    sub = torch.tril(sub)
+                block[p.q_start:p.q_stop, p.k_start:p.k_stop] = sub
+            covered[:, pos[p.source]] += block
+        want = (pos[rank][:, None] >= torch.arange(world * n_local)[None, :]) if causal else \
+            torch.ones(n_local, world * n_local, dtype=torch.bool)
+        assert torch.equal(covered, want.to(torch.int64)), f"rank {rank}"
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_zigzag_balances_causal_work(world):
+    n_local = 64
+    work = [sum(p.pairs() for p in ring_plan("zigzag", True, r, world, n_local)) for r in range(world)]
+    assert len(set(work)) == 1
+    assert sum(work) == visible_pairs(world * n_local, world * n_local, True)
+    contiguous = [sum(p.pairs() for p in ring_plan("contiguous", True, r, world, n_local)) for r in range(world)]
+    assert sum(contiguous) == sum(work) and contiguous[-1] > 2 * contiguous[0]
+
+
+# ---------------------------------------------------------------------------
+# Shard helpers
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("dim", [0, 1, 2, -1])
+def test_shard_unshard_round_trip(world, layout, dim):
+    shape = [2, 3, 4, 5]
+    shape[dim] = 2 * world * 3
+    x = torch.randn(shape)
+    parts = [shard_sequence(x, r, world, layout, dim=dim) for r in range(world)]
+    assert all(p.shape[dim] == x.shape[dim] // world for p in parts)
+    assert torch.equal(unshard_sequence(parts, layout, dim=dim), x)
+    if layout == "contiguous":  # views, no copies
+        assert all(p.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for p in parts)
+
+
+def test_zigzag_shard_positions():
+    pos = [shard_sequence(torch.arange(16), r, 4, "zigzag", dim=0).tolist() for r in range(4)]
+    assert pos == [[0, 1, 14, 15], [2, 3, 12, 13], [4, 5, 10, 11], [6, 7, 8, 9]]
+    assert shard_sequence(torch.arange(12), 2, 3, "contiguous", dim=0).tolist() == [8, 9, 10, 11]
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda: shard_sequence(torch.zeros(10), 0, 3, "contiguous", dim=0), ValueError, "multiple of 3"),
+    (lambda: shard_sequence(torch.zeros(12), 0, 4, "zigzag", dim=0), ValueError, "multiple of 8"),
+    (lambda: shard_sequence(torch.zeros(8), 4, 4, "zigzag", dim=0), ValueError, "rank must be in 0..3"),
+    (lambda: shard_sequence(torch.zeros(8), 0, 0, "zigzag", dim=0), ValueError, "world_size must be >= 1"),
+    (lambda: shard_sequence(torch.zeros(8), 0, 2, "ring", dim=0), ValueError, "layout must be one of"),
+    (lambda: shard_sequence(torch.zeros(8), 0, 2, 1, dim=0), TypeError, "layout must be a string"),
+    (lambda: shard_sequence(torch.zeros(8), 0.0, 2, dim=0), TypeError, "rank must be an int"),
+    (lambda: shard_sequence(torch.zeros(8), 0, 2, dim=3), ValueError, "dim=3 is out of range"),
+    (lambda: shard_sequence([1, 2], 0, 2, dim=0), TypeError, "x must be a torch.Tensor"),
+    (lambda: unshard_sequence([], "zigzag"), ValueError, "one tensor per rank"),
+    (lambda: unshard_sequence(torch.zeros(2, 4), "zigzag", dim=1), TypeError, "parts must be a list"),
+    (lambda: unshard_sequence([torch.zeros(4), torch.zeros(6)], "contiguous", dim=0), ValueError, "one shape"),
+    (lambda: unshard_sequence([torch.zeros(3), torch.zeros(3)], "zigzag", dim=0), ValueError, "must be even"),
+], ids=["indivisible-contig", "indivisible-zigzag", "rank-range", "world-0", "layout-name", "layout-type",
+        "rank-type", "dim-range", "x-type", "parts-empty", "parts-tensor", "parts-shapes", "parts-odd"])
+def test_shard_helpers_reject_bad_arguments(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+# ---------------------------------------------------------------------------
+# The merge identity
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_merge_of_key_blocks_is_exact(dtype):
+    """Attention over keys [0, a) merged with attention over [a, n) equals
+    attention over [0, n); rows that saw no key in either part stay empty."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 3, 9, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    ref_out, ref_lse = standard_attention(q, k, v, return_lse=True)
+    scale = 16 ** -0.5
+    # the op keeps a float64 lse for float64 inputs (the public one is float32)
+    out, lse = ops.attention_fwd(q.to(dtype), k[:, :, :4].to(dtype), v[:, :, :4].to(dtype), False, scale)
+    out2, lse2 = ops.attention_fwd(q.to(dtype), k[:, :, 4:].to(dtype), v[:, :, 4:].to(dtype), False, scale)
+    acc_out, acc_lse = out.double(), lse.double()
+    _merge_(acc_out, acc_lse, out2, lse2)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert max_error(acc_out, ref_out) < tol and max_error(acc_lse, ref_lse) < tol
+    # both halves empty (lse -inf): out stays 0, lse -inf, no NaN
+    empty_out, empty_lse = torch.zeros(1, 1, 2, 4), torch.full((1, 1, 2), float("-inf"))
+    _merge_(empty_out, empty_lse, torch.zeros(1, 1, 2, 4), torch.full((1, 1, 2), float("-inf")))
+    assert torch.equal(empty_out, torch.zeros(1, 1, 2, 4)) and torch.isneginf(empty_lse).all()
+    # one side empty: the other passes through unchanged
+    some_out, some_lse = torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2)
+    keep_out, keep_lse = some_out.clone(), some_lse.clone()
+    _merge_(some_out, some_lse, torch.zeros(1, 1, 2, 4), torch.full((1, 1, 2), float("-inf")))
+    assert torch.allclose(some_out, keep_out, atol=1e-7) and torch.allclose(some_lse, keep_lse)
+
+
+# ---------------------------------------------------------------------------
+# One process: world size 1 and argument checks
+# ---------------------------------------------------------------------------
+@pytest.fixture
+def single_rank_group():
+    if dist.is_initialized():
+        pytest.fail("a default process group is already initialized in this test process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_world_size_one_is_plain_attention(layout, causal, single_rank_group):
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 4 // h, 10, 8, generator=g, dtype=torch.float64).requires_grad_()
+               for h in (1, 2, 2))
+    out, lse = ring_attention(q, k, v, causal=causal, layout=layout, return_lse=True)
+    ref_out, ref_lse = tileattn.attention(q, k, v, causal=causal, return_lse=True)
+    assert max_error(out, ref_out) <= FLOOR[torch.float64] and max_error(lse, ref_lse) == 0
+    grads = torch.autograd.grad((out.sum() + lse.sum()), (q, k, v))
+    ref_grads = torch.autograd.grad((ref_out.sum() + ref_lse.sum()), (q, k, v))
+    for a, b in zip(grads, ref_grads):
+        assert max_error(a, b) <= FLOOR[torch.float64]
+
+
+def _t(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+BAD_CALLS = {
+    "layout-name": (lambda: (_t(1, 2, 8, 4),) * 3, {"layout": "striped"}, ValueError, "layout must be one of"),
+    "layout-type": (lambda: (_t(1, 2, 8, 4),) * 3, {"layout": None}, TypeError, "layout must be a string"),
+    "zigzag-odd-length": (lambda: (_t(1, 2, 7, 4),) * 3, {}, ValueError, "local sequence length must be even"),
+    "kv-length": (lambda: (_t(1, 2, 8, 4), _t(1, 2, 6, 4), _t(1, 2, 6, 4)), {}, ValueError,
+                  "k, v: ring attention shards one sequence"),
+    "q-not-tensor": (lambda: (None, _t(1, 2, 8, 4), _t(1, 2, 8, 4)), {}, TypeError, "q must be a torch.Tensor"),
+    "heads": (lambda: (_t(1, 3, 8, 4), _t(1, 2, 8, 4), _t(1, 2, 8, 4)), {}, ValueError, "multiple"),
+    "causal-type": (lambda: (_t(1, 2, 8, 4),) * 3, {"causal": "yes"}, TypeError, "causal must be a bool"),
+    "profile-type": (lambda: (_t(1, 2, 8, 4),) * 3, {"profile": {}}, TypeError, "profile must be"),
+    "check-type": (lambda: (_t(1, 2, 8, 4),) * 3, {"check_shards": 1}, TypeError, "check_shards must be a bool"),
+    "group-type": (lambda: (_t(1, 2, 8, 4),) * 3, {"group": "world"}, TypeError, "group must be"),
+    "empty": (lambda: (_t(1, 2, 0, 4),) * 3, {"layout": "contiguous"}, ValueError, "local shard is empty"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CALLS))
+def test_bad_arguments_raise_naming_them(name, single_rank_group, monkeypatch):
+    make, kwargs, exc, match = BAD_CALLS[name]
+    import tileattn.distributed.ring as ring_mod
+
+    def no_compute(*a, **k):
+        raise AssertionError("computed on bad input")
+
+    monkeypatch.setattr(ring_mod, "_block_forward", no_compute)
+    with pytest.raises(exc, match=match):
+        ring_attention(*make(), **kwargs)
+
+
+def test_needs_a_process_group():
+    assert not dist.is_initialized(), "a default process group leaked into this test process"
+    x = _t(1, 2, 8, 4)
+    with pytest.raises(ValueError, match="init_process_group"):
+        ring_attention(x, x, x)
+
+
+# ---------------------------------------------------------------------------
+# The multi-GPU benchmark script, as a CPU smoke run
+# ---------------------------------------------------------------------------
+def test_ring_benchmark_runs_on_cpu_processes(tmp_path):
+    """benchmarks/ring_bench.py end to end under torchrun on 2 CPU processes
+    (gloo, tiny shapes): checks pass, every point has a row, plots are drawn."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "ring_bench.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
+           "--device", "cpu", "--seqlens", "256", "--heads", "2", "--kv-heads", "1", "--head-dim", "16",
+           "--check-max-local", "16", "--warmup", "0", "--reps", "1", "--hw", "nvidia-h200", "--timeout", "60",
+           "--out", str(tmp_path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "checks: 5/5 passed" in res.stdout
+    checks = json.loads((tmp_path / "ring_check.json").read_text())["checks"]
+    assert all(c["passed"] and c["err_dk"] <= c["allowed_dk"] for c in checks)
+    import csv
+    rows = list(csv.DictReader(open(tmp_path / "ring_bench.csv")))
+    assert {(r["mask"], r["mode"]) for r in rows} == {(m, p) for m in ("causal-zigzag", "full")
+                                                      for p in ("fwd", "fwd_bwd")}
+    assert all(float(r["ring_ms"]) > 0 and r["single_status"] == "ok" and r["model_ms"] for r in rows)
+    steps = list(csv.DictReader(open(tmp_path / "ring_steps.csv")))
+    assert {int(r["rank"]) for r in steps} == {0, 1}
+    assert (tmp_path / "ring_scaling.png").stat().st_size > 0 and (tmp_path / "ring_steps.png").exists()
+    both = [r for r in rows if r["mode"] == "fwd_bwd"]
+    assert all(float(r["final_hop_ms"]) > 0 and float(r["loop_transfer_ms"]) > float(r["final_hop_ms"]) for r in both)
+    assert all(0.0 <= float(r["hidden_fraction"]) <= 1.0 for r in rows)
+
+
+def _ring_bench_module():
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "ring_bench.py"
+    spec = importlib.util.spec_from_file_location("ring_bench", script)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, mod)   # its dataclasses look their module up
+    spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+def _step(rank, kind, compute, wait):
+    return {"rank": rank, "kind": kind, "compute_ms": compute, "wait_ms": wait}
+
+
+def test_overlap_columns_keep_the_last_hop_apart():
+    """The backward's final dK/dV hop has no compute to hide behind: its wait
+    (and a slower neighbour's lag) must not count against the in-loop overlap."""
+    overlap = _ring_bench_module().overlap_columns
+    recs = [_step(0, "diagonal", 10.0, 0.01), _step(0, "full", 10.0, 0.5), _step(0, "dkdv-return", 0.0, 7.0),
+            _step(1, "diagonal", 11.0, 0.02), _step(1, "full", 11.0, 0.0), _step(1, "dkdv-return", 0.0, 2.0)]
+    got = overlap("fwd_bwd", 2, 1.0, 2.0, recs)
+    assert got["loop_transfer_ms"] == pytest.approx(1.0 + 1.0 + 2.0)   # fwd K/V hop, bwd K/V + dK/dV hop
+    assert got["final_hop_ms"] == 2.0 and got["transfer_ms"] == pytest.approx(6.0)
+    assert got["loop_wait_ms"] == pytest.approx(0.51) and got["final_wait_ms"] == 7.0
+    assert got["hidden_fraction"] == pytest.approx(1 - 0.51 / 4.0)
+    assert got["step_compute_ms"] == 22.0
+    fwd = overlap("fwd", 4, 1.5, 9.0, [_step(r, "full", 5.0, 3.0 * (r == 2)) for r in range(4)])
+    assert fwd["loop_transfer_ms"] == 4.5 and fwd["final_hop_ms"] == 0.0
+    assert fwd["hidden_fraction"] == pytest.approx(1 - 3.0 / 4.5)
+    assert overlap("fwd", 2, 1.0, 1.0, [_step(0, "full", 1.0, 9.0)])["hidden_fraction"] == 0.0   # clamped
+    assert overlap("fwd", 1, 0.0, 0.0, [_step(0, "diagonal", 1.0, 0.0)])["hidden_fraction"] is None
+
+
+def test_committed_h200_ring_run_is_consistent():
+    """The 2-GPU H200 run under docs/results: every point checked, the overlap
+    columns reproduce from its per-step records, efficiency = t1 / (W tW)."""
+    mod = _ring_bench_module()
+    out = Path(__file__).resolve().parents[2] / "docs" / "results" / "h200" / "ring"
+    checks = json.loads((out / "ring_check.json").read_text())
+    assert checks["meta"]["world_size"] == 2 and checks["meta"]["backend"] == "nccl"
+    assert checks["checks"] and all(c["passed"] for c in checks["checks"])
+    rows, steps = mod._read_csv(out / "ring_bench.csv"), mod._read_csv(out / "ring_steps.csv")
+    assert {int(r["seqlen"]) for r in rows} == {32768, 65536, 131072, 262144}
+    for row in rows:
+        mine = [s for s in steps if (s["mask"], s["seqlen"], s["mode"]) == (row["mask"], row["seqlen"], row["mode"])]
+        again = mod.overlap_columns(row["mode"], 2, row["t_kv_ms"], row["t_dkv_ms"], mine)
+        assert again["hidden_fraction"] == pytest.approx(row["hidden_fraction"])
+        assert row["efficiency"] == pytest.approx(row["single_ms"] / row["ring_ms"] / 2)
+
+
+# ---------------------------------------------------------------------------
+# CUDA path (world size 1 over NCCL: the kernels, the merge and CUDA-event
+# timing; several GPUs: benchmarks/ring_bench.py)
+# ---------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only case: needs a CUDA device")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_single_gpu_ring_over_nccl(layout):
+    assert not dist.is_initialized()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=dev,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        g = torch.Generator(device=dev).manual_seed(11)
+        q, k, v = (torch.randn(2, h, 1024, 128, generator=g, device=dev).to(torch.bfloat16).requires_grad_()
+                   for h in (8, 2, 2))
+        do = torch.randn(2, 8, 1024, 128, generator=g, device=dev).to(torch.bfloat16)
+        prof = RingProfile()
+        out, lse = ring_attention(q, k, v, causal=True, layout=layout, return_lse=True, profile=prof)
+        grads = torch.autograd.grad(out, (q, k, v), do)
+        ref_out, ref_lse = tileattn.attention(q, k, v, causal=True, return_lse=True)
+        ref_grads = torch.autograd.grad(ref_out, (q, k, v), do)
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), (out, lse) + grads, (ref_out, ref_lse) + ref_grads):
+            assert max_error(a, b) <= FLOOR[torch.float32], name  # one block: the same kernels, the same result
+        recs = prof.records()
+        assert [(r.phase, r.kind) for r in recs] == [("forward", "diagonal"), ("backward", "diagonal")]
+        assert all(r.compute_ms > 0 for r in recs)
+    finally:
+        dist.destroy_process_group()
