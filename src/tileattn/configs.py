@@ -274,6 +274,12 @@ class HopperFwdConfig:
 
 
 HOPPER_FWD_HEAD_DIMS = (64, 128)
+# (head dim, causal) -> the fewest keys for which the default dispatch takes
+# the Hopper kernel; below it the portable kernel was as fast or faster on
+# the H200 (docs/perf-notes.md v11: d = 64 causal at N = 2k ran 0.819x cuDNN
+# on the Hopper kernel, 0.852x on the portable one).  A forced config always
+# takes the Hopper kernel.
+HOPPER_FWD_MIN_KEYS = {(64, True): 4096}
 HOPPER_FWD = {
     64: HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
     128: HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),

@@ -558,7 +558,8 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     ``block_mask`` (see ``tileattn.attention``) and, for packed sequences
     given as (1, H, total, D) views, ``cu_seqlens_q``, ``cu_seqlens_k``,
     ``max_seqlen_q``, ``max_seqlen_k`` (lse is then (1, Hq, total_q))."""
-    if not variants and (config is None or isinstance(config, HopperFwdConfig)) and launch_hopper.eligible(q, k, v):
+    if (not variants and (config is None or isinstance(config, HopperFwdConfig)) and launch_hopper.eligible(q, k, v)
+            and (config is not None or launch_hopper.preferred(q.shape[-1], causal, k.shape[2]))):
         return launch_hopper.attn_fwd(q, k, v, causal, scale, config, poison=POISON_OUTPUTS)
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]

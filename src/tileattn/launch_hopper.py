@@ -63,6 +63,12 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return _aligned(q) and _aligned(k) and _aligned(v)
 
 
+def preferred(head_dim: int, causal: bool, n_k: int) -> bool:
+    """Whether the default dispatch takes the Hopper kernel at this size
+    (``configs.HOPPER_FWD_MIN_KEYS``: where it was measured slower)."""
+    return n_k >= configs.HOPPER_FWD_MIN_KEYS.get((head_dim, bool(causal)), 0)
+
+
 def _descriptor(t: torch.Tensor, rows: int):
     """A rank-4 (B, H, N, D) TMA descriptor with a (1, 1, rows, D) box.  Rows
     past N read as zeros and are clipped on stores, so a tile never reaches

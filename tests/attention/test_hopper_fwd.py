@@ -76,6 +76,14 @@ def test_compiles_for_sm90(reports, head_dim, cfg, causal):
     assert rep["shared"] <= 227 * 1024, "more shared memory than a Hopper block may have"
 
 
+@pytest.mark.parametrize("head_dim,causal,n_k,want", [
+    (64, True, 2048, False), (64, True, 4096, True), (64, False, 512, True), (128, True, 1, True)],
+    ids=["d64-causal-2k", "d64-causal-4k", "d64-full-512", "d128-causal-1"])
+def test_default_dispatch_by_size(head_dim, causal, n_k, want):
+    """Where the portable kernel measured faster, the default dispatch keeps it."""
+    assert launch_hopper.preferred(head_dim, causal, n_k) is want
+
+
 def _inputs(b, hq, hkv, n_q, n_k, d, dtype, seed, layout="bhnd", logit_scale=1.0):
     g = torch.Generator(device="cuda").manual_seed(seed + SEED_OFFSET)
 
@@ -90,6 +98,7 @@ def _inputs(b, hq, hkv, n_q, n_k, d, dtype, seed, layout="bhnd", logit_scale=1.0
 def _check(name, q, k, v, causal, cfg=None):
     launch.POISON_OUTPUTS = True
     assert launch_hopper.eligible(q, k, v)
+    cfg = cfg or launch_hopper.config_for(q.shape[-1])   # forced: the Hopper kernel at every size
     out, lse = launch.attn_fwd(q, k, v, causal, q.shape[-1] ** -0.5, config=cfg)
     ref, ref_lse = standard_attention(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
     low, low_lse = standard_attention(q, k, v, causal=causal, return_lse=True)
