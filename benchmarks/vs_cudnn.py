@@ -51,6 +51,7 @@ def providers(head_dim: int, configs: bool = True) -> dict:
                 128: [dict(num_stages=2), dict(num_stages=3), dict(num_stages=2, pingpong=False),
                       dict(num_stages=2, overlap=False)]}
     if not configs:
+        out["hopper"] = hopper(launch_hopper.config_for(head_dim))
         out["tileattn"] = lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal)
         return out
     for kw in variants.get(head_dim, [{}]):
