@@ -4,8 +4,9 @@ round times every provider once, in a rotated order, and the median over
 rounds is reported (clock drift hits all alike).  FlashAttention-2 paper
 protocol: 16k tokens, hidden 2048.
 
-Forward providers: the Hopper kernel's configs (``--configs``), the portable
-Triton kernel, SDPA cuDNN and SDPA flash.  Backward providers (the time of
+Forward providers: SDPA cuDNN and SDPA flash, the portable Triton kernel,
+and either the Hopper kernel (forced) beside tileattn's default dispatch or,
+with ``--configs``, each Hopper config.  Backward providers (the time of
 ``torch.autograd.grad`` through a graph built once): tileattn with the
 atomic-dQ backward, with the deterministic one, and SDPA cuDNN.
 
