@@ -22,7 +22,7 @@ import torch
 import triton
 
 import tileattn
-from tileattn import launch, launch_hopper
+from tileattn import dispatch, launch
 from tileattn.configs import HopperFwdConfig
 from tileattn.cost.io import attention_flops
 
@@ -35,11 +35,11 @@ def providers(head_dim: int, configs: bool = True) -> dict:
         return fn
 
     def portable(q, k, v, causal):
-        launch_hopper.ENABLED = False
+        dispatch.HOPPER_FWD = False
         try:
             return tileattn.attention(q, k, v, causal=causal)
         finally:
-            launch_hopper.ENABLED = True
+            dispatch.HOPPER_FWD = True
 
     def hopper(cfg):
         return lambda q, k, v, causal: launch.attn_fwd(q, k, v, causal, head_dim ** -0.5, config=cfg)[0]
