@@ -123,10 +123,10 @@ def test_direct_launches_match_regular_launches(monkeypatch):
     launch = tileattn.launch
     if not runtime._DIRECT_SUPPORTED:
         pytest.skip("direct launches are off on this Triton version (runtime.DIRECT_LAUNCH_VERSIONS)")
-    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(runtime, "POISON_OUTPUTS", True)
     # the portable kernels' launch machinery: keep plain forwards off the
     # Hopper kernel (it launches through Triton's binder, no plans)
-    monkeypatch.setattr(tileattn.launch_hopper, "ENABLED", False)
+    monkeypatch.setattr(tileattn.dispatch, "HOPPER_FWD", False)
     torch.manual_seed(3)
 
     def make(n, dtype, strided):

@@ -585,10 +585,10 @@ def test_other_key_tiles(block_n, case, loads, kernels, monkeypatch):
     if loads == "descriptors":
         monkeypatch.setattr(launch_decode, "POINTER_PAGE_SIZE", 0)
     else:
-        monkeypatch.setattr(launch, "FORCE_POINTER_PATH", True)
-    monkeypatch.setattr(launch_decode, "INTERPRETER_CONFIG", configs.DecodeConfig(block_n, 4, 1))
+        monkeypatch.setattr(runtime, "FORCE_POINTER_PATH", True)
+    monkeypatch.setattr(configs, "INTERPRETER_DECODE", configs.DecodeConfig(block_n, 4, 1))
     if not INTERPRETED:
-        monkeypatch.setattr(launch_decode, "DECODE_CONFIGS", (configs.DecodeConfig(block_n, 4, 2),))
+        monkeypatch.setattr(configs, "DECODE_CONFIGS", (configs.DecodeConfig(block_n, 4, 2),))
         monkeypatch.setenv("TILEATTN_AUTOTUNE", "0")
     assert_case(case)
 
@@ -619,13 +619,13 @@ def test_loop_structures(case, loads, one_loop, kernels, monkeypatch):
     the edges fall inside tiles.  (By descriptor on a paged cache only the
     three loops are valid: a moved tile could cross a page.)"""
     if loads == "pointers":
-        monkeypatch.setattr(launch, "FORCE_POINTER_PATH", True)
+        monkeypatch.setattr(runtime, "FORCE_POINTER_PATH", True)
     monkeypatch.setattr(launch_decode, "one_loop", lambda descriptors, paged: one_loop)
     # no launch plans: a plan recorded by another test would replay without asking one_loop
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
-    monkeypatch.setattr(launch_decode, "INTERPRETER_CONFIG", configs.DecodeConfig(32, 4, 1))
+    monkeypatch.setattr(configs, "INTERPRETER_DECODE", configs.DecodeConfig(32, 4, 1))
     if not INTERPRETED:
-        monkeypatch.setattr(launch_decode, "DECODE_CONFIGS", (configs.DecodeConfig(32, 4, 2),))
+        monkeypatch.setattr(configs, "DECODE_CONFIGS", (configs.DecodeConfig(32, 4, 2),))
         monkeypatch.setenv("TILEATTN_AUTOTUNE", "0")
     assert_case(case)
 
@@ -986,7 +986,7 @@ def test_gpu_decode_shapes(page):
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", configs.DECODE_CONFIGS, ids=lambda c: c.name)
 def test_gpu_every_config(cfg, monkeypatch):
-    monkeypatch.setattr(launch_decode, "DECODE_CONFIGS", (cfg,))
+    monkeypatch.setattr(configs, "DECODE_CONFIGS", (cfg,))
     monkeypatch.setenv("TILEATTN_AUTOTUNE", "0")
     cases = []
     if cfg.serves(paged=True):
@@ -1060,7 +1060,7 @@ def test_gpu_decode_plans_match_regular_launches(page, splits, alibi, append, mo
     are bitwise those of regular launches."""
     if not runtime._DIRECT_SUPPORTED:
         pytest.skip("direct launches are off on this Triton version (runtime.DIRECT_LAUNCH_VERSIONS)")
-    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(runtime, "POISON_OUTPUTS", True)
     b, hq, hkv, d, cap = 4, 8, 2, 128, 1024
     gen = torch.Generator().manual_seed(5)
 

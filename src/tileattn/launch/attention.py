@@ -18,10 +18,9 @@ from ..kernels.bwd import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_convert_kernel, _
                            _attn_bwd_preprocess_kernel)
 from ..kernels.fwd import _attn_fwd_kernel
 from ..validation import fold_causal
-from . import hopper, tuning
 from .runtime import (LOG2E, _abandon_record, _aligned, _begin_record, _descriptor, _dot_precision, _empty,
-                      _empty_like, _end_record, _plan_key, _replay, _run, _smem_limit, _strides4, _tensor, use_tma)
-from . import runtime
+                      _empty_like, _end_record, _plan_key, _replay, _smem_limit, _strides4, _tensor, use_tma)
+from . import hopper, runtime, tuning
 
 # Which tile height (meta-parameter) each descriptor argument is read with.
 _BOX_ROWS = {
@@ -316,7 +315,7 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
     lse = lse.contiguous()
     pre_block = configs.INTERPRETER_BWD.block_m if interpreter_active() else 64
     has_dlse = dlse is not None
-    _run(_attn_bwd_preprocess_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
+    runtime._run(_attn_bwd_preprocess_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
         O=o, DO=do, LSE=lse, DLSE=dlse.contiguous() if has_dlse else lse, DELTA=delta, LSE2=lse2,
         **_strides4(o, "o"), **_strides4(do, "do"),
         N_HEADS=hq, N_Q=n_q, HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block,
@@ -354,6 +353,6 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
             DK=out_tiles(dk), DV=out_tiles(dv), **_strides4(dk, "dk"), **_strides4(dv, "dv"), **common,
             **var.kernel_args("dkdv"), DQ_ACC=_descriptor(dq_acc) if dq_tma else dq_acc,
             **_strides4(dq_acc, "dqa"), ATOMIC_DQ=True, DQ_TMA=dq_tma)
-    _run(_attn_bwd_dq_convert_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
+    runtime._run(_attn_bwd_dq_convert_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
         DQ_ACC=dq_acc, DQ=dq, **_strides4(dq_acc, "dqa"), **_strides4(dq, "dq"), N_Q=n_q, sm_scale=scale,
         HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block))
