@@ -216,7 +216,8 @@ def check_deterministic(deterministic) -> bool:
     ``torch.use_deterministic_algorithms`` asks for anyway."""
     if deterministic is None:
         return True
-    check_bool("deterministic", deterministic)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool or None, got {type(deterministic).__name__}")
     return deterministic
 
 
