@@ -19,8 +19,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from tileattn import configs, launch_decode
-from tileattn.launch import _BOX_ROWS
+from tileattn import configs
+from tileattn.launch import decode as launch_decode
+from tileattn.launch.attention import _BOX_ROWS
 from tileattn.kernels.bwd import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
 from tileattn.kernels.fwd import _attn_fwd_kernel
 

@@ -16,15 +16,15 @@ import torch
 import torch.nn.functional as F
 
 import tileattn
-from tileattn import cpu
+from tileattn import dispatch
 
 
 def _tiled(q, k, v, causal):
-    fused, cpu.fused_applies = cpu.fused_applies, (lambda *a, **kw: False)
+    fused, dispatch.cpu_fused_applies = dispatch.cpu_fused_applies, (lambda *a, **kw: False)
     try:
         return tileattn.attention(q, k, v, causal=causal)
     finally:
-        cpu.fused_applies = fused
+        dispatch.cpu_fused_applies = fused
 
 
 def _seconds(fn, inputs, dout) -> float:

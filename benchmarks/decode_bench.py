@@ -22,7 +22,7 @@ every cache full to the given length (cache_seqlens = L, no appended token).
   no host-device sync) and, as ``tileattn-checked``, with the default checks.
 * Timing: ``triton.testing.do_bench`` medians (warm-up, L2 flushed between
   calls).  The first call compiles the kernel (not timed); decoding takes
-  the first fitting config of ``launch_decode.DECODE_CONFIGS`` unless
+  the first fitting config of ``configs.DECODE_CONFIGS`` unless
   TILEATTN_DECODE_AUTOTUNE=1 (then the first call also autotunes).
 * Correctness: on the first cache length every provider's output is compared
   with float32 standard attention (relative Frobenius error, must be < 2e-2),
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
         return 2
 
     import tileattn
-    from tileattn import launch_decode
+    from tileattn.launch import decode as launch_decode
     from tileattn.bench.results import collect_metadata
     from tileattn.reference import standard_attention
 
@@ -316,7 +316,7 @@ def main(argv=None) -> int:
 def parse_config(name: str):
     """A DecodeConfig from its name, e.g. ``N64-w4-s5``."""
     import re
-    from tileattn.launch_decode import DecodeConfig
+    from tileattn.configs import DecodeConfig
     m = re.fullmatch(r"N(\d+)-w(\d+)-s(\d+)", name)
     if not m:
         raise SystemExit(f"--extra-configs: {name!r} is not of the form N64-w4-s5")
@@ -327,22 +327,25 @@ def sweep_configs(record, base, layout, fn, do_bench, extra=()):
     """Time every config of the table and the ``extra`` ones; with
     TILEATTN_DECODE_AUTOTUNE=1, also record which config the autotuner chose
     for ``fn`` (by default a call takes the table's first fitting config)."""
-    from tileattn import launch_decode
-    # _TUNED_CHOICE keys: (device, dtype, *values of launch_decode._TUNE_KEY)
+    from tileattn import configs
+    from tileattn.launch import decode as launch_decode, tuning
+    # tuning._CHOICES keys: (kind, device, dtype, *values of launch_decode._TUNE_KEY)
     names = launch_decode._TUNE_KEY
     chosen = []
-    for key, (meta, opts) in launch_decode._TUNED_CHOICE.items():
-        kv = dict(zip(names, key[2:]))
+    for key, (meta, opts) in tuning._CHOICES.items():
+        if key[0] != "decode":
+            continue
+        kv = dict(zip(names, key[3:]))
         chosen.append(f"page {kv.get('PAGE_SIZE')} tma {kv.get('USE_TMA')}: "
                       f"N{meta['BLOCK_N']}-w{opts.get('num_warps')}-s{opts.get('num_stages')}")
     if chosen:
         record(**base, layout=layout, provider="tileattn-autotuned", ms=None,
                status="autotuner choices so far: " + "; ".join(sorted(set(chosen))))
-    saved, env = launch_decode.DECODE_CONFIGS, os.environ.get("TILEATTN_AUTOTUNE")
+    saved, env = configs.DECODE_CONFIGS, os.environ.get("TILEATTN_AUTOTUNE")
     os.environ["TILEATTN_AUTOTUNE"] = "0"
     try:
         for cfg in list(saved) + [parse_config(x) for x in extra]:
-            launch_decode.DECODE_CONFIGS = (cfg,)
+            configs.DECODE_CONFIGS = (cfg,)
             try:
                 fn()
                 ms = do_bench(fn)
@@ -351,7 +354,7 @@ def sweep_configs(record, base, layout, fn, do_bench, extra=()):
                 record(**base, layout=layout, provider=f"tileattn-{cfg.name}", ms=None,
                        status=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
     finally:
-        launch_decode.DECODE_CONFIGS = saved
+        configs.DECODE_CONFIGS = saved
         if env is None:
             os.environ.pop("TILEATTN_AUTOTUNE", None)
         else:

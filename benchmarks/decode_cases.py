@@ -15,7 +15,7 @@ L - r valid rows.
 A case is a layout (``contig`` or ``page<P>``) run through
 ``tileattn.attention_with_kvcache`` (the default choices), or
 ``<layout>@[<config>][x<splits>[l<lead>]]`` to fix the config (one of
-``launch_decode.DecodeConfig``'s form, else the default one), the split
+``DecodeConfig``'s form, else the default one), the split
 count (default 1) and the leading split's share in 1/1000 (default 0: even
 splits), e.g. ``contig@N64-w4-s3x2``, ``page16@x3l920``, ``contig@x1``;
 ``cudnn`` is the reference.  For a
@@ -33,8 +33,8 @@ import torch
 from triton.testing import do_bench_cudagraph
 
 import tileattn
-from tileattn import launch, launch_decode
-from tileattn.launch_decode import DecodeConfig
+from tileattn.configs import DecodeConfig
+from tileattn.launch import decode as launch_decode, runtime
 from decode_bench import parse_config, sdpa_fn, to_paged
 
 B, HQ, HKV, D = 16, 32, 8, 128
@@ -102,11 +102,11 @@ def main(argv=None) -> int:
                                                            check_indices=False)
 
             def fn(call=call, pointers=layout.endswith("p")):   # a trailing p: read by pointer
-                launch.FORCE_POINTER_PATH = pointers
+                runtime.FORCE_POINTER_PATH = pointers
                 try:
                     return call()
                 finally:
-                    launch.FORCE_POINTER_PATH = False
+                    runtime.FORCE_POINTER_PATH = False
             try:
                 err = float((fn().float() - ref).norm() / ref.norm())
             except Exception as exc:  # report and go on (a config may not fit)

@@ -74,7 +74,7 @@ def _tuned_configs():
         from tileattn import launch
         out = {}
         for kind in ("fwd", "dkdv", "dq"):
-            best = getattr(launch._tuned(kind), "best_config", None)
+            best = getattr(launch.attention._tuned(kind), "best_config", None)
             if best is not None:
                 kw = best.kwargs
                 out[kind] = f"M{kw['BLOCK_M']}-N{kw['BLOCK_N']}-w{best.num_warps}-s{best.num_stages}"

@@ -23,12 +23,12 @@ import torch
 import triton
 
 import tileattn
-from tileattn import launch, launch_hopper
+from tileattn import configs, dispatch, launch
 from tileattn.configs import HopperFwdConfig
 from tileattn.cost.io import attention_flops
 
 
-def providers(head_dim: int, configs: bool = True) -> dict:
+def providers(head_dim: int, per_config: bool = True) -> dict:
     def sdpa(backend):
         def fn(q, k, v, causal):
             with torch.nn.attention.sdpa_kernel(backend):
@@ -36,11 +36,11 @@ def providers(head_dim: int, configs: bool = True) -> dict:
         return fn
 
     def portable(q, k, v, causal):
-        launch_hopper.ENABLED = False
+        dispatch.HOPPER_FWD = False
         try:
             return tileattn.attention(q, k, v, causal=causal)
         finally:
-            launch_hopper.ENABLED = True
+            dispatch.HOPPER_FWD = True
 
     def hopper(cfg):
         return lambda q, k, v, causal: launch.attn_fwd(q, k, v, causal, head_dim ** -0.5, config=cfg)[0]
@@ -51,8 +51,8 @@ def providers(head_dim: int, configs: bool = True) -> dict:
     variants = {64: [dict(num_stages=3), dict(num_stages=2), dict(num_stages=3, pingpong=False)],
                 128: [dict(num_stages=2), dict(num_stages=3), dict(num_stages=2, pingpong=False),
                       dict(num_stages=2, overlap=False)]}
-    if not configs:
-        out["hopper"] = hopper(launch_hopper.config_for(head_dim))
+    if not per_config:
+        out["hopper"] = hopper(configs.HOPPER_FWD[head_dim])
         out["tileattn"] = lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal)
         return out
     for kw in variants.get(head_dim, [{}]):

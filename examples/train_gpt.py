@@ -263,7 +263,7 @@ def train(attn: str, cfg: Config, data: CharData, device: torch.device, seed: in
     return {"attn": attn, "loss": losses, "val": val, "median_step_s": median_step,
             "tokens_per_s": tokens_per_step / median_step, "peak_memory_bytes": peak,
             "peak_memory_kind": peak_kind, "total_s": sum(step_times),
-            "tileattn_path": ("Triton kernels" if attn == "tileattn" and tileattn.ops.uses_triton(x)
+            "tileattn_path": ("Triton kernels" if attn == "tileattn" and tileattn.dispatch.uses_triton(x)
                               else "PyTorch tiled path" if attn == "tileattn" else None),
             "model": model}
 

@@ -23,9 +23,10 @@ else:
     os.environ.setdefault("TILEATTN_AUTOTUNE", "0")
 
 import tileattn  # noqa: E402  (after TRITON_INTERPRET)
-from tileattn import configs, launch  # noqa: E402
+from tileattn import _env, launch  # noqa: E402
+from tileattn.launch import runtime  # noqa: E402  (the launch switches live there)
 
-INTERPRETED = configs.interpreter_active()
+INTERPRETED = _env.interpreter_active()
 from tileattn.testing import DEVICE, DT_NAME, SEED_OFFSET  # noqa: E402,F401  (shared with the case builders)
 
 
@@ -50,9 +51,9 @@ if INTERPRETED:
 @pytest.fixture(autouse=True)
 def _poison_outputs():
     """Every kernel output starts as NaN: an element a kernel forgets shows."""
-    launch.POISON_OUTPUTS = True
+    runtime.POISON_OUTPUTS = True
     yield
-    launch.POISON_OUTPUTS = False
+    runtime.POISON_OUTPUTS = False
 
 
 @pytest.fixture(params=["kernels", "torch"])
@@ -66,10 +67,10 @@ def path(request):
 @pytest.fixture
 def pointer_path():
     """The portable path (per-thread addresses) where tensor descriptors would run."""
-    launch.FORCE_POINTER_PATH = True
+    runtime.FORCE_POINTER_PATH = True
     with tileattn.use_backend("triton"):
         yield
-    launch.FORCE_POINTER_PATH = False
+    runtime.FORCE_POINTER_PATH = False
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import tileattn
+from tileattn.launch import runtime
 from tileattn.reference import standard_attention
 from tileattn.testing import check_accuracy
 
@@ -39,7 +40,7 @@ def test_more_than_2_pow_31_elements():
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
     launch = tileattn.launch
-    launch.POISON_OUTPUTS = True
+    runtime.POISON_OUTPUTS = True
     got = _grads(tileattn.attention, q, k, v, do, True)
     for sl in (slice(0, 1), slice(b - 2, b)):  # first batch, and the last ones past 2^31
         _check_slice(f"batch[{sl.start}:{sl.stop}]", q[sl], k[sl], v[sl], do[sl], [t[sl] for t in got], True)
@@ -80,11 +81,11 @@ def test_atomic_backward_accuracy(b, hq, hkv, n, causal):
     q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     do = torch.randn_like(q)
-    tileattn.launch.POISON_OUTPUTS = True
+    tileattn.launch.runtime.POISON_OUTPUTS = True
     try:
         got = _grads(functools.partial(tileattn.attention, deterministic=False), q, k, v, do, causal)
     finally:
-        tileattn.launch.POISON_OUTPUTS = False
+        tileattn.launch.runtime.POISON_OUTPUTS = False
     _check_slice(f"atomic-{b}x{hq}x{hkv}x{n}", q, k, v, do, got, causal)
 
 
@@ -96,14 +97,14 @@ def test_atomic_backward_plans_start_from_a_zero_accumulator():
     torch.manual_seed(5)
     q, k, v, do = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     o, lse = launch.attn_fwd(q, k, v, True, 0.125)
-    launch._PLANS.clear()
+    runtime._PLANS.clear()
     first = launch.attn_bwd(do, q, k, v, o, lse, True, 0.125, deterministic=False)
     for _ in range(4):   # the later calls launch directly, then from the plan
         again = launch.attn_bwd(do, q, k, v, o, lse, True, 0.125, deterministic=False)
         assert (again[0].float() - first[0].float()).abs().max() <= 1e-2 * first[0].float().abs().max()
         assert torch.equal(again[1], first[1]) and torch.equal(again[2], first[2])
-    if launch._DIRECT_SUPPORTED:
-        assert any(key[0] == "bwd" for key in launch._PLANS), "no call replayed a plan"
+    if runtime._DIRECT_SUPPORTED:
+        assert any(key[0] == "bwd" for key in runtime._PLANS), "no call replayed a plan"
 
 
 def _fwd_bwd_launchers(q, k, v, do, causal, dlse=None):
@@ -113,19 +114,19 @@ def _fwd_bwd_launchers(q, k, v, do, causal, dlse=None):
 
 
 def test_direct_launches_match_regular_launches(monkeypatch):
-    """Later calls of a specialisation skip Triton's binder (launch._run) and,
+    """Later calls of a specialisation skip Triton's binder (runtime._run) and,
     from the third call of a plain shape on, replay a launch plan; the
     outputs must be bitwise those of regular launches, also when calls of
     other specialisations (length not a multiple of 16, strided views, fp16,
     causal, an lse gradient, q, k and v one tensor) come in between and share
     the caches."""
     launch = tileattn.launch
-    if not launch._DIRECT_SUPPORTED:
-        pytest.skip("direct launches are off on this Triton version (launch.DIRECT_LAUNCH_VERSIONS)")
-    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
+    if not runtime._DIRECT_SUPPORTED:
+        pytest.skip("direct launches are off on this Triton version (runtime.DIRECT_LAUNCH_VERSIONS)")
+    monkeypatch.setattr(runtime, "POISON_OUTPUTS", True)
     # the portable kernels' launch machinery: keep plain forwards off the
     # Hopper kernel (it launches through Triton's binder, no plans)
-    monkeypatch.setattr(tileattn.launch_hopper, "ENABLED", False)
+    monkeypatch.setattr(tileattn.dispatch, "HOPPER_FWD", False)
     torch.manual_seed(3)
 
     def make(n, dtype, strided):
@@ -143,12 +144,12 @@ def test_direct_launches_match_regular_launches(monkeypatch):
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
     want = {name: _fwd_bwd_launchers(*t, c, dlse) for name, (t, c, dlse) in cases.items()}
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "1")
-    launch._DIRECT.clear()
-    launch._PLANS.clear()
+    runtime._DIRECT.clear()
+    runtime._PLANS.clear()
     for _ in range(4):   # first round fills the caches, the others launch directly, then from plans
         for name, (t, c, dlse) in cases.items():
             got = _fwd_bwd_launchers(*t, c, dlse)
             for part, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want[name]):
                 assert torch.equal(g, w), f"{name} {part}"
-    assert launch._DIRECT, "no call took the direct path"
-    assert {key[0] for key in launch._PLANS} == {"fwd", "bwd"}, "no call replayed a plan"
+    assert runtime._DIRECT, "no call took the direct path"
+    assert {key[0] for key in runtime._PLANS} == {"fwd", "bwd"}, "no call replayed a plan"

@@ -11,7 +11,7 @@ from . import cpu, reference
 from .api import attention, attention_varlen
 from .decode import attention_with_kvcache
 from .block_mask import BLOCK_K, BLOCK_Q, block_mask_from_fn
-from .ops import use_backend
+from .dispatch import use_backend
 from .sdpa import patched_sdpa, scaled_dot_product_attention
 from .integrations import register_transformers  # imports transformers only when called
 

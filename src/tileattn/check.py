@@ -250,7 +250,7 @@ CHECKS = (
 def _kernels_usable(device: torch.device) -> tuple[bool, str]:
     if device.type == "cuda":
         return True, "compiled for " + torch.cuda.get_device_name(device)
-    from .configs import interpreter_active
+    from ._env import interpreter_active
     if not interpreter_active():
         if "triton" in sys.modules:  # Triton reads the variable when it is imported
             return False, ("Triton was loaded without TRITON_INTERPRET=1, so its interpreter is off "
@@ -294,7 +294,7 @@ def plan(device: torch.device, paths) -> tuple[list, dict]:
 
 
 def run_one(check: Check, path: str, dtype, device, seed: int, notes) -> Result:
-    from . import use_backend
+    from .dispatch import use_backend
     if dtype is None:
         why = notes.get(path, "")
         if path == "kernels" and device.type != "cuda" and not check.interpreter and "interpreter" in why:
@@ -303,7 +303,7 @@ def run_one(check: Check, path: str, dtype, device, seed: int, notes) -> Result:
     gen = torch.Generator().manual_seed(seed)
     backend = {"kernels": "triton", "torch": "torch", "auto": "auto"}[path]
     if path == "auto":  # the path this device's tensors take by default
-        from .ops import uses_triton
+        from .dispatch import uses_triton
         path = "kernels" if uses_triton(torch.empty(0, device=device)) else "torch"
     t0 = time.perf_counter()
     try:

@@ -14,7 +14,6 @@ single small config is used: autotuning needs a GPU timer.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Iterable
 
 
@@ -185,36 +184,6 @@ INTERPRETER_FWD = KernelConfig(32, 32, 4, 1, "interpreter: smallest tile that tl
 INTERPRETER_BWD = KernelConfig(32, 32, 4, 1, "interpreter: smallest tile that tl.dot accepts x2")
 
 
-# The switches below are read on every launch.  ``os.environ.get`` encodes
-# the name, and a missing name goes through a raised KeyError: ~1.5 us a
-# read, several reads a decoding step.  On POSIX, os.environ keeps its
-# contents in ``_data`` (bytes names to bytes values; setenv, monkeypatched
-# variables and os.environ[...] = ... all go through it), so a read there
-# sees the same values in a fraction of the time.  Elsewhere (or should
-# that mapping change shape) the plain lookup runs.
-_ENV_DATA = getattr(os.environ, "_data", None)
-_ENV_FAST = (isinstance(_ENV_DATA, dict) and os.name == "posix"
-             and type(next(iter(_ENV_DATA), b"")) is bytes)
-
-
-_ENV_NAMES: dict = {}
-
-
-def env(name: str, default: str) -> str:
-    """``os.environ.get(name, default)``, faster on POSIX."""
-    if _ENV_FAST:
-        key = _ENV_NAMES.get(name)
-        if key is None:
-            key = _ENV_NAMES[name] = os.fsencode(name)
-        value = _ENV_DATA.get(key)
-        return default if value is None else os.fsdecode(value)
-    return os.environ.get(name, default)
-
-
-def interpreter_active() -> bool:
-    return env("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def candidates(kind: str, head_dim: int) -> tuple[KernelConfig, ...]:
     """The table's configs for a kernel kind ("fwd", "dkdv", "dkdv_atomic", "dq") and head dim."""
     return TABLES[kind][_head_dim_bucket(head_dim)]
@@ -284,3 +253,57 @@ HOPPER_FWD = {
     64: HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
     128: HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
 }
+
+
+# ---------------------------------------------------------------------------
+# KV-cache decoding (kernels/decode.py, launched by launch/decode.py)
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """Key tile, warps and pipeline depth of the partial kernel (BLOCK_M, the
+    packed query rows, follows from the group size and Nq), and the cache
+    layouts it is a candidate for ("contiguous", "paged" or "any")."""
+    block_n: int
+    num_warps: int
+    num_stages: int
+    source: str = ""
+    layout: str = "any"
+
+    def as_meta(self) -> dict:
+        return {"BLOCK_N": self.block_n}
+
+    @property
+    def name(self) -> str:
+        return f"N{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+
+    def serves(self, paged: bool) -> bool:
+        return self.layout == "any" or self.layout == ("paged" if paged else "contiguous")
+
+
+_U = "untuned: chosen for H200 bandwidth (K+V stage >= 16 KB, >= 2 programs/SM), to be measured"
+_SWEEP = ("H200 sweep, B=16 Hq=32 Hkv=8 d=128 bf16, one split, 16k / 64k keys "
+          "(docs/results/h200/v5/cfg_sweep; SDPA-cuDNN 254 / 954 us)")
+
+# Candidates per cache layout, in order of preference (measured for 16-bit
+# caches and up to 16 packed query rows): there a decoding call takes the
+# first that fits, without timing -- the configs of a layout are within a few
+# percent, and the autotuner's short first-call timings picked a 4 % slower
+# one in a benchmark run (docs/perf-notes.md, v6); other shapes autotune
+# (launch/decode.py, decode_autotune_enabled).  A stage holds a K and a V tile:
+# 2 x BLOCK_N x D x elem.  On a paged cache each tile's address comes from a
+# block-table load, and the pipeliner gives that load a stage of its own:
+# num_stages s buffers (s - 1) // 2 tiles ahead there, against s - 1 on a
+# contiguous cache (sm_90 TTGIR, triton 3.6), so paged candidates run deeper.
+DECODE_CONFIGS: tuple[DecodeConfig, ...] = (
+    DecodeConfig(128, 4, 3, _SWEEP + ": 254 / 956 us", "contiguous"),
+    DecodeConfig(64, 4, 4, _SWEEP + ": 257 / 959 us", "contiguous"),
+    DecodeConfig(64, 4, 3, _SWEEP + ": 265 / 1001 us", "contiguous"),
+    DecodeConfig(128, 4, 5, _SWEEP + ": 256-token pages 254 / 961 us, 16-token pages (pointers) 267 / 998 us; "
+                 "v6 gather, CUDA-graph replay (docs/results/h200/v6/cfg_page16.log): 16-token pages 245 / 958 us "
+                 "against N128-w4-s7 248 / 973 and N64-w4-s7 271 / 1065 us", "paged"),
+    DecodeConfig(64, 4, 7, _SWEEP + ": 256-token pages 254 / 957 us", "paged"),
+    DecodeConfig(64, 4, 5, _SWEEP + ": 256-token pages 265 / 1010 us", "paged"),
+    DecodeConfig(32, 4, 4, _U),
+    DecodeConfig(16, 4, 4, "small tiles for head dim 256 in float32"),
+)
+INTERPRETER_DECODE = DecodeConfig(16, 4, 1, "interpreter: the smallest tile tl.dot accepts")

@@ -8,7 +8,7 @@ implementations stand behind them.
 *torch's fused CPU kernel* (``aten::_scaled_dot_product_flash_attention_for_cpu``
 and its backward, the tiled C++ kernel that ``F.scaled_dot_product_attention``
 runs on the CPU) takes the calls whose meaning it shares exactly
-(:func:`fused_applies`): float32 CPU tensors, no variant (window, softcap,
+(``dispatch.cpu_fused_applies``): float32 CPU tensors, no variant (window, softcap,
 ALiBi, block mask), and either no mask or
 ``causal`` with Nq == Nk, where tileattn's bottom-right alignment and torch's
 top-left one are the same mask.  Its lse is the natural-log log-sum-exp in
@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import torch
 
+from . import dispatch
 from .block_mask import BLOCK_K, BLOCK_Q
 from .reference import _default_scale, _segments, _softcap_on, _window_pair
 
-__all__ = ["fused_applies", "attention_fwd", "attention_bwd", "tiled_attention", "tiled_attention_backward",
+__all__ = ["attention_fwd", "attention_bwd", "tiled_attention", "tiled_attention_backward",
            "tiled_attention_varlen", "tiled_attention_varlen_backward", "online_softmax_step",
            "online_softmax_finish"]
 
@@ -48,21 +49,9 @@ __all__ = ["fused_applies", "attention_fwd", "attention_bwd", "tiled_attention",
 BLOCK_N = 256
 
 # ---------------------------------------------------------------------------
-# Dispatch: torch's fused CPU kernel where its semantics match, else tiled
+# torch's fused CPU kernel where its semantics match (dispatch.cpu_fused_applies), else tiled
 # ---------------------------------------------------------------------------
-_FUSED_DTYPES = (torch.float32,)
 _aten = torch.ops.aten
-_HAS_FUSED = hasattr(_aten, "_scaled_dot_product_flash_attention_for_cpu") and hasattr(
-    _aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
-
-
-def fused_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, variants: dict | None = None) -> bool:
-    """Whether a dense call runs torch's fused CPU kernel: non-empty float32
-    CPU tensors, no variant, and a mask it means the same way (none, or
-    causal with Nq == Nk)."""
-    # empty tensors stay tiled: the fused kernel divides by zero on them (SIGFPE)
-    return (_HAS_FUSED and not variants and q.device.type == "cpu" and q.dtype in _FUSED_DTYPES
-            and q.numel() > 0 and k.numel() > 0 and (not causal or q.shape[2] == k.shape[2]))
 
 
 def _unit_inner(t: torch.Tensor) -> torch.Tensor:
@@ -127,7 +116,7 @@ def _fused_bwd(dout, q, k, v, out, lse, causal: bool, scale: float):
 
 def attention_fwd(q, k, v, causal: bool, scale: float, *, block_n: int = BLOCK_N, **variants):
     """(out, lse) of one dense call; lse is float32 (float64 for float64 inputs)."""
-    if fused_applies(q, k, causal, variants):
+    if dispatch.cpu_fused_applies(q, k, causal, variants):
         return _fused_fwd(q, k, v, causal, scale)
     return tiled_attention(q, k, v, causal=causal, scale=scale, block_n=block_n, return_lse=True, **variants)
 
@@ -137,7 +126,7 @@ def attention_bwd(dout, q, k, v, out, lse, causal: bool, scale: float, *, dlse=N
     """(dq, dk, dv) of one dense call from the forward's out and lse.  A dlse
     of zeros (what autograd hands the op when the lse was not used) adds
     nothing and does not keep a call off the fused kernel."""
-    if (dlse is None or not _nonzero(dlse)) and fused_applies(q, k, causal, variants):
+    if (dlse is None or not _nonzero(dlse)) and dispatch.cpu_fused_applies(q, k, causal, variants):
         return _fused_bwd(dout, q, k, v, out, lse, causal, scale)
     return tiled_attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale, dlse=dlse, block_n=block_n,
                                     **variants)

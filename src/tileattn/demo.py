@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 import tileattn
-from tileattn import cpu
 from tileattn.reference import standard_attention
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -82,9 +81,9 @@ def _call(impl: str, q, k, v, causal):
 
 def tileattn_path(q, k, causal) -> str:
     """Which implementation a call of tileattn.attention on these tensors runs."""
-    if tileattn.ops.uses_triton(q):
+    if tileattn.dispatch.uses_triton(q):
         return "Triton kernels"
-    if cpu.fused_applies(q, k, causal):
+    if tileattn.dispatch.cpu_fused_applies(q, k, causal):
         return "torch's fused CPU kernel"
     return "PyTorch tiled path"
 

@@ -1,11 +1,11 @@
-"""Custom ops and autograd.
+"""Autograd: the custom ops and the eager fast path, both over the same launchers.
 
 ``tileattn::attention_fwd`` / ``attention_bwd`` (dense batches) and
 ``tileattn::attention_varlen_fwd`` / ``attention_varlen_bwd`` (packed
 sequences) are registered with ``torch.library.custom_op`` (with fake
 implementations for tracing) so that ``torch.compile(fullgraph=True)`` sees
 them as single opaque nodes.  Each op dispatches to the Triton kernels
-(``launch.py``) for tensors on a GPU, and to the CPU path (``cpu.py``:
+(``launch/``) for tensors on a GPU, and to the CPU path (``cpu.py``:
 torch's fused CPU kernel where its semantics match, the pure-PyTorch tiled
 implementation otherwise) for the rest.
 
@@ -16,52 +16,32 @@ first five arguments.  Last comes ``deterministic`` (default True): False
 lets the kernels' backward add dQ with float32 atomics (see
 ``launch.attn_bwd``).  The forward ops take it only to hand it to their
 backward; the pure-PyTorch path ignores it (it is deterministic anyway).
+
+The eager fast path.  A ``torch.library`` custom op is what
+``torch.compile``, fake tensors and ``opcheck`` need, but in plain eager
+execution the dispatcher glue around a Python custom op (alias checks, the
+generated autograd function, re-dispatch) costs far more host time than the
+launch itself: measured on the H200 host, ~0.9 ms of a 1.5 ms
+forward+backward step (docs/perf-notes.md, v2), while at N <= 1k the GPU
+work of one call is 0.1-0.9 ms.  When nothing traces or transforms a dense
+call (``dispatch.eager_applies``), :func:`eager_attention` runs the same
+launchers through a plain ``torch.autograd.Function`` instead, for plain
+calls and every variant.  Both routes call ``launch.attn_fwd`` /
+``launch.attn_bwd`` with the same arguments, so their results are bitwise
+identical (tested).
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from . import cpu
+from .dispatch import uses_triton
+from .validation import check_cu_seqlens_values
 
 _TORCH_BLOCK_N = cpu.BLOCK_N
-_BACKENDS = ("auto", "triton", "torch")
-_backend = "auto"
-
-
-@contextlib.contextmanager
-def use_backend(name: str):
-    """Force a path inside a block: ``"triton"`` (the kernels; on CPU tensors this
-    needs ``TRITON_INTERPRET=1`` set before tileattn is imported), ``"torch"``
-    (the pure-PyTorch tiled path) or ``"auto"`` (kernels on GPUs, torch elsewhere)."""
-    global _backend
-    if name not in _BACKENDS:
-        raise ValueError(f"backend must be one of {_BACKENDS}, got {name!r}")
-    previous, _backend = _backend, name
-    try:
-        yield
-    finally:
-        _backend = previous
-
-
-def uses_triton(t: Tensor) -> bool:
-    """Whether a call with ``t`` as query runs the Triton kernels."""
-    if _backend == "torch":
-        return False
-    if _backend == "triton":
-        return True
-    return t.is_cuda and _triton_importable()
-
-
-def _triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _like(template: Tensor, values: Tensor) -> Tensor:
@@ -168,7 +148,6 @@ def _in_layout(template: Tensor, values: Tensor) -> Tensor:
 
 
 def _check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
-    from .api import check_cu_seqlens_values
     check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
 
 
@@ -241,3 +220,43 @@ def _backward_varlen(ctx, dout, dlse):
 
 
 attention_varlen_fwd.register_autograd(_backward_varlen, setup_context=_setup_context_varlen)
+
+
+# ---------------------------------------------------------------------------
+# The eager fast path (dense batches on the kernels; see the module docstring)
+# ---------------------------------------------------------------------------
+class _KernelAttention(torch.autograd.Function):
+    # The classic forward(ctx, ...) form on purpose: with a separate
+    # setup_context, Function.apply binds the arguments through
+    # inspect.signature on every call (tens of microseconds of host time).
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, scale: float, variants: dict, deterministic: bool):
+        from . import launch
+        out, lse = launch.attn_fwd(q, k, v, causal, scale, **variants)
+        ctx.save_for_backward(q, k, v, out, lse)
+        # the variants' tensors (ALiBi slopes, block layout) get no gradient
+        ctx.causal, ctx.scale, ctx.variants, ctx.deterministic = causal, scale, variants, deterministic
+        # an unused lse gets no gradient (None), not a tensor of zeros
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        from . import launch
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = launch.attn_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.scale, dlse=dlse,
+                                     deterministic=ctx.deterministic, **ctx.variants)
+        return dq, dk, dv, None, None, None, None
+
+
+_NO_VARIANTS: dict = {}
+
+
+def eager_attention(q, k, v, causal: bool, scale: float, variants: dict | None = None, deterministic: bool = True):
+    """(out, lse) of the dense kernels without the custom-op dispatch.
+    ``variants``: the launchers' keyword arguments (``window``, ``softcap``,
+    ``alibi_slopes``, ``block_mask``), as :func:`variant_kwargs` builds them;
+    ``deterministic`` picks the backward (see ``launch.attn_bwd``)."""
+    return _KernelAttention.apply(q, k, v, causal, scale, variants or _NO_VARIANTS, deterministic)

@@ -4,7 +4,7 @@
 weight, each a separate operation that writes its N x N result to memory.
 It is the baseline of the tests, the benchmarks and the IO model.  The
 library's own CPU path, the tiled (online-softmax) implementation, lives in
-``tileattn.cpu``; its names are still reachable from here.
+``tileattn.cpu``.
 
 ``standard_attention`` takes the layout of ``torch.nn.functional.scaled_dot_product_attention``:
 q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D) with Hq a multiple of Hkv, and
@@ -35,18 +35,6 @@ from .block_mask import BLOCK_K, BLOCK_Q
 
 __all__ = ["standard_attention", "standard_attention_varlen", "causal_mask", "window_mask", "block_mask_dense",
            "alibi_bias", "varlen_mask", "varlen_alibi_bias", "attention_mask"]
-
-# the tiled implementation moved to tileattn.cpu; these names keep working from here
-_MOVED_TO_CPU = ("tiled_attention", "tiled_attention_backward", "tiled_attention_varlen",
-                 "tiled_attention_varlen_backward", "online_softmax_step", "online_softmax_finish")
-
-
-def __getattr__(name):
-    if name in _MOVED_TO_CPU:
-        from . import cpu
-        return getattr(cpu, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 # ---------------------------------------------------------------------------
 # Explicit masks and biases (True = hidden)

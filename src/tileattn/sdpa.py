@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 import threading
 import warnings
 
 import torch
 import torch.nn.functional as F
 
-from . import api, ops
+from . import api, dispatch, validation
 
 __all__ = ["scaled_dot_product_attention", "patched_sdpa", "TileattnFallbackWarning"]
 
@@ -42,9 +41,6 @@ _torch_sdpa = F.scaled_dot_product_attention
 
 # enable_gqa arrived in torch 2.5; older versions get the repeated heads instead
 _TORCH_HAS_GQA = tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in torch.__version__.split(".")[:2]) >= (2, 5)
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_MAX_GRID_YZ = 65535
 
 
 class TileattnFallbackWarning(UserWarning):
@@ -77,56 +73,13 @@ def reset_fallback_warnings() -> None:
         _warned.clear()
 
 
-def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> None:
-    """The checks torch would fail with an opaque RuntimeError, as TypeError/ValueError
-    naming the argument (before anything runs)."""
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dimensions (..., seqlen, head_dim), "
-                             f"got shape {tuple(t.shape)}")
-    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
-        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if not isinstance(enable_gqa, bool):
-        raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
-        raise TypeError(f"dropout_p must be a real number, got {type(dropout_p).__name__}")
-    if not 0.0 <= float(dropout_p) <= 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-            raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-        if not math.isfinite(float(scale)):
-            raise ValueError(f"scale must be finite, got {scale}")
-    if query.dtype != key.dtype or query.dtype != value.dtype:
-        raise TypeError(f"query, key and value must share one dtype, got query={query.dtype}, "
-                        f"key={key.dtype}, value={value.dtype}")
-    if query.device != key.device or query.device != value.device:
-        raise ValueError(f"query, key and value must be on one device, got query on {query.device}, "
-                         f"key on {key.device}, value on {value.device}")
-    if query.shape[-1] != key.shape[-1]:
-        raise ValueError(f"query and key must have the same head dim (last dimension), got "
-                         f"query {query.shape[-1]} and key {key.shape[-1]}")
-    if key.shape[-2] != value.shape[-2]:
-        raise ValueError(f"key and value must have the same sequence length (dimension -2), got "
-                         f"key {key.shape[-2]} and value {value.shape[-2]}")
-    if enable_gqa and query.dim() >= 3 and key.dim() >= 3 and value.dim() >= 3:
-        hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
-        if hk != hv or hk == 0 or hq % hk != 0:
-            raise ValueError(f"enable_gqa=True needs key and value with the same number of heads "
-                             f"(dimension -3) dividing the query heads, got query {hq}, key {hk}, value {hv}")
-
-
 def _why_not_accelerated(query, key, value, attn_mask, dropout_p, enable_gqa) -> str | None:
     """None when tileattn.attention computes the call exactly, else the reason it does not."""
     if attn_mask is not None:
         return "attn_mask is not accelerated (only is_causal masking is)"
     if dropout_p > 0.0:
         return "dropout_p > 0 is not accelerated"
-    if query.dtype not in _FLOAT_DTYPES:
+    if query.dtype not in validation.CPU_DTYPES:
         return f"dtype {query.dtype} is not accelerated"
     if not (query.dim() == key.dim() == value.dim()):
         return "query, key and value with different numbers of dimensions are not accelerated"
@@ -135,8 +88,8 @@ def _why_not_accelerated(query, key, value, attn_mask, dropout_p, enable_gqa) ->
     d = query.shape[-1]
     if value.shape[-1] != d:
         return "a value head dim different from the query/key head dim is not accelerated"
-    if not 1 <= d <= api.MAX_HEAD_DIM:
-        return f"head dim {d} is not accelerated (1..{api.MAX_HEAD_DIM} is)"
+    if not 1 <= d <= validation.MAX_HEAD_DIM:
+        return f"head dim {d} is not accelerated (1..{validation.MAX_HEAD_DIM} is)"
     if query.shape[-2] == 0 or key.shape[-2] == 0:
         return "empty sequences are not accelerated"
     if query.dim() >= 3:
@@ -147,13 +100,13 @@ def _why_not_accelerated(query, key, value, attn_mask, dropout_p, enable_gqa) ->
         # rejects any other mismatch: leave that error to torch
         if not enable_gqa and hkv not in (1, hq):
             return "query and key/value head counts differ without enable_gqa"
-    if ops.uses_triton(query):
-        if query.dtype not in _KERNEL_DTYPES:
+    if dispatch.uses_triton(query):
+        if query.dtype not in validation.GPU_DTYPES:
             return f"dtype {query.dtype} is not accelerated on the GPU"
         batch = math.prod(query.shape[:-3]) if query.dim() > 3 else 1
         hq = query.shape[-3] if query.dim() >= 3 else 1
-        if batch > _MAX_GRID_YZ or hq > _MAX_GRID_YZ:
-            return f"batch or heads above {_MAX_GRID_YZ} are not accelerated on the GPU"
+        if batch > validation.MAX_GRID_YZ or hq > validation.MAX_GRID_YZ:
+            return f"batch or heads above {validation.MAX_GRID_YZ} are not accelerated on the GPU"
     return None
 
 
@@ -214,7 +167,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if any(isinstance(t, torch.Tensor) and t.is_nested for t in (query, key, value)):
         reason = "nested tensors are not accelerated"
     else:
-        _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        validation.check_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         reason = _why_not_accelerated(query, key, value, attn_mask, dropout_p, enable_gqa)
     if reason is not None:
         warn_fallback_once("sdpa", reason, f"tileattn.scaled_dot_product_attention: {reason}; running torch's "

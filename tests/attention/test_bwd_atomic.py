@@ -98,13 +98,13 @@ def test_atomic_pointer_path_varlen(pointer_path):
 def launched(monkeypatch):
     """The kinds of the configurable kernels each backward launches."""
     kinds = []
-    real = launch._launch
+    real = launch.attention._launch
 
     def spy(kind, *args, **kwargs):
         kinds.append(kind)
         return real(kind, *args, **kwargs)
 
-    monkeypatch.setattr(launch, "_launch", spy)
+    monkeypatch.setattr(launch.attention, "_launch", spy)
     return kinds
 
 
@@ -224,8 +224,8 @@ def test_accumulator_starts_at_zero_and_dq_is_fully_written(kernels, monkeypatch
     be, and the convert kernel writes every element of dq (also the rows
     that see no key)."""
     seen = []
-    real = launch._dq_accumulator
-    monkeypatch.setattr(launch, "_dq_accumulator", lambda q: seen.append(real(q)) or seen[-1])
+    real = launch.attention._dq_accumulator
+    monkeypatch.setattr(launch.attention, "_dq_accumulator", lambda q: seen.append(real(q)) or seen[-1])
     do, q, k, v, out, lse, _, scale = _launcher_inputs(F32)
     out, lse = launch.attn_fwd(q, k[:, :, :30], v[:, :, :30], True, scale)   # Nq > Nk: rows 0..44 see no key
     dq, dk, dv = launch.attn_bwd(do, q, k[:, :, :30], v[:, :, :30], out, lse, True, scale, deterministic=False)

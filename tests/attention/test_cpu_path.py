@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tileattn
-from tileattn import cpu
+from tileattn import cpu, dispatch
 from tileattn.testing import Case, check_accuracy, run_case
 
 NAMES = ("out", "lse", "dq", "dk", "dv")
@@ -41,7 +41,7 @@ FUSED = [
 
 
 def _tiled_only(monkeypatch):
-    monkeypatch.setattr(cpu, "fused_applies", lambda *a, **k: False)
+    monkeypatch.setattr(dispatch, "cpu_fused_applies", lambda *a, **k: False)
 
 
 @pytest.mark.parametrize("case", FUSED, ids=lambda c: c.id)
@@ -136,9 +136,9 @@ def test_variants_take_the_tiled_path(name, calls):
 def test_use_backend_torch_off_cpu_is_tiled():
     """The fused kernel is for CPU tensors only (use_backend("torch") on a GPU stays tiled)."""
     x = torch.randn(1, 1, 4, 8, device="meta")
-    assert not cpu.fused_applies(x, x, False)
+    assert not dispatch.cpu_fused_applies(x, x, False)
     y = torch.randn(1, 1, 4, 8)
-    assert cpu.fused_applies(y, y, False) and cpu.fused_applies(y, y, True)
-    assert not cpu.fused_applies(y, y, False, {"softcap": 1.0})
-    assert not cpu.fused_applies(y.half(), y.half(), False)
-    assert not cpu.fused_applies(y[:0], y[:0], False) and not cpu.fused_applies(y[:, :, :0], y, False)
+    assert dispatch.cpu_fused_applies(y, y, False) and dispatch.cpu_fused_applies(y, y, True)
+    assert not dispatch.cpu_fused_applies(y, y, False, {"softcap": 1.0})
+    assert not dispatch.cpu_fused_applies(y.half(), y.half(), False)
+    assert not dispatch.cpu_fused_applies(y[:0], y[:0], False) and not dispatch.cpu_fused_applies(y[:, :, :0], y, False)

@@ -5,14 +5,14 @@ import pytest
 import torch
 
 import tileattn
-from tileattn import eager, ops
+from tileattn import dispatch, ops
 
 # the kernels run on the GPU where there is one, else under the interpreter
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _run(q, k, v, do, causal, route, monkeypatch, **variants):
-    monkeypatch.setattr(eager, "applies", lambda *a: route == "eager")
+    monkeypatch.setattr(dispatch, "eager_applies", lambda *a: route == "eager")
     qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
     out, lse = tileattn.attention(qq, kk, vv, causal=causal, return_lse=True, **variants)
     (out * do).sum().backward()
@@ -56,8 +56,8 @@ def test_eager_route_matches_custom_op_bitwise_with_variants(kernels, variant, m
 
 def test_eager_route_taken_for_plain_tensors_on_the_kernels(kernels, monkeypatch):
     calls = []
-    real = eager._KernelAttention.apply
-    monkeypatch.setattr(eager._KernelAttention, "apply", lambda *a: calls.append(1) or real(*a))
+    real = ops._KernelAttention.apply
+    monkeypatch.setattr(ops._KernelAttention, "apply", lambda *a: calls.append(1) or real(*a))
     q = torch.randn(1, 2, 16, 16, device=DEV)
     tileattn.attention(q, q.clone(), q.clone())
     assert calls == [1]
@@ -79,9 +79,9 @@ def test_traced_calls_stay_on_the_custom_op(kernels):
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
         q = torch.empty(1, 2, 16, 16)
-        assert not eager.applies(q, q, q)
+        assert not dispatch.eager_applies(q, q, q)
     plain = torch.randn(1, 2, 16, 16, device=DEV)
-    assert eager.applies(plain, plain, plain)
+    assert dispatch.eager_applies(plain, plain, plain)
 
 
 def test_func_transforms_do_not_take_the_eager_route(kernels):
@@ -90,7 +90,7 @@ def test_func_transforms_do_not_take_the_eager_route(kernels):
     seen = []
 
     def loss(q):
-        seen.append(eager.applies(q, q, q))
+        seen.append(dispatch.eager_applies(q, q, q))
         return q.sum()
 
     torch.func.grad(loss)(torch.randn(1, 2, 8, 16, device=DEV))
@@ -100,4 +100,4 @@ def test_func_transforms_do_not_take_the_eager_route(kernels):
 def test_torch_path_never_takes_the_eager_route():
     with tileattn.use_backend("torch"):
         q = torch.randn(1, 2, 16, 16)
-        assert not ops.uses_triton(q) and not eager.applies(q, q, q)
+        assert not dispatch.uses_triton(q) and not dispatch.eager_applies(q, q, q)

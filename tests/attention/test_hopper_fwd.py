@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import tileattn
-from tileattn import configs, launch, launch_hopper
+from tileattn import configs, dispatch, launch
+from tileattn.launch import hopper as launch_hopper, runtime
 from tileattn.configs import HopperFwdConfig
 from tileattn.reference import standard_attention
 from tileattn.testing import check_accuracy
@@ -42,7 +43,7 @@ def _compile_reports():
     cannot compile."""
     cases = COMPILED
     code = (
-        "import json, sys; from tileattn.configs import HopperFwdConfig; from tileattn import launch_hopper\n"
+        "import json, sys; from tileattn.configs import HopperFwdConfig; from tileattn.launch import hopper as launch_hopper\n"
         "cases = json.loads(sys.argv[1])\n"
         "print(json.dumps([launch_hopper.compile_report(d, HopperFwdConfig(**c), causal) for d, c, causal in cases]))")
     arg = json.dumps([(d, dataclasses.asdict(c), causal) for d, c, causal in cases])
@@ -81,7 +82,7 @@ def test_compiles_for_sm90(reports, head_dim, cfg, causal):
     ids=["d64-causal-2k", "d64-causal-4k", "d64-full-512", "d128-causal-1"])
 def test_default_dispatch_by_size(head_dim, causal, n_k, want):
     """Where the portable kernel measured faster, the default dispatch keeps it."""
-    assert launch_hopper.preferred(head_dim, causal, n_k) is want
+    assert dispatch.hopper_fwd_preferred(head_dim, causal, n_k) is want
 
 
 def _inputs(b, hq, hkv, n_q, n_k, d, dtype, seed, layout="bhnd", logit_scale=1.0):
@@ -96,8 +97,8 @@ def _inputs(b, hq, hkv, n_q, n_k, d, dtype, seed, layout="bhnd", logit_scale=1.0
 
 
 def _check(name, q, k, v, causal, cfg=None):
-    launch.POISON_OUTPUTS = True
-    assert launch_hopper.eligible(q, k, v)
+    runtime.POISON_OUTPUTS = True
+    assert dispatch.hopper_fwd_eligible(q, k, v)
     cfg = cfg or launch_hopper.config_for(q.shape[-1])   # forced: the Hopper kernel at every size
     out, lse = launch.attn_fwd(q, k, v, causal, q.shape[-1] ** -0.5, config=cfg)
     ref, ref_lse = standard_attention(q.double(), k.double(), v.double(), causal=causal, return_lse=True)

@@ -1,4 +1,4 @@
-"""The direct-launch cache (launch._run) keys calls by its own reading of
+"""The direct-launch cache (runtime._run) keys calls by its own reading of
 Triton's specialisation rules.  A key at least as fine as Triton's is safe
 (a miss takes the regular path); a coarser one would launch a kernel compiled
 for other arguments.  These cases compare the two on the installed Triton."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from tileattn import launch
+from tileattn.launch import runtime
 
 native = pytest.importorskip("triton._C.libtriton").native_specialize_impl
 backend = pytest.importorskip("triton.backends.nvidia.compiler").CUDABackend
@@ -40,33 +40,33 @@ VALUES = {
 def test_direct_launch_key_is_at_least_as_fine_as_triton(kind):
     values = VALUES[kind]
     for a, b in itertools.product(values, repeat=2):
-        if launch._spec(a, False) == launch._spec(b, False):
+        if runtime._spec(a, False) == runtime._spec(b, False):
             assert _triton_key(a) == _triton_key(b), (a, b)
     # and the key does tell apart what Triton tells apart (a key that merges
     # everything would pass the check above)
     keys = {_triton_key(v) for v in values}
-    assert len({launch._spec(v, False) for v in values}) >= len(keys)
+    assert len({runtime._spec(v, False) for v in values}) >= len(keys)
 
 
 def test_direct_launch_key_none_and_constexpr():
     assert _triton_key(None)[0] == "constexpr"
-    assert launch._spec(None, False) != launch._spec(0, False)
-    assert launch._spec("tf32", True) == "tf32" and launch._spec(64, True) == 64
+    assert runtime._spec(None, False) != runtime._spec(0, False)
+    assert runtime._spec("tf32", True) == "tf32" and runtime._spec(64, True) == 64
 
 
 def test_unknown_argument_types_take_the_regular_path():
     import numpy as np
     with pytest.raises(TypeError):
-        launch._spec(np.int64(16), False)
+        runtime._spec(np.int64(16), False)
 
 
 def test_direct_launches_only_on_checked_triton_versions(monkeypatch):
     import triton
-    checked = triton.__version__.startswith(launch.DIRECT_LAUNCH_VERSIONS)
+    checked = triton.__version__.startswith(runtime.DIRECT_LAUNCH_VERSIONS)
     monkeypatch.delenv("TILEATTN_DIRECT_LAUNCH", raising=False)
-    assert launch._direct_enabled() == checked
+    assert runtime._direct_enabled() == checked
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
-    assert not launch._direct_enabled()
+    assert not runtime._direct_enabled()
 
 
 # ---------------------------------------------------------------------------
@@ -95,18 +95,18 @@ class _FakeDriver:
 
 def _record(tensors, values):
     compiled = _FakeCompiled()
-    launch._begin_record()
-    launch._record((compiled, (3, 2, 1), values))
-    launch._end_record(("test",), tensors)
-    return compiled, launch._PLANS.pop(("test",), None)
+    runtime._begin_record()
+    runtime._record((compiled, (3, 2, 1), values))
+    runtime._end_record(("test",), tensors)
+    return compiled, runtime._PLANS.pop(("test",), None)
 
 
 def test_plan_fills_this_calls_tensors_and_holds_none(monkeypatch):
     import gc
     import weakref
-    monkeypatch.setattr(launch.triton.runtime.driver, "_active", _FakeDriver())
+    monkeypatch.setattr(runtime.triton.runtime.driver, "_active", _FakeDriver())
     q, o = torch.randn(2, 4, 128, 64), torch.empty(2, 4, 128, 64)
-    desc = launch._descriptor(q)
+    desc = runtime._descriptor(q)
     desc.block_shape = [1, 1, 64, 64]
     compiled, plan = _record({"q": q, "o": o}, [desc, o, 7, 0.5, None, True])
     assert plan is not None and len(plan) == 1
@@ -116,7 +116,7 @@ def test_plan_fills_this_calls_tensors_and_holds_none(monkeypatch):
     gc.collect()
     assert alive() is None
     q2, o2 = torch.randn(2, 4, 128, 64), torch.empty(2, 4, 128, 64)
-    launch._replay(plan, {"q": q2, "o": o2})
+    runtime._replay(plan, {"q": q2, "o": o2})
     (grid, stream, values), = compiled.calls
     assert grid == (3, 2, 1) and stream == 1234
     assert isinstance(values[0], TensorDescriptor) and values[0].base is q2
@@ -132,8 +132,8 @@ def test_no_plan_when_a_launch_cannot_be_replayed(case):
     elif case == "aliased-names":      # q is k: a later call of the key need not alias them
         _, plan = _record({"q": q, "k": q, "o": o}, [q, q, o])
     else:                              # a launch that went through Triton's own path
-        launch._begin_record()
-        launch._record(None)
-        launch._end_record(("test",), {"q": q})
-        plan = launch._PLANS.pop(("test",), None)
+        runtime._begin_record()
+        runtime._record(None)
+        runtime._end_record(("test",), {"q": q})
+        plan = runtime._PLANS.pop(("test",), None)
     assert plan is None

@@ -23,7 +23,8 @@ import pytest
 import torch
 
 import tileattn
-from tileattn import launch, launch_decode, reference_decode
+from tileattn import configs, reference_decode
+from tileattn.launch import decode as launch_decode, runtime, tuning
 from tileattn.reference import standard_attention
 from tileattn.testing import FLOOR, check_accuracy
 
@@ -543,10 +544,10 @@ def test_split_heuristic_is_used(kernels, monkeypatch):
 @pytest.fixture
 def pointer_path():
     """The portable path (per-thread addresses) where tensor descriptors would run."""
-    launch.FORCE_POINTER_PATH = True
+    runtime.FORCE_POINTER_PATH = True
     with tileattn.use_backend("triton"):
         yield
-    launch.FORCE_POINTER_PATH = False
+    runtime.FORCE_POINTER_PATH = False
 
 
 @pytest.mark.parametrize("case", [BASIC[2], BASIC[9], BASIC[10], BASIC[-2], BASIC[-1], VARIANTS[9]],
@@ -584,10 +585,10 @@ def test_other_key_tiles(block_n, case, loads, kernels, monkeypatch):
     if loads == "descriptors":
         monkeypatch.setattr(launch_decode, "POINTER_PAGE_SIZE", 0)
     else:
-        monkeypatch.setattr(launch, "FORCE_POINTER_PATH", True)
-    monkeypatch.setattr(launch_decode, "INTERPRETER_CONFIG", launch_decode.DecodeConfig(block_n, 4, 1))
+        monkeypatch.setattr(runtime, "FORCE_POINTER_PATH", True)
+    monkeypatch.setattr(configs, "INTERPRETER_DECODE", configs.DecodeConfig(block_n, 4, 1))
     if not INTERPRETED:
-        monkeypatch.setattr(launch_decode, "DECODE_CONFIGS", (launch_decode.DecodeConfig(block_n, 4, 2),))
+        monkeypatch.setattr(configs, "DECODE_CONFIGS", (configs.DecodeConfig(block_n, 4, 2),))
         monkeypatch.setenv("TILEATTN_AUTOTUNE", "0")
     assert_case(case)
 
@@ -618,13 +619,13 @@ def test_loop_structures(case, loads, one_loop, kernels, monkeypatch):
     the edges fall inside tiles.  (By descriptor on a paged cache only the
     three loops are valid: a moved tile could cross a page.)"""
     if loads == "pointers":
-        monkeypatch.setattr(launch, "FORCE_POINTER_PATH", True)
+        monkeypatch.setattr(runtime, "FORCE_POINTER_PATH", True)
     monkeypatch.setattr(launch_decode, "one_loop", lambda descriptors, paged: one_loop)
     # no launch plans: a plan recorded by another test would replay without asking one_loop
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
-    monkeypatch.setattr(launch_decode, "INTERPRETER_CONFIG", launch_decode.DecodeConfig(32, 4, 1))
+    monkeypatch.setattr(configs, "INTERPRETER_DECODE", configs.DecodeConfig(32, 4, 1))
     if not INTERPRETED:
-        monkeypatch.setattr(launch_decode, "DECODE_CONFIGS", (launch_decode.DecodeConfig(32, 4, 2),))
+        monkeypatch.setattr(configs, "DECODE_CONFIGS", (configs.DecodeConfig(32, 4, 2),))
         monkeypatch.setenv("TILEATTN_AUTOTUNE", "0")
     assert_case(case)
 
@@ -832,13 +833,13 @@ BAD = {
     "scale-nan": (lambda: _base(scale=float("nan")), ValueError, "scale must be finite"),
     "scale-string": (lambda: _base(scale="0.1"), TypeError, "scale must be a real number"),
     "window-not-pair": (lambda: _base(window=(3,)), TypeError, "window must be None or a pair"),
-    "window-float": (lambda: _base(window=(1.5, 0)), TypeError, "window must be None or a pair"),
-    "window-below-minus-one": (lambda: _base(window=(-2, 0)), ValueError, "window sizes must be >= 0"),
-    "softcap-zero": (lambda: _base(softcap=0.0), ValueError, "softcap must be positive"),
-    "softcap-string": (lambda: _base(softcap="1"), TypeError, "softcap must be a real number"),
+    "window-float": (lambda: _base(window=(1.5, 0)), TypeError, "window left must be an int"),
+    "window-below-minus-one": (lambda: _base(window=(-2, 0)), ValueError, "window left must be >= -1"),
+    "softcap-negative": (lambda: _base(softcap=-1.0), ValueError, "softcap must be a finite number > 0"),
+    "softcap-string": (lambda: _base(softcap="1"), TypeError, "softcap must be a positive real number"),
     "alibi-shape": (lambda: _base(alibi_slopes=torch.ones(2, device=DEVICE)), ValueError, "alibi_slopes must have"),
-    "alibi-fp16": (lambda: _base(alibi_slopes=torch.ones(4, device=DEVICE, dtype=torch.float16)), TypeError,
-                   "alibi_slopes must be float32"),
+    "alibi-int": (lambda: _base(alibi_slopes=torch.ones(4, device=DEVICE, dtype=torch.int32)), TypeError,
+                  "alibi_slopes must be a floating-point tensor"),
     "num_splits-negative": (lambda: _base(num_splits=-1), ValueError, "num_splits must be in"),
     "num_splits-huge": (lambda: _base(num_splits=1000), ValueError, "num_splits must be in"),
     "num_splits-float": (lambda: _base(num_splits=2.0), TypeError, "num_splits must be an int"),
@@ -933,10 +934,30 @@ def test_call_key_none_for_unhashable_or_foreign_arguments():
             != decode._call_key(q, kc, vc, seq, *common, None, None, None, None, True, False, True))
 
 
+@pytest.mark.parametrize("form", ["softcap-zero", "alibi-fp16", "alibi-fp64"])
+def test_unified_argument_rules(form, path):
+    """The rules attention() follows hold here too: softcap=0 is no softcap
+    (bitwise the result of softcap=None), and ALiBi slopes of any float
+    dtype are cast to float32 (bitwise the result of float32 slopes)."""
+    args = _base()
+    q, kc, vc, seq = args["q"], args["k_cache"], args["v_cache"], args["cache_seqlens"]
+    slopes = torch.rand(4, device=DEVICE)
+    if form == "softcap-zero":
+        got = tileattn.attention_with_kvcache(q, kc, vc, seq, softcap=0.0)
+        want = tileattn.attention_with_kvcache(q, kc, vc, seq, softcap=None)
+    else:
+        dtype = torch.float16 if form == "alibi-fp16" else torch.float64
+        low = slopes.to(dtype)
+        got = tileattn.attention_with_kvcache(q, kc, vc, seq, alibi_slopes=low)
+        want = tileattn.attention_with_kvcache(q, kc, vc, seq, alibi_slopes=low.float())
+        assert not torch.equal(want, tileattn.attention_with_kvcache(q, kc, vc, seq)), "the slopes changed nothing"
+    assert torch.isfinite(got).all() and torch.equal(got, want)
+
+
 def test_mixed_devices():
     other = "cpu" if HAS_CUDA else "meta"
     args = _base()
-    with pytest.raises(ValueError, match="cache_seqlens is on"):
+    with pytest.raises(ValueError, match="cache_seqlens must be on the device of q"):
         tileattn.attention_with_kvcache(args["q"], args["k_cache"], args["v_cache"],
                                         torch.zeros(2, dtype=torch.int32, device=other))
 
@@ -963,9 +984,9 @@ def test_gpu_decode_shapes(page):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", launch_decode.DECODE_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", configs.DECODE_CONFIGS, ids=lambda c: c.name)
 def test_gpu_every_config(cfg, monkeypatch):
-    monkeypatch.setattr(launch_decode, "DECODE_CONFIGS", (cfg,))
+    monkeypatch.setattr(configs, "DECODE_CONFIGS", (cfg,))
     monkeypatch.setenv("TILEATTN_AUTOTUNE", "0")
     cases = []
     if cfg.serves(paged=True):
@@ -1009,7 +1030,7 @@ def test_gpu_decode_config_choice(env, monkeypatch):
     # no launch plans: a plan another test recorded for these shapes would
     # replay its launches without choosing a config
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
-    monkeypatch.setattr(launch_decode, "_TUNED_CHOICE", {})
+    monkeypatch.setattr(tuning, "_CHOICES", {})
     firsts = []
     real = launch_decode._first_fitting
     monkeypatch.setattr(launch_decode, "_first_fitting", lambda *a: firsts.append(real(*a)) or firsts[-1])
@@ -1017,11 +1038,11 @@ def test_gpu_decode_config_choice(env, monkeypatch):
               Case(32, 8, 1, 128, BF16, (900, 1200), n_new=1)):
         assert_case(c)
     if env == "1":
-        assert not firsts and len(launch_decode._TUNED_CHOICE) == 2
+        assert not firsts and len(tuning._CHOICES) == 2
     else:
-        assert [f.name for f in firsts] == ["N128-w4-s5", "N128-w4-s3"] and not launch_decode._TUNED_CHOICE
+        assert [f.name for f in firsts] == ["N128-w4-s5", "N128-w4-s3"] and not tuning._CHOICES
         assert_case(Case(8, 2, 1, 64, F32, (300, 41), n_new=1))
-        assert len(firsts) == 2 and len(launch_decode._TUNED_CHOICE) == 1
+        assert len(firsts) == 2 and len(tuning._CHOICES) == 1
 
 
 @gpu
@@ -1033,13 +1054,13 @@ def test_gpu_decode_config_choice(env, monkeypatch):
                               "contig-auto-append", "page16-2splits-append"])
 def test_gpu_decode_plans_match_regular_launches(page, splits, alibi, append, monkeypatch):
     """From the second call of a shape on, a decoding step replays a launch
-    plan (launch._PLANS, keyed by the validated call): bitwise the result of
+    plan (runtime._PLANS, keyed by the validated call): bitwise the result of
     regular launches, with fresh cache contents and lengths each step; with
     ``append`` the plan holds the append too, and the caches after each step
     are bitwise those of regular launches."""
-    if not launch._DIRECT_SUPPORTED:
-        pytest.skip("direct launches are off on this Triton version (launch.DIRECT_LAUNCH_VERSIONS)")
-    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
+    if not runtime._DIRECT_SUPPORTED:
+        pytest.skip("direct launches are off on this Triton version (runtime.DIRECT_LAUNCH_VERSIONS)")
+    monkeypatch.setattr(runtime, "POISON_OUTPUTS", True)
     b, hq, hkv, d, cap = 4, 8, 2, 128, 1024
     gen = torch.Generator().manual_seed(5)
 
@@ -1068,16 +1089,16 @@ def test_gpu_decode_plans_match_regular_launches(page, splits, alibi, append, mo
     want = [tileattn.attention_with_kvcache(*a, **kw, return_lse=True) for a, kw in steps]
     want_caches = [(a[1].clone(), a[2].clone()) for a, _ in steps]
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "1")
-    launch._PLANS.clear()
+    runtime._PLANS.clear()
     replayed = []
     for i, (a, kw) in enumerate(steps):
         a = fresh[i]
-        planned = len(launch._PLANS)
+        planned = len(runtime._PLANS)
         out, lse = tileattn.attention_with_kvcache(*a, **kw, return_lse=True)
-        replayed.append(planned > 0 and len(launch._PLANS) == planned)
+        replayed.append(planned > 0 and len(runtime._PLANS) == planned)
         assert torch.equal(out, want[i][0]) and torch.equal(lse, want[i][1]), f"step {i}"
         assert torch.equal(a[1], want_caches[i][0]) and torch.equal(a[2], want_caches[i][1]), f"step {i} cache"
-    assert any(key[0] == "decode-call" for key in launch._PLANS), "no plan was recorded"
+    assert any(key[0] == "decode-call" for key in runtime._PLANS), "no plan was recorded"
     assert all(replayed[1:]), f"steps after the first recorded again: {replayed}"
 
 

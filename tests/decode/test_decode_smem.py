@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import triton
 
-from tileattn import launch_decode
+from tileattn.launch import decode as launch_decode
 
 ROOT = Path(__file__).resolve().parents[2]
 

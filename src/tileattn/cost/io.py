@@ -1,5 +1,9 @@
 """FLOPs, HBM bytes and resident memory of standard and tiled attention.
 
+The shape and constants live in ``shape.py``, the FLOP counts in
+``flops.py``; this module holds the bytes (passes, traffic, the L2 model,
+resident memory) and offers all three under one name.
+
 Everything here is arithmetic on shapes: no GPU, no torch.  The counts are
 per call of one attention layer (all batches and heads).
 
@@ -19,256 +23,16 @@ Conventions
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Iterable, NamedTuple
+from typing import Iterable
 
 from .. import configs as _configs
 from ..configs import KernelConfig
-
-DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
-FUSION_LEVELS = ("textbook", "eager")
-FLOP_MODES = ("fwd", "bwd", "fwd_bwd")
-LSE_BYTES = 4  # lse, delta and lse2 are float32 rows
-
-# Share of L2 one streamed operand may occupy and still be served from L2 to
-# later programs: the rest holds the other operands, outputs in flight and
-# is lost to set conflicts.  A modelling constant, checked against Nsight
-# Compute measurements (docs/io-model.md).
-L2_USABLE_FRACTION = 0.5
-# Launch overhead per kernel used by the roofline time (seconds).
-LAUNCH_OVERHEAD_S = 4e-6
-
-
-def _check_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            if float(value) != int(value):
-                raise ValueError
-            value = int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name}={value!r} must be an integer") from None
-    if value < minimum:
-        raise ValueError(f"{name}={value} must be >= {minimum}")
-    return value
-
-
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of ``dtype`` (``fp16``, ``bf16``, ``fp32``)."""
-    try:
-        return DTYPE_BYTES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype={dtype!r} is not one of {', '.join(DTYPE_BYTES)}") from None
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionShape:
-    """The problem: ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)``."""
-
-    batch: int
-    heads: int
-    seqlen_q: int
-    head_dim: int
-    seqlen_k: int | None = None
-    kv_heads: int | None = None
-    causal: bool = False
-    dtype: str = "bf16"
-
-    def __post_init__(self) -> None:
-        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
-        set_("batch", _check_int("batch", self.batch))
-        set_("heads", _check_int("heads", self.heads))
-        set_("seqlen_q", _check_int("seqlen_q", self.seqlen_q))
-        set_("head_dim", _check_int("head_dim", self.head_dim))
-        if self.head_dim > 256:
-            raise ValueError(f"head_dim={self.head_dim} exceeds 256, the largest the kernels support")
-        set_("seqlen_k", self.seqlen_q if self.seqlen_k is None else _check_int("seqlen_k", self.seqlen_k))
-        set_("kv_heads", self.heads if self.kv_heads is None else _check_int("kv_heads", self.kv_heads))
-        if self.heads % self.kv_heads:
-            raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads}")
-        dtype_bytes(self.dtype)
-        set_("causal", bool(self.causal))
-
-    @property
-    def elem_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
-
-    @property
-    def group(self) -> int:
-        """Query heads per key/value head."""
-        return self.heads // self.kv_heads
-
-    @property
-    def score_elements(self) -> int:
-        """Entries of the full score matrix over all batches and heads."""
-        return self.batch * self.heads * self.seqlen_q * self.seqlen_k
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-# ---------------------------------------------------------------------------
-# FLOPs
-# ---------------------------------------------------------------------------
-def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
-    """Number of (query, key) pairs that take part in attention for one head.
-
-    Causal: row ``i`` sees ``clamp(i + Nk - Nq + 1, 0, Nk)`` keys; the sum is
-    done in closed form (a triangle plus, for Nk > Nq, a full rectangle)."""
-    nq, nk = seqlen_q, seqlen_k
-    if not causal:
-        return nq * nk
-    c = nk - nq + 1  # keys seen by row 0 (may be <= 0)
-    # rows with 0 < i + c < nk see i + c keys; rows with i + c >= nk see nk
-    first = max(0, 1 - c)                # first row that sees >= 1 key
-    full_from = max(0, nk - c)           # first row that sees all nk keys
-    last_partial = min(nq, full_from)    # rows [first, last_partial) are partial
-    total = 0
-    if last_partial > first:
-        a, b = first + c, last_partial - 1 + c
-        total += (a + b) * (last_partial - first) // 2
-    if nq > full_from:
-        total += (nq - max(full_from, 0)) * nk
-    return total
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _fwd_keys_loaded(start_m: int, nq: int, nk: int, block_m: int, block_n: int, causal: bool) -> int:
-    """Key rows the program of the query block at ``start_m`` loads (causal_key_bounds)."""
-    if not causal:
-        return nk
-    hi = max(min(start_m + block_m + nk - nq, nk), 0)
-    return min(nk, _cdiv(hi, block_n) * block_n)
-
-
-def _dkdv_query_start(start_n: int, nq: int, nk: int, block_m: int, causal: bool) -> int:
-    """First query row the dK/dV program of the key block at ``start_n`` loads (causal_query_bounds)."""
-    if not causal:
-        return 0
-    lo = max(start_n - (nk - nq), 0)
-    return min(nq, (lo // block_m) * block_m)
-
-
-def executed_pairs(seqlen_q: int, seqlen_k: int, causal: bool, block_m: int, block_n: int,
-                   kernel: str = "fwd") -> int:
-    """(query, key) pairs a tiled kernel computes for one head: whole
-    BLOCK_M x BLOCK_N tiles, including the masked part of diagonal tiles and
-    the padding of edge tiles; tiles hidden from every row are skipped.
-
-    ``kernel="fwd"`` (also the dQ kernel) walks key tiles per query block;
-    ``kernel="dkdv"`` walks query tiles per key block, from the first query
-    tile that sees the key block (the two orders skip slightly different
-    tiles on the diagonal when BLOCK_M != BLOCK_N)."""
-    if kernel not in ("fwd", "dq", "dkdv"):
-        raise ValueError(f"kernel={kernel!r} must be 'fwd', 'dq' or 'dkdv'")
-    total = 0
-    if kernel == "dkdv":
-        for kb in range(_cdiv(seqlen_k, block_n)):
-            start = _dkdv_query_start(kb * block_n, seqlen_q, seqlen_k, block_m, causal)
-            total += block_n * _cdiv(seqlen_q - start, block_m) * block_m
-        return total
-    for qb in range(_cdiv(seqlen_q, block_m)):
-        keys = _fwd_keys_loaded(qb * block_m, seqlen_q, seqlen_k, block_m, block_n, causal)
-        total += block_m * _cdiv(keys, block_n) * block_n
-    return total
-
-
-def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None = None, head_dim: int = 64, *,
-                    causal: bool = False, mode: str = "fwd",
-                    block_m: int | None = None, block_n: int | None = None) -> float:
-    """Matmul FLOPs of attention -- the one place the formula lives.
-
-    Forward: two matmuls (S = Q K^T and O = P V), each ``2 * D`` FLOPs per
-    (query, key) pair, so ``4 * B * H * pairs * D``; ``pairs = Nq * Nk``, or the
-    visible part when causal.  Backward: the conventional ``2.5 x`` forward --
-    four gradient matmuls (dV, dP, dQ, dK = 2x) plus recomputing S (0.5x).
-    ``mode`` is ``"fwd"``, ``"bwd"`` or ``"fwd_bwd"`` (3.5x).
-
-    With ``block_m``/``block_n`` the pairs are those the tiled kernel
-    *executes* (:func:`executed_pairs`) rather than the useful ones.
-    Softmax exponentials and other elementwise work are not counted (they
-    do not run on the tensor cores and are small next to ``D`` FLOPs/pair).
-    """
-    b = _check_int("batch", batch)
-    h = _check_int("heads", heads)
-    nq = _check_int("seqlen_q", seqlen_q)
-    nk = nq if seqlen_k is None else _check_int("seqlen_k", seqlen_k)
-    d = _check_int("head_dim", head_dim)
-    if mode not in FLOP_MODES:
-        raise ValueError(f"mode={mode!r} is not one of {', '.join(FLOP_MODES)}")
-    if (block_m is None) != (block_n is None):
-        raise ValueError("block_m and block_n must be given together")
-    if block_m is None:
-        pairs = visible_pairs(nq, nk, causal)
-    else:
-        pairs = executed_pairs(nq, nk, causal, _check_int("block_m", block_m), _check_int("block_n", block_n))
-    fwd = 4.0 * b * h * pairs * d
-    return {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode] * fwd
-
-
-@dataclasses.dataclass(frozen=True)
-class FlopBreakdown:
-    """FLOPs by term.  ``useful_*`` count visible pairs only; ``*_executed``
-    is what each implementation actually runs."""
-
-    useful_fwd: float
-    useful_bwd: float                 # conventional 2.5x forward, recompute included
-    standard_fwd_executed: float      # cuBLAS computes the full Nq x Nk product even when causal
-    standard_bwd_executed: float      # 4 matmuls on the stored P: 2x its forward
-    tiled_fwd_executed: float
-    tiled_bwd_gradients: float        # dV, dP, dK (dK/dV kernel) + dQ (dQ kernel): 4 matmuls
-    tiled_bwd_recompute: float        # S = Q K^T rebuilt from lse in the dK/dV kernel
-    tiled_bwd_split_recompute: float  # S and dP rebuilt again in the separate dQ kernel
-
-    @property
-    def tiled_bwd_executed(self) -> float:
-        return self.tiled_bwd_gradients + self.tiled_bwd_recompute + self.tiled_bwd_split_recompute
-
-    def as_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["tiled_bwd_executed"] = self.tiled_bwd_executed
-        return d
-
-
-def _tile_matmul_flops(shape: AttentionShape, config: KernelConfig, kernel: str) -> float:
-    """FLOPs of one ``BM x BN x D`` matmul per executed tile of ``kernel``, over all batches and heads."""
-    s = shape
-    pairs = executed_pairs(s.seqlen_q, s.seqlen_k, s.causal, config.block_m, config.block_n, kernel)
-    return 2.0 * s.batch * s.heads * pairs * s.head_dim
-
-
-def flop_breakdown(shape: AttentionShape, fwd_config: KernelConfig | None = None,
-                   bwd_config: KernelConfig | None = None,
-                   dq_config: KernelConfig | None = None) -> FlopBreakdown:
-    """FLOPs of both implementations, term by term (see :class:`FlopBreakdown`).
-
-    Per executed tile of ``BM x BN`` pairs one matmul costs ``2*BM*BN*D``.
-    The dK/dV program (tiles of ``bwd_config``) runs 4 of them (S, dP, dV,
-    dK), the dQ program (tiles of ``dq_config``) 3 (S, dP, dQ): 7 per tile,
-    against the 5 (2.5x forward) of the usual count.  Configs default to
-    :func:`default_configs`.
-    """
-    fwd_config, bwd_config, dq_config = _resolve_configs(shape, fwd_config, bwd_config, dq_config=dq_config)
-    s = shape
-    args = (s.batch, s.heads, s.seqlen_q, s.seqlen_k, s.head_dim)
-    useful_fwd = attention_flops(*args, causal=s.causal, mode="fwd")
-    full_fwd = attention_flops(*args, causal=False, mode="fwd")
-    tiled_fwd = attention_flops(*args, causal=s.causal, mode="fwd",
-                                block_m=fwd_config.block_m, block_n=fwd_config.block_n)
-    mm_dkdv = _tile_matmul_flops(s, bwd_config, "dkdv")   # one matmul over the dK/dV kernel's tiles
-    mm_dq = _tile_matmul_flops(s, dq_config, "dq")        # one matmul over the dQ kernel's tiles
-    return FlopBreakdown(
-        useful_fwd=useful_fwd,
-        useful_bwd=attention_flops(*args, causal=s.causal, mode="bwd"),
-        standard_fwd_executed=full_fwd,
-        standard_bwd_executed=2.0 * full_fwd,
-        tiled_fwd_executed=tiled_fwd,
-        tiled_bwd_gradients=3 * mm_dkdv + mm_dq,           # dP, dV, dK | dQ
-        tiled_bwd_recompute=mm_dkdv,                       # S in the dK/dV kernel
-        tiled_bwd_split_recompute=2 * mm_dq,               # S and dP again in the dQ kernel
-    )
+from .flops import (  # noqa: F401  (re-exported: tileattn.cost.io is the model's one import path)
+    FlopBreakdown, _cdiv, _dkdv_query_start, _fwd_keys_loaded, _tile_matmul_flops, attention_flops, executed_pairs,
+    flop_breakdown, visible_pairs)
+from .shape import (  # noqa: F401  (re-exported: tileattn.cost.io is the model's one import path)
+    AttentionShape, DTYPE_BYTES, DefaultConfigs, FLOP_MODES, FUSION_LEVELS, L2_USABLE_FRACTION, LAUNCH_OVERHEAD_S,
+    LSE_BYTES, _check_int, _resolve_configs, default_configs, dtype_bytes, parse_config_name)
 
 
 # ---------------------------------------------------------------------------
@@ -462,47 +226,6 @@ def standard_traffic(shape: AttentionShape, *, fusion: str = "eager", backward: 
             bw.append(Pass("copy dK into k's layout (accumulate grad)", "bwd", kv_b, kv_b, kernel="copy"))
     return TrafficEstimate("standard", shape, tuple(f + bw),
                            {"fusion": fusion, "l2_bytes": l2_bytes, "backward": backward})
-
-
-def parse_config_name(name: str, source: str = "parsed") -> KernelConfig:
-    """Inverse of :attr:`KernelConfig.name`: ``"M128-N64-w8-s3"`` -> KernelConfig."""
-    try:
-        m, n, w, st = name.split("-")
-        assert m[0] == "M" and n[0] == "N" and w[0] == "w" and st[0] == "s"
-        return KernelConfig(int(m[1:]), int(n[1:]), int(w[1:]), int(st[1:]), source)
-    except (ValueError, AssertionError, IndexError):
-        raise ValueError(f"config={name!r} is not of the form M<block_m>-N<block_n>-w<warps>-s<stages>") from None
-
-
-class DefaultConfigs(NamedTuple):
-    """One config per tiled kernel: forward, backward dK/dV, backward dQ."""
-
-    fwd: KernelConfig
-    dkdv: KernelConfig
-    dq: KernelConfig
-
-
-def default_configs(head_dim: int, elem_bytes: int = 2, smem_per_block: int | None = None) -> DefaultConfigs:
-    """The (forward, dK/dV, dQ) configs the kernels would start from: the first
-    entry of each kernel's table (``FWD_CONFIGS``, ``DKDV_CONFIGS``,
-    ``DQ_CONFIGS``) for the head-dim bucket, or, given the device's shared
-    memory per block, the first one whose estimate under that kernel's own
-    estimator fits (the launcher drops the others before autotuning, and
-    takes exactly this one when autotuning is off)."""
-    out = []
-    for kind in ("fwd", "dkdv", "dq"):
-        cands = _configs.candidates(kind, head_dim)
-        if smem_per_block is not None:
-            cands = _configs.fitting(cands, head_dim, elem_bytes, smem_per_block, kind=kind)
-        out.append(cands[0])
-    return DefaultConfigs(*out)
-
-
-def _resolve_configs(shape, fwd_config=None, bwd_config=None, smem_per_block=None, dq_config=None
-                     ) -> DefaultConfigs:
-    """Given configs, with the defaults of :func:`default_configs` for those left out."""
-    d = default_configs(shape.head_dim, shape.elem_bytes, smem_per_block)
-    return DefaultConfigs(fwd_config or d.fwd, bwd_config or d.dkdv, dq_config or d.dq)
 
 
 @dataclasses.dataclass(frozen=True)

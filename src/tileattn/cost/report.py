@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from .commands import fmt_bytes, fmt_flops, fmt_time, header_lines, summary_rows
+from .format import fmt_bytes, fmt_flops, fmt_time, header_lines, summary_rows
 from .io import AttentionShape
 from .roofline import Comparison, compare, figure_png_bytes, plot_roofline
 from .tiles import chosen_configs, feasible_tiles, max_block_n, paper_block_sizes, table_configs_check

@@ -13,7 +13,8 @@ does not import it.
 """
 from .layout import LAYOUTS, shard_sequence, unshard_sequence
 from .profile import RingProfile, StepRecord, time_ring_exchange
-from .ring import RingCommunicationError, ring_attention
+from .comm import RingCommunicationError
+from .ring import ring_attention
 from .schedule import BlockPlan, block_plan, ring_plan
 
 __all__ = ["ring_attention", "shard_sequence", "unshard_sequence", "LAYOUTS", "RingProfile", "StepRecord",

@@ -163,7 +163,7 @@ def time_ring_exchange(nbytes: int, *, group=None, device=None, repeats: int = 1
     """
     import torch.distributed as dist
 
-    from .ring import _Ring, _resolve_group
+    from .comm import _Ring, _resolve_group
 
     group = _resolve_group(group)
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:

@@ -1,72 +1,22 @@
-"""Launcher of the Hopper forward kernel (Gluon, ``kernels/fwd_hopper.py``).
+"""Launcher of the Hopper forward kernel (Gluon, ``kernels/fwd_hopper.py``),
+and its sm_90a compile report (compiled without a GPU).
 
-``eligible`` says whether a forward call can take this path: a CUDA device
-of compute capability 9.0, fp16 or bf16, a head dim the kernel is built for
-(``configs.HOPPER_FWD_HEAD_DIMS``), no variant switched on, and tensors the
-copy engine can address (unit stride on the head dim, 16-byte aligned base
-and strides).  Everything else runs the portable Triton kernels.  Gluon is
-imported on first use, so a CPU install never imports it.
-``TILEATTN_HOPPER_FWD=0`` (or ``ENABLED = False``) turns the path off.
+Which calls run it is ``dispatch.hopper_fwd_eligible``'s decision (a CUDA
+device of compute capability 9.0, fp16 or bf16, a head dim the kernel is
+built for, no variant, tensors the copy engine can address); everything else
+runs the portable Triton kernels.  Gluon is imported on first use, so a CPU
+install never imports it.  ``TILEATTN_HOPPER_FWD=0`` (or
+``dispatch.HOPPER_FWD = False``) turns the path off.
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
 
-from . import configs
-from .configs import HopperFwdConfig
-
-LOG2E = 1.4426950408889634
-ENABLED = True
-_DTYPES = (torch.float16, torch.bfloat16)
-
-
-@functools.lru_cache(maxsize=None)
-def _device_ok(device_index: int) -> bool:
-    if torch.version.hip is not None or torch.cuda.get_device_capability(device_index) != (9, 0):
-        return False
-    return _gluon_ok()
-
-
-@functools.lru_cache(maxsize=None)
-def _gluon_ok() -> bool:
-    try:
-        from .kernels import fwd_hopper  # noqa: F401
-    except Exception:  # pragma: no cover - a triton without Gluon's Hopper API
-        return False
-    return True
-
-
-def _aligned(t: torch.Tensor) -> bool:
-    if t.stride(-1) != 1 or t.data_ptr() % 16:
-        return False
-    elem = t.element_size()
-    for size, stride in zip(t.shape[:-1], t.stride()[:-1]):
-        if size > 1 and (stride * elem) % 16:
-            return False
-    return True
-
-
-def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether a plain (no variant) forward of these tensors runs the Hopper kernel."""
-    if not ENABLED or not q.is_cuda or q.dtype not in _DTYPES or q.shape[-1] not in configs.HOPPER_FWD_HEAD_DIMS:
-        return False
-    if configs.interpreter_active() or configs.env("TILEATTN_HOPPER_FWD", "1") == "0":
-        return False
-    if not _device_ok(q.device.index if q.device.index is not None else torch.cuda.current_device()):
-        return False
-    b, hq, n_q, _ = q.shape
-    if b > 65535 or hq > 65535 or n_q == 0 or k.shape[2] == 0 or b == 0:
-        return False
-    return _aligned(q) and _aligned(k) and _aligned(v)
-
-
-def preferred(head_dim: int, causal: bool, n_k: int) -> bool:
-    """Whether the default dispatch takes the Hopper kernel at this size
-    (``configs.HOPPER_FWD_MIN_KEYS``: where it was measured slower)."""
-    return n_k >= configs.HOPPER_FWD_MIN_KEYS.get((head_dim, bool(causal)), 0)
+from .. import configs
+from ..configs import HopperFwdConfig
+from ..dispatch import tma_addressable
+from .runtime import LOG2E
 
 
 def _descriptor(t: torch.Tensor, rows: int):
@@ -91,12 +41,12 @@ def config_for(head_dim: int) -> HopperFwdConfig:
 
 def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None = None, poison: bool = False):
     """Forward on the Hopper kernel. Returns (out like q, lse float32 (B, Hq, Nq))."""
-    from .kernels.fwd_hopper import _attn_fwd_hopper_kernel
+    from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     cfg = config or config_for(d)
     o = torch.empty_like(q)
-    if not _aligned(o):   # empty_like kept an unaddressable layout: a dense one instead
+    if not tma_addressable(o):   # empty_like kept an unaddressable layout: a dense one instead
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((b, hq, n_q), device=q.device, dtype=torch.float32)
     if poison:
@@ -121,7 +71,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
-    from .kernels.fwd_hopper import _attn_fwd_hopper_kernel as kernel
+    from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel as kernel
     t = torch.empty(1, 2, 256, head_dim, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
     rows = {"q_desc": cfg.block_m, "k_desc": cfg.block_n, "v_desc": cfg.block_n, "o_desc": cfg.block_m}
     sig = {name: mangle_type(_descriptor(t, r)) for name, r in rows.items()}

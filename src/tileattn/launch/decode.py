@@ -12,7 +12,7 @@ Split count (``num_splits=0``), :func:`choose_num_splits`:
   (H200, B=16, Hkv=8, d=128, 16k / 64k keys: one split 254 / 956 us on a
   contiguous cache, 254 / 961 us on 256-token pages, against 2 splits'
   307 / 971 and 263 / 972 us; docs/perf-notes.md, v5).  Paged caches need
-  the deeper pipelines of their configs for that (DECODE_CONFIGS): with one
+  the deeper pipelines of their configs for that (configs.DECODE_CONFIGS): with one
   K/V tile buffered, as the contiguous configs give them, 2 splits were
   faster.
 * Otherwise the GPU should hold at least ``PROGRAMS_PER_SM`` (2) programs per SM, so
@@ -53,17 +53,18 @@ key range is divided between the splits in the kernel by its own length.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
 import torch
 import triton
 
-from . import configs, launch
-from .kernels.decode import _append_kv_kernel, _decode_combine_kernel, _decode_partial_kernel
-
-LOG2E = 1.4426950408889634
+from .. import configs
+from .._env import env
+from ..configs import DecodeConfig
+from ..kernels.decode import _append_kv_kernel, _decode_combine_kernel, _decode_partial_kernel
+from . import runtime, tuning
+from .runtime import LOG2E, _descriptor, _dot_precision, _smem_limit, _strides4
 
 PROGRAMS_PER_SM = 2
 # leading split (choose_lead; docs/perf-notes.md, v7)
@@ -78,53 +79,6 @@ _EFFICIENCY_SLACK = 0.95
 ONE_WAVE = 0.9
 
 
-@dataclasses.dataclass(frozen=True)
-class DecodeConfig:
-    """Key tile, warps and pipeline depth of the partial kernel (BLOCK_M, the
-    packed query rows, follows from the group size and Nq), and the cache
-    layouts it is a candidate for ("contiguous", "paged" or "any")."""
-    block_n: int
-    num_warps: int
-    num_stages: int
-    source: str = ""
-    layout: str = "any"
-
-    @property
-    def name(self) -> str:
-        return f"N{self.block_n}-w{self.num_warps}-s{self.num_stages}"
-
-    def serves(self, paged: bool) -> bool:
-        return self.layout == "any" or self.layout == ("paged" if paged else "contiguous")
-
-
-_U = "untuned: chosen for H200 bandwidth (K+V stage >= 16 KB, >= 2 programs/SM), to be measured"
-_SWEEP = ("H200 sweep, B=16 Hq=32 Hkv=8 d=128 bf16, one split, 16k / 64k keys "
-          "(docs/results/h200/v5/cfg_sweep; SDPA-cuDNN 254 / 954 us)")
-
-# Candidates per cache layout, in order of preference (measured for 16-bit
-# caches and up to 16 packed query rows): there a decoding call takes the
-# first that fits, without timing -- the configs of a layout are within a few
-# percent, and the autotuner's short first-call timings picked a 4 % slower
-# one in a benchmark run (docs/perf-notes.md, v6); other shapes autotune
-# (decode_autotune_enabled).  A stage holds a K and a V tile:
-# 2 x BLOCK_N x D x elem.  On a paged cache each tile's address comes from a
-# block-table load, and the pipeliner gives that load a stage of its own:
-# num_stages s buffers (s - 1) // 2 tiles ahead there, against s - 1 on a
-# contiguous cache (sm_90 TTGIR, triton 3.6), so paged candidates run deeper.
-DECODE_CONFIGS: tuple[DecodeConfig, ...] = (
-    DecodeConfig(128, 4, 3, _SWEEP + ": 254 / 956 us", "contiguous"),
-    DecodeConfig(64, 4, 4, _SWEEP + ": 257 / 959 us", "contiguous"),
-    DecodeConfig(64, 4, 3, _SWEEP + ": 265 / 1001 us", "contiguous"),
-    DecodeConfig(128, 4, 5, _SWEEP + ": 256-token pages 254 / 961 us, 16-token pages (pointers) 267 / 998 us; "
-                 "v6 gather, CUDA-graph replay (docs/results/h200/v6/cfg_page16.log): 16-token pages 245 / 958 us "
-                 "against N128-w4-s7 248 / 973 and N64-w4-s7 271 / 1065 us", "paged"),
-    DecodeConfig(64, 4, 7, _SWEEP + ": 256-token pages 254 / 957 us", "paged"),
-    DecodeConfig(64, 4, 5, _SWEEP + ": 256-token pages 265 / 1010 us", "paged"),
-    DecodeConfig(32, 4, 4, _U),
-    DecodeConfig(16, 4, 4, "small tiles for head dim 256 in float32"),
-)
-INTERPRETER_CONFIG = DecodeConfig(16, 4, 1, "interpreter: the smallest tile tl.dot accepts")
-
 # query rows packed per program: group size x Nq, padded to >= 16 for tl.dot
 MAX_BLOCK_M = 64
 # combine: splits loaded at once (a chunk), at most this many rows per program,
@@ -136,15 +90,8 @@ _COMBINE_ELEMS = 64
 _APPEND_ROWS = 16
 
 
-# tensor bookkeeping shared with the training launcher
-_strides4 = launch._strides4
-_dot_precision = launch._dot_precision
-_smem_limit = launch._smem_limit
-_descriptor = launch._descriptor
-
-
 def pipeline_buffers(num_stages: int, paged: bool) -> int:
-    """K/V tiles buffered by the pipeliner (see DECODE_CONFIGS)."""
+    """K/V tiles buffered by the pipeliner (see configs.DECODE_CONFIGS)."""
     return max(1, (num_stages - 1) // 2 if paged else num_stages - 1)
 
 
@@ -217,7 +164,7 @@ def descriptor_tiles(k_cache: torch.Tensor, v_cache: torch.Tensor, paged: bool) 
     """Whether :func:`choose_lead` counts the cache's tiles as loaded by
     descriptor: the copy engine can read it, and a paged cache's pages hold
     at least ``LEAD_MIN_PAGE`` tokens."""
-    return launch.use_tma(k_cache, v_cache) and (not paged or k_cache.shape[2] >= LEAD_MIN_PAGE)
+    return runtime.use_tma(k_cache, v_cache) and (not paged or k_cache.shape[2] >= LEAD_MIN_PAGE)
 
 
 def choose_lead(programs_per_split: int, capacity: int, num_sms: int, descriptor_tiles: bool) -> int:
@@ -275,24 +222,23 @@ def _set_boxes(args) -> None:
             args[name].block_shape = [1, 1, args["BLOCK_N"], args["BLOCK_D"]]
 
 
-@functools.lru_cache(maxsize=None)
-def _tuned_partial():
+def _build_tuned_partial():
     cfgs = []
-    for c in DECODE_CONFIGS:
-        cfgs.append(triton.Config({"BLOCK_N": c.block_n}, num_warps=c.num_warps, num_stages=c.num_stages,
+    for c in configs.DECODE_CONFIGS:
+        cfgs.append(triton.Config(c.as_meta(), num_warps=c.num_warps, num_stages=c.num_stages,
                                   pre_hook=_set_boxes))
         _LAYOUT_OF[cfgs[-1]] = c
     return triton.autotune(configs=cfgs, key=_TUNE_KEY,
                            prune_configs_by={"early_config_prune": _prune})(_decode_partial_kernel)
 
 
-# (device, dtype, autotune key values) -> (meta-parameters, launch options)
-# of the config the autotuner chose for the partial kernel
-_TUNED_CHOICE: dict = {}
+def _tuned_partial():
+    """The autotuned partial kernel (built on first use, GPU only)."""
+    return tuning.autotuner("decode", _build_tuned_partial)
 
 
 def decode_autotune_enabled(block_m: int, elem_bytes: int) -> bool:
-    """Whether a decoding launch autotunes over DECODE_CONFIGS instead of
+    """Whether a decoding launch autotunes over configs.DECODE_CONFIGS instead of
     taking the first that fits.  Never with TILEATTN_AUTOTUNE=0;
     TILEATTN_DECODE_AUTOTUNE=1 always, =0 never.  Unset: only outside the
     class the table's order was measured for (16-bit caches, one block of at
@@ -300,24 +246,24 @@ def decode_autotune_enabled(block_m: int, elem_bytes: int) -> bool:
     first fitting config can spill registers (sm_90 compiles: up to ~1 KB a
     thread for head dim 256 with 64 packed rows, tens of KB in float32), and
     timing the candidates is worth its first-call cost."""
-    if not launch._autotune_enabled():
+    if not runtime._autotune_enabled():
         return False
-    env = configs.env("TILEATTN_DECODE_AUTOTUNE", "")
-    if env in ("0", "1"):
-        return env == "1"
+    switch = env("TILEATTN_DECODE_AUTOTUNE", "")
+    if switch in ("0", "1"):
+        return switch == "1"
     return not (elem_bytes == 2 and block_m <= 16)
 
 
 def _first_fitting(block_m: int, head_dim: int, elem: int, page_size: int, device: torch.device,
                    descriptors: bool) -> DecodeConfig:
     limit = _smem_limit(device)
-    return next((c for c in DECODE_CONFIGS if _usable(c, block_m, head_dim, elem, page_size, descriptors, limit)),
-                DECODE_CONFIGS[-1])
+    return next((c for c in configs.DECODE_CONFIGS if _usable(c, block_m, head_dim, elem, page_size, descriptors, limit)),
+                configs.DECODE_CONFIGS[-1])
 
 
 def _empty(shape, dtype, device, like=None) -> torch.Tensor:
     out = torch.empty_like(like) if like is not None else torch.empty(shape, dtype=dtype, device=device)
-    if launch.POISON_OUTPUTS:
+    if runtime.POISON_OUTPUTS:
         out.fill_(float("nan"))
     return out
 
@@ -335,7 +281,7 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capaci
     paged = block_table is not None
     bt = block_table if paged else cache_seqlens
     grid = (triton.cdiv(n_new, _APPEND_ROWS), hkv, b)
-    launch._run(_append_kv_kernel, grid, {}, dict(
+    runtime._run(_append_kv_kernel, grid, {}, dict(
         K_NEW=k_new, V_NEW=v_new, K=k_cache, V=v_cache, SEQLENS=cache_seqlens, BLOCK_TABLE=bt,
         **_strides4(k_new, "kn"), **_strides4(v_new, "vn"),
         **_strides4(k_cache, "k"), **_strides4(v_cache, "v"),
@@ -365,20 +311,20 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     block_m = block_m_for(group, n_q)
     if k_new is not None and (k_new.shape[0] == 0 or k_new.shape[2] == 0):
         k_new = v_new = None   # nothing to append
-    # a launch plan (launch.py) for repeated calls of one shape: a decoding
+    # a launch plan (runtime.py) for repeated calls of one shape: a decoding
     # loop calls this with the same shapes every step; the plan holds the
     # append's launch too
     plan_key = None
     if config is None and q.is_cuda and b > 0 and n_q > 0:
         autotuned = decode_autotune_enabled(block_m, k_cache.element_size())
         if call_key is not None:
-            plan_key = launch._plan_key("decode-call", (), call_key, lead_permille, autotuned)
+            plan_key = runtime._plan_key("decode-call", (), call_key, lead_permille, autotuned)
         else:
-            plan_key = launch._plan_key("decode", (q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes,
+            plan_key = runtime._plan_key("decode", (q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes,
                                                    k_new, v_new),
                                         int(n_new), int(capacity), float(scale), tuple(window), softcap,
                                         num_splits, lead_permille, autotuned)
-        plan = launch._PLANS.get(plan_key) if plan_key is not None else None
+        plan = runtime._PLANS.get(plan_key) if plan_key is not None else None
         splits = _PLAN_SPLITS.get(plan_key) if plan is not None else None
         if splits is not None:   # (a plan without its split count is recorded again below)
             out, lse = _empty(None, None, None, like=q), _empty((b, hq, n_q), torch.float32, q.device)
@@ -387,12 +333,12 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
             if splits > 1:
                 tensors["o_part"] = _empty((b, hq, n_q, splits, d), torch.float32, q.device)
                 tensors["l_part"] = _empty((b, hq, n_q, splits), torch.float32, q.device)
-            if launch._aligned(*(tensors[k] for k in _DECODE_OUTPUTS if k in tensors)):
-                launch._replay(plan, tensors)
+            if runtime._aligned(*(tensors[k] for k in _DECODE_OUTPUTS if k in tensors)):
+                runtime._replay(plan, tensors)
                 return out, lse
             plan_key = None
     if plan_key is not None:
-        launch._begin_record()
+        runtime._begin_record()
     try:
         out, lse = _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new,
                                        n_new=n_new, capacity=capacity, scale=scale,
@@ -400,7 +346,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
                                        num_splits=num_splits, lead_permille=lead_permille, config=config,
                                        block_m=block_m, plan_key=plan_key)
     except BaseException:
-        launch._abandon_record()
+        runtime._abandon_record()
         raise
     return out, lse
 
@@ -436,9 +382,9 @@ def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, 
                                   k_new, v_new)
         if num_splits > 1:
             tensors.update(o_part=o_part, l_part=l_part)
-        launch._end_record(plan_key, tensors)
-        if plan_key in launch._PLANS:
-            if len(_PLAN_SPLITS) >= launch._PLANS_MAX:
+        runtime._end_record(plan_key, tensors)
+        if plan_key in runtime._PLANS:
+            if len(_PLAN_SPLITS) >= runtime._PLANS_MAX:
                 _PLAN_SPLITS.clear()
             _PLAN_SPLITS[plan_key] = num_splits
     return out, lse
@@ -479,7 +425,7 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
     # 0.38-0.62x SDPA-cuDNN (H200, 16k / 64k keys,
     # docs/results/h200/v5/cfg_sweep) against 0.97x for the gathered 128-row
     # tiles.  With v4's configs the setting was 0.086 against 0.130 ms at 4k
-    tma = launch.use_tma(k_cache, v_cache) and not (paged and page_size <= POINTER_PAGE_SIZE)
+    tma = runtime.use_tma(k_cache, v_cache) and not (paged and page_size <= POINTER_PAGE_SIZE)
 
     if num_splits == 1:
         o_part, l_part = out, lse
@@ -519,30 +465,16 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
         ONE_LOOP=one_loop(tma, paged),
     )
     grid = (hkv * m_blocks, b, num_splits)
-    if config is None and configs.interpreter_active():
-        config = INTERPRETER_CONFIG
-    if config is None and not decode_autotune_enabled(block_m, k_cache.element_size()):
-        config = _first_fitting(block_m, d, k_cache.element_size(), page_size, q.device, tma)
-    if config is not None:
-        meta, options = {"BLOCK_N": config.block_n}, {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    else:
-        # after the first (autotuned) call of a shape class, its choice is
-        # launched directly, past the autotuner's per-call bookkeeping
-        key = (q.device, q.dtype, *(args[name] for name in _TUNE_KEY))
-        chosen = _TUNED_CHOICE.get(key)
-        if chosen is None:
-            launch._record(None)
-            tuned = _tuned_partial()
-            tuned[grid](**args)
-            best = tuned.best_config
-            _TUNED_CHOICE[key] = (best.kwargs, {k: v for k, v in best.all_kwargs().items() if k not in best.kwargs})
-            meta = None
-        else:
-            meta, options = chosen
-    if meta is not None:
-        full = {**args, **meta}
-        _set_boxes(full)
-        launch._run(_decode_partial_kernel, grid, options, full)
+    elem = k_cache.element_size()
+
+    def first_fit():
+        if decode_autotune_enabled(block_m, elem):
+            return None
+        return _first_fitting(block_m, d, elem, page_size, q.device, tma)
+
+    tuning.launch("decode", _decode_partial_kernel, grid, args, config=config, interpreter_config=configs.INTERPRETER_DECODE,
+                  first_fit=first_fit, build_autotuner=_tuned_partial,
+                  key=(q.device, q.dtype, *(args[name] for name in _TUNE_KEY)), set_boxes=_set_boxes)
 
     if num_splits > 1:
         combine_splits(o_part, l_part, out, lse)
@@ -563,4 +495,4 @@ def combine_splits(o_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor
         stride_lb=lse.stride(0), stride_lh=lse.stride(1), stride_ln=lse.stride(2),
         N_ROWS=n_rows, N_HEADS=hq, N_Q=n_q, NUM_SPLITS=num_splits,
         HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_R=block_r, BLOCK_S=block_s)
-    launch._run(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),), {}, combine)
+    runtime._run(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),), {}, combine)

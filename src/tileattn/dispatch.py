@@ -1,0 +1,177 @@
+"""Which path runs a call.
+
+Four implementations stand behind the public functions, and every choice
+between them is made here:
+
+* the Hopper forward (Gluon, ``kernels/fwd_hopper.py``):
+  :func:`hopper_fwd_eligible`;
+* the portable Triton kernels (``kernels/``, launched by ``launch/``): every
+  other call on a GPU, :func:`uses_triton`;
+* torch's fused CPU kernel: :func:`cpu_fused_applies`;
+* the tiled PyTorch implementation (``cpu.py``): everything else.
+
+``use_backend`` forces the Triton kernels or the PyTorch path inside a block.
+:func:`eager_applies` picks between the two autograd routes to the kernels
+(``ops.py``: the custom ops, or the eager fast path past their dispatcher).
+This module imports nothing of tileattn's launchers, so that every layer can
+ask it.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+from . import configs
+from ._env import env, interpreter_active
+from .validation import MAX_GRID_YZ
+
+__all__ = ["use_backend", "uses_triton", "eager_applies", "cpu_fused_applies", "hopper_fwd_eligible",
+           "tma_addressable"]
+
+_BACKENDS = ("auto", "triton", "torch")
+_backend = "auto"
+
+
+@contextlib.contextmanager
+def use_backend(name: str):
+    """Force a path inside a block: ``"triton"`` (the kernels; on CPU tensors this
+    needs ``TRITON_INTERPRET=1`` set before tileattn is imported), ``"torch"``
+    (the PyTorch path) or ``"auto"`` (kernels on GPUs, torch elsewhere)."""
+    global _backend
+    if name not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {name!r}")
+    previous, _backend = _backend, name
+    try:
+        yield
+    finally:
+        _backend = previous
+
+
+def uses_triton(t: torch.Tensor) -> bool:
+    """Whether a call with ``t`` as query runs the Triton kernels."""
+    if _backend == "torch":
+        return False
+    if _backend == "triton":
+        return True
+    return t.is_cuda and _triton_importable()
+
+
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------
+# The autograd route to the kernels
+# ---------------------------------------------------------------------------
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _no_dispatch_mode() -> bool:
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+    except ImportError:  # pragma: no cover - a torch without it: stay on the custom op
+        return False
+    return _get_current_dispatch_mode() is None
+
+
+def _no_functorch() -> bool:
+    # torch.func transforms (grad, vmap, ...) hand wrapper tensors that have
+    # no storage for a kernel; leave such calls to the custom op (which
+    # raises torch's own error for transforms it does not support)
+    check = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return check is not None and not check()
+
+
+def eager_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether a dense call can take the eager fast path (``ops.py``): the
+    kernels, plain tensors, and nothing that traces or transforms the call."""
+    return (type(q) in _PLAIN and type(k) in _PLAIN and type(v) in _PLAIN
+            and uses_triton(q) and not torch.compiler.is_compiling() and _no_dispatch_mode()
+            and _no_functorch())
+
+
+# ---------------------------------------------------------------------------
+# The CPU path: torch's fused kernel or the tiled implementation
+# ---------------------------------------------------------------------------
+_FUSED_DTYPES = (torch.float32,)
+_aten = torch.ops.aten
+_HAS_FUSED = hasattr(_aten, "_scaled_dot_product_flash_attention_for_cpu") and hasattr(
+    _aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+def cpu_fused_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, variants: dict | None = None) -> bool:
+    """Whether a dense call off the kernels runs torch's fused CPU kernel:
+    non-empty float32 CPU tensors, no variant, and a mask it means the same
+    way (none, or causal with Nq == Nk; ``cpu.py`` says why)."""
+    # empty tensors stay tiled: the fused kernel divides by zero on them (SIGFPE)
+    return (_HAS_FUSED and not variants and q.device.type == "cpu" and q.dtype in _FUSED_DTYPES
+            and q.numel() > 0 and k.numel() > 0 and (not causal or q.shape[2] == k.shape[2]))
+
+
+# ---------------------------------------------------------------------------
+# The Hopper forward or the portable kernels
+# ---------------------------------------------------------------------------
+# ``HOPPER_FWD = False`` (or TILEATTN_HOPPER_FWD=0) keeps every forward on the
+# portable kernels.
+HOPPER_FWD = True
+_HOPPER_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper_device(device_index: int) -> bool:
+    if torch.version.hip is not None or torch.cuda.get_device_capability(device_index) != (9, 0):
+        return False
+    return _gluon_ok()
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_ok() -> bool:
+    try:
+        from .kernels import fwd_hopper  # noqa: F401
+    except Exception:  # pragma: no cover - a triton without Gluon's Hopper API
+        return False
+    return True
+
+
+def tma_addressable(t: torch.Tensor) -> bool:
+    """Whether the copy engine can address ``t`` as a whole: unit stride on
+    the last dim, 16-byte aligned base and strides (dims of size 1 are never
+    stepped over)."""
+    if t.stride(-1) != 1 or t.data_ptr() % 16:
+        return False
+    elem = t.element_size()
+    for size, stride in zip(t.shape[:-1], t.stride()[:-1]):
+        if size > 1 and (stride * elem) % 16:
+            return False
+    return True
+
+
+def hopper_fwd_preferred(head_dim: int, causal: bool, n_k: int) -> bool:
+    """Whether the default dispatch takes the Hopper kernel at this size
+    (``configs.HOPPER_FWD_MIN_KEYS``: where the portable kernel measured as
+    fast or faster); a forced Hopper config skips this."""
+    return n_k >= configs.HOPPER_FWD_MIN_KEYS.get((head_dim, bool(causal)), 0)
+
+
+def hopper_fwd_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether a plain (no variant) forward of these tensors runs the Hopper
+    kernel: a CUDA device of compute capability 9.0, fp16 or bf16, a head dim
+    the kernel is built for (``configs.HOPPER_FWD_HEAD_DIMS``) and tensors the
+    copy engine can address.  Gluon is imported on first use only."""
+    if (not HOPPER_FWD or not q.is_cuda or q.dtype not in _HOPPER_DTYPES
+            or q.shape[-1] not in configs.HOPPER_FWD_HEAD_DIMS):
+        return False
+    if interpreter_active() or env("TILEATTN_HOPPER_FWD", "1") == "0":
+        return False
+    if not _hopper_device(q.device.index if q.device.index is not None else torch.cuda.current_device()):
+        return False
+    b, hq, n_q, _ = q.shape
+    if b > MAX_GRID_YZ or hq > MAX_GRID_YZ or n_q == 0 or k.shape[2] == 0 or b == 0:
+        return False
+    return tma_addressable(q) and tma_addressable(k) and tma_addressable(v)

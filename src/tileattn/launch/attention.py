@@ -1,0 +1,359 @@
+"""Launchers of the training kernels (``kernels/fwd.py``, ``kernels/bwd.py``):
+allocate outputs, compute the grid and call the kernels by keyword; the
+config comes from ``tuning.py``, descriptors, direct launches and plans from
+``runtime.py``.  No validation here (``validation.py`` checks before anything
+reaches this module) and no autograd (``ops.py``).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .. import configs, dispatch
+from .._env import interpreter_active
+from ..block_mask import BLOCK_K as MASK_BLOCK_K, BLOCK_Q as MASK_BLOCK_Q, cached_kernel_block_lists
+from ..configs import HopperFwdConfig, KernelConfig
+from ..kernels.bwd import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_convert_kernel, _attn_bwd_dq_kernel,
+                           _attn_bwd_preprocess_kernel)
+from ..kernels.fwd import _attn_fwd_kernel
+from ..validation import fold_causal
+from .runtime import (LOG2E, _abandon_record, _aligned, _begin_record, _descriptor, _dot_precision, _empty,
+                      _empty_like, _end_record, _plan_key, _replay, _smem_limit, _strides4, _tensor, use_tma)
+from . import hopper, runtime, tuning
+
+# Which tile height (meta-parameter) each descriptor argument is read with.
+_BOX_ROWS = {
+    "fwd": {"Q": "BLOCK_M", "O": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N"},
+    "dkdv": {"Q": "BLOCK_M", "DO": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N", "DK": "BLOCK_N", "DV": "BLOCK_N"},
+    "dkdv_atomic": {"Q": "BLOCK_M", "DO": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N", "DK": "BLOCK_N",
+                    "DV": "BLOCK_N", "DQ_ACC": "BLOCK_M"},
+    "dq": {"Q": "BLOCK_M", "DO": "BLOCK_M", "DQ": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N"},
+}
+
+
+def _set_boxes(kind: str):
+    def hook(args):
+        if args["USE_TMA"]:
+            for name, rows in _BOX_ROWS[kind].items():
+                if isinstance(args[name], TensorDescriptor):
+                    args[name].block_shape = [1, 1, args[rows], args["BLOCK_D"]]
+    return hook
+
+
+def _dq_accumulator(q: torch.Tensor) -> torch.Tensor:
+    """The float32 (B, Hq, Nq, D) sum the atomic backward adds dQ into: it
+    must start at zero (never poisoned; dq itself is)."""
+    return torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+
+
+def _bucket(n: int) -> int:
+    """Autotune key for a sequence length: the next power of two (>= 64), so
+    shapes of one size class share their tuning."""
+    return max(64, 1 << (int(n) - 1).bit_length())
+
+
+def _prune(kind: str):
+    def prune(cfgs, named_args, **kwargs):
+        args = {**named_args, **kwargs}
+        head_dim = args["HEAD_DIM"]
+        q = _tensor(args["Q"])
+        elem = q.element_size()
+        limit = _smem_limit(q.device)
+        allowed = {c.name for c in configs.fitting(configs.candidates(kind, head_dim), head_dim, elem, limit,
+                                                   kind=kind)}
+        kept = [c for c in cfgs if _name(c) in allowed]
+        if args.get("BLOCK_SPARSE"):
+            kept = [c for c in kept if _tiles_divide_mask(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"])]
+        return kept or cfgs[:1]
+    return prune
+
+
+def _name(cfg: "triton.Config") -> str:
+    return KernelConfig(cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages).name
+
+
+def _triton_configs(kind: str) -> list:
+    seen, out = set(), []
+    for cfgs in configs.TABLES[kind].values():
+        for c in cfgs:
+            if c.name not in seen:
+                seen.add(c.name)
+                out.append(triton.Config(c.as_meta(), num_warps=c.num_warps, num_stages=c.num_stages,
+                                         pre_hook=_set_boxes(kind)))
+    return out
+
+
+def _tiles_divide_mask(block_m: int, block_n: int) -> bool:
+    """A kernel tile must lie inside one block of a block-sparse layout."""
+    return MASK_BLOCK_Q % block_m == 0 and MASK_BLOCK_K % block_n == 0
+
+
+_TUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "HEAD_DIM", "IS_CAUSAL", "DOT_PRECISION", "USE_TMA",
+             "IS_VARLEN", "HAS_WINDOW", "HAS_SOFTCAP", "HAS_ALIBI", "BLOCK_SPARSE"]
+_KERNELS = {"fwd": _attn_fwd_kernel, "dkdv": _attn_bwd_dkdv_kernel, "dkdv_atomic": _attn_bwd_dkdv_kernel,
+            "dq": _attn_bwd_dq_kernel}
+
+
+def _tuned(kind: str):
+    """The autotuned kernel of each kind (built on first use, GPU only)."""
+    return tuning.autotuner(kind, lambda: triton.autotune(
+        configs=_triton_configs(kind), key=_TUNE_KEY,
+        prune_configs_by={"early_config_prune": _prune(kind)})(_KERNELS[kind]))
+
+
+def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter_cfg: KernelConfig, **args):
+    """Run ``kernel`` with a forced config, the interpreter's single config, the
+    table's first fitting config (autotuning off), or autotuning (``tuning.py``)."""
+    q = _tensor(args["Q"])
+    sparse = args.get("BLOCK_SPARSE")
+
+    def first_fit():
+        # the atomic backward is never autotuned: the autotuner's trial launches
+        # would each add their dQ into the same accumulator
+        if runtime._autotune_enabled() and kind != "dkdv_atomic":
+            return None
+        head_dim = args["HEAD_DIM"]
+        fits = configs.fitting(configs.candidates(kind, head_dim), head_dim, q.element_size(),
+                               _smem_limit(q.device), kind=kind)
+        if sparse:
+            fits = [c for c in fits if _tiles_divide_mask(c.block_m, c.block_n)] or fits
+        return fits[0]
+
+    def check(config):
+        if sparse and not _tiles_divide_mask(config.block_m, config.block_n):
+            raise ValueError(f"config {config.name}: block-sparse attention needs tiles that divide the layout's "
+                             f"{MASK_BLOCK_Q} x {MASK_BLOCK_K} blocks")
+
+    tuning.launch(kind, kernel, grid_of, args, config=config, interpreter_config=interpreter_cfg,
+                  first_fit=first_fit, build_autotuner=lambda: _tuned(kind),
+                  key=(q.device, q.dtype, *(args.get(k) for k in _TUNE_KEY)), set_boxes=_set_boxes(kind),
+                  check=check)
+
+
+class _Variants:
+    """The kernel arguments of the variants that are on (none for a plain call).
+
+    Packed sequences arrive as (1, H, total, D) views with ``cu_seqlens_*``;
+    the batch axis of the grid then runs over the sequences."""
+
+    def __init__(self, q, k, causal, scale, *, window=None, softcap=None, alibi_slopes=None, block_mask=None,
+                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+        self.varlen = cu_seqlens_q is not None
+        n_q, n_k = q.shape[2], k.shape[2]
+        self.batch = cu_seqlens_q.numel() - 1 if self.varlen else q.shape[0]
+        self.len_q = int(max_seqlen_q) if self.varlen else n_q   # rows per sequence the grid covers
+        self.len_k = int(max_seqlen_k) if self.varlen else n_k
+        self.causal = bool(causal)   # IS_CAUSAL of the kernels
+        self.window = window
+        self.block_mask = block_mask
+        self.args = {}
+        if self.varlen:
+            self.args.update(CU_SEQLENS_Q=cu_seqlens_q, CU_SEQLENS_K=cu_seqlens_k, IS_VARLEN=True)
+        if window is not None:
+            left, right = fold_causal(causal, *window)
+            # unbounded sides: a bound past every sequence (no int32 overflow)
+            left = self.len_k if left < 0 else min(left, self.len_k)
+            right = self.len_q if right < 0 else min(right, self.len_q)
+            # causal is folded into the window's right side
+            self.args.update(win_left=left, win_right=right, HAS_WINDOW=True)
+            self.causal = False
+        if softcap:
+            self.args.update(softcap_scale=scale / softcap, softcap_log2=softcap * LOG2E, HAS_SOFTCAP=True)
+        if alibi_slopes is not None:
+            slopes = alibi_slopes.to(device=q.device, dtype=torch.float32)
+            if slopes.dim() == 1:
+                self.args.update(ALIBI=slopes, stride_ab=0, stride_ah=slopes.stride(0))
+            else:
+                self.args.update(ALIBI=slopes, stride_ab=slopes.stride(0), stride_ah=slopes.stride(1))
+            self.args["HAS_ALIBI"] = True
+        self.lists = None
+        if block_mask is not None:
+            self.lists = cached_kernel_block_lists(block_mask, n_q, n_k, causal=causal, window=window)
+
+    def kernel_args(self, kind: str) -> dict:
+        """Arguments for the ``fwd``, ``dkdv`` or ``dq`` kernel."""
+        args = dict(self.args)
+        if self.lists is not None:
+            lst = self.lists
+            full_num, full_idx, part_num, part_idx = (
+                (lst.q_full_num, lst.q_full_idx, lst.q_part_num, lst.q_part_idx) if kind == "dkdv" else
+                (lst.kv_full_num, lst.kv_full_idx, lst.kv_part_num, lst.kv_part_idx))
+            bb, hb = full_idx.shape[0], full_idx.shape[1]
+            # broadcast layouts (batch or heads of size 1) get stride 0
+            args.update(BS_FULL_NUM=full_num, BS_FULL_IDX=full_idx, BS_PART_NUM=part_num, BS_PART_IDX=part_idx,
+                        stride_bs_nb=full_num.stride(0) if bb > 1 else 0,
+                        stride_bs_nh=full_num.stride(1) if hb > 1 else 0,
+                        stride_bs_ib=full_idx.stride(0) if bb > 1 else 0,
+                        stride_bs_ih=full_idx.stride(1) if hb > 1 else 0,
+                        stride_bs_ir=full_idx.stride(2), BLOCK_SPARSE=True,
+                        MASK_BLOCK_Q=MASK_BLOCK_Q, MASK_BLOCK_K=MASK_BLOCK_K)
+        return args
+
+
+def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = None, **variants):
+    """Forward launch. Returns (out like q, lse float32 (B, Hq, Nq)).
+
+    ``variants``: ``window=(left, right)``, ``softcap=c``, ``alibi_slopes``,
+    ``block_mask`` (see ``tileattn.attention``) and, for packed sequences
+    given as (1, H, total, D) views, ``cu_seqlens_q``, ``cu_seqlens_k``,
+    ``max_seqlen_q``, ``max_seqlen_k`` (lse is then (1, Hq, total_q))."""
+    if (not variants and (config is None or isinstance(config, HopperFwdConfig))
+            and dispatch.hopper_fwd_eligible(q, k, v)
+            and (config is not None or dispatch.hopper_fwd_preferred(q.shape[-1], causal, k.shape[2]))):
+        return hopper.attn_fwd(q, k, v, causal, scale, config, poison=runtime.POISON_OUTPUTS)
+    b, hq, n_q, d = q.shape
+    hkv, n_k = k.shape[1], k.shape[2]
+    plan_key = None
+    if not variants and config is None and q.is_cuda:
+        plan_key = _plan_key("fwd", (q, k, v), bool(causal), float(scale))
+        plan = runtime._PLANS.get(plan_key) if plan_key is not None else None
+        if plan is not None:
+            o, lse = _empty_like(q), _empty((b, hq, n_q), q.device)
+            if _aligned(o, lse):
+                _replay(plan, {"q": q, "k": k, "v": v, "o": o, "lse": lse})
+                return o, lse
+            plan_key = None
+    var = _Variants(q, k, causal, scale, **variants)
+    o = _empty_like(q)
+    lse = _empty((b, hq, n_q), q.device)
+    if n_q == 0 or b == 0 or var.batch == 0:
+        return o, lse
+    if n_k == 0:  # nothing to attend to: every row is empty
+        return o.zero_(), lse.fill_(float("-inf"))
+    if plan_key is not None:
+        _begin_record()
+    try:
+        _attn_fwd_launch(q, k, v, o, lse, var, scale, config)
+    except BaseException:
+        _abandon_record()
+        raise
+    if plan_key is not None:
+        _end_record(plan_key, {"q": q, "k": k, "v": v, "o": o, "lse": lse})
+    return o, lse
+
+
+def _attn_fwd_launch(q, k, v, o, lse, var, scale, config):
+    b, hq, n_q, d = q.shape
+    hkv, n_k = k.shape[1], k.shape[2]
+
+    def grid(meta):
+        return (triton.cdiv(var.len_q, meta["BLOCK_M"]), hq, var.batch)
+
+    tma = use_tma(q, k, v, o)
+    tiles = (lambda t: _descriptor(t)) if tma else (lambda t: t)
+    _launch("fwd", _attn_fwd_kernel, grid, config, configs.INTERPRETER_FWD,
+            Q=tiles(q), K=tiles(k), V=tiles(v), O=o if var.varlen else tiles(o), LSE=lse,
+            **_strides4(q, "q"), **_strides4(k, "k"), **_strides4(v, "v"), **_strides4(o, "o"),
+            stride_lb=lse.stride(0), stride_lh=lse.stride(1),
+            GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
+            N_Q_BUCKET=_bucket(var.len_q), N_K_BUCKET=_bucket(var.len_k),
+            HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=var.causal,
+            DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma, **var.kernel_args("fwd"))
+
+
+def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
+             config: KernelConfig | dict | None = None, deterministic: bool = True, **variants):
+    """Backward launch. Returns (dq like q, dk like k, dv like v).
+
+    ``deterministic=True``: the dK/dV kernel, then the dQ kernel (bitwise
+    reproducible).  ``False``: the dK/dV kernel also adds its share of dQ
+    into a float32 accumulator with atomics (5 tile matmuls instead of 7;
+    dq is then reproducible only up to the order of the float32 adds), and
+    a small kernel converts the sum into dq.  ``config`` forces every
+    kernel's config, or {"dkdv": ..., "dq": ..., "dkdv_atomic": ...} each;
+    ``variants`` as for :func:`attn_fwd`."""
+    b, hq, n_q, d = q.shape
+    hkv, n_k = k.shape[1], k.shape[2]
+    deterministic = bool(deterministic)
+    plan_key = None
+    if not variants and config is None and q.is_cuda:
+        plan_key = _plan_key("bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), deterministic)
+        plan = runtime._PLANS.get(plan_key) if plan_key is not None else None
+        if plan is not None:
+            dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
+            delta, lse2 = _empty((b, hq, n_q), q.device), _empty((b, hq, n_q), q.device)
+            tensors = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse, "dlse": dlse,
+                       "dq": dq, "dk": dk, "dv": dv, "delta": delta, "lse2": lse2}
+            if not deterministic:
+                tensors["dq_acc"] = _dq_accumulator(q)
+            if _aligned(dq, dk, dv, delta, lse2):
+                _replay(plan, tensors)
+                return dq, dk, dv
+            plan_key = None
+    var = _Variants(q, k, causal, scale, **variants)
+    dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
+    if b == 0 or n_k == 0 or n_q == 0 or var.batch == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    delta = _empty((b, hq, n_q), q.device)
+    lse2 = _empty((b, hq, n_q), q.device)
+    dq_acc = None if deterministic else _dq_accumulator(q)
+    if plan_key is not None:
+        _begin_record()
+    try:
+        _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc)
+    except BaseException:
+        _abandon_record()
+        raise
+    if plan_key is not None:
+        tensors = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv,
+                   "delta": delta, "lse2": lse2}
+        if dlse is not None:
+            tensors["dlse"] = dlse
+        if dq_acc is not None:
+            tensors["dq_acc"] = dq_acc
+        _end_record(plan_key, tensors)
+    return dq, dk, dv
+
+
+def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc=None):
+    """The backward's launches; with ``dq_acc`` (a zeroed float32 tensor
+    shaped like q) the atomic path: the dK/dV kernel adds dQ into it and
+    the convert kernel writes dq from it."""
+    per_kind = config if isinstance(config, dict) else {"dkdv": config, "dq": config, "dkdv_atomic": config}
+    b, hq, n_q, d = q.shape
+    hkv, n_k = k.shape[1], k.shape[2]
+    lse = lse.contiguous()
+    pre_block = configs.INTERPRETER_BWD.block_m if interpreter_active() else 64
+    has_dlse = dlse is not None
+    runtime._run(_attn_bwd_preprocess_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
+        O=o, DO=do, LSE=lse, DLSE=dlse.contiguous() if has_dlse else lse, DELTA=delta, LSE2=lse2,
+        **_strides4(o, "o"), **_strides4(do, "do"),
+        N_HEADS=hq, N_Q=n_q, HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block,
+        HAS_DLSE=has_dlse))
+
+    tma = use_tma(q, k, v, do, dq, dk, dv)
+    tiles = (lambda t: _descriptor(t)) if tma else (lambda t: t)
+    common = dict(Q=tiles(q), K=tiles(k), V=tiles(v), DO=tiles(do), LSE2=lse2, DELTA=delta,
+                  **_strides4(q, "q"), **_strides4(k, "k"), **_strides4(v, "v"), **_strides4(do, "do"),
+                  N_HEADS=hq, GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k,
+                  sm_scale=scale, qk_scale=scale * LOG2E,
+                  N_Q_BUCKET=_bucket(var.len_q), N_K_BUCKET=_bucket(var.len_k),
+                  HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=var.causal,
+                  DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma)
+    # packed sequences store through pointers, clipped at each sequence's end
+    out_tiles = (lambda t: t) if var.varlen else tiles
+
+    def grid_kv(meta):
+        return (triton.cdiv(var.len_k, meta["BLOCK_N"]), hkv, var.batch)
+
+    def grid_q(meta):
+        return (triton.cdiv(var.len_q, meta["BLOCK_M"]), hq, var.batch)
+
+    if dq_acc is None:
+        _launch("dkdv", _attn_bwd_dkdv_kernel, grid_kv, per_kind.get("dkdv"), configs.INTERPRETER_BWD,
+                DK=out_tiles(dk), DV=out_tiles(dv), **_strides4(dk, "dk"), **_strides4(dv, "dv"), **common,
+                **var.kernel_args("dkdv"))
+        _launch("dq", _attn_bwd_dq_kernel, grid_q, per_kind.get("dq"), configs.INTERPRETER_BWD,
+                DQ=out_tiles(dq), **_strides4(dq, "dq"), **common, **var.kernel_args("dq"))
+        return
+    # the copy engine's bulk reduce clips at the tensor's edges only, so
+    # packed sequences (and the interpreter, which lacks it) add by pointer
+    dq_tma = tma and not var.varlen and not interpreter_active()
+    _launch("dkdv_atomic", _attn_bwd_dkdv_kernel, grid_kv, per_kind.get("dkdv_atomic"), configs.INTERPRETER_BWD,
+            DK=out_tiles(dk), DV=out_tiles(dv), **_strides4(dk, "dk"), **_strides4(dv, "dv"), **common,
+            **var.kernel_args("dkdv"), DQ_ACC=_descriptor(dq_acc) if dq_tma else dq_acc,
+            **_strides4(dq_acc, "dqa"), ATOMIC_DQ=True, DQ_TMA=dq_tma)
+    runtime._run(_attn_bwd_dq_convert_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
+        DQ_ACC=dq_acc, DQ=dq, **_strides4(dq_acc, "dqa"), **_strides4(dq, "dq"), N_Q=n_q, sm_scale=scale,
+        HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block))
