@@ -12,7 +12,7 @@ __all__ = ["attention", "attention_varlen", "validate"]
 def validate(q, k, v, causal, scale) -> float:
     """The dense checks of :func:`attention` on the path ``q`` selects;
     returns the softmax scale to use."""
-    return val.check_qkv(q, k, v, causal, scale, on_kernels=dispatch.uses_triton(q))
+    return val.check_qkv(q, k, v, causal, scale, uses_kernels=dispatch.uses_triton)
 
 
 def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=None, softcap=None,

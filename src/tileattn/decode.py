@@ -58,7 +58,7 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, cau
     """The checks of one call (``validation.check_kvcache``) on the path ``q`` selects."""
     return val.check_kvcache(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal, scale, window,
                              softcap, alibi_slopes, num_splits, return_lse, check_indices,
-                             on_kernels=dispatch.uses_triton(q))
+                             uses_kernels=dispatch.uses_triton)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, block_table=None,

@@ -17,14 +17,15 @@ value) naming it.  The rules that hold for every entry point:
   ``MAX_GRID_YZ`` (CUDA grid axes y and z); float64 only off the kernels.
 
 This module depends on nothing of tileattn but ``block_mask``; the caller
-says whether the call runs the kernels (``dispatch.uses_triton``).
+hands in the predicate that says whether a call runs the kernels
+(``dispatch.uses_triton``).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import numbers
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -94,8 +95,10 @@ def check_grid(on_kernels: bool, what: str, *sizes: int) -> None:
         raise ValueError(f"{what} must each be at most {MAX_GRID_YZ} on the GPU path; split the call")
 
 
-def check_qkv(q, k, v, causal, scale, on_kernels: bool) -> float:
-    """The dense (B, H, N, D) checks of ``attention``; returns the softmax scale."""
+def check_qkv(q, k, v, causal, scale, uses_kernels: Callable) -> float:
+    """The dense (B, H, N, D) checks of ``attention``; returns the softmax
+    scale.  ``uses_kernels(q)`` says whether the call runs the kernels (asked
+    once q is known to be a tensor)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, 4, "batch, heads, seqlen, head_dim")
     check_bool("causal", causal)
@@ -104,6 +107,7 @@ def check_qkv(q, k, v, causal, scale, on_kernels: bool) -> float:
     if q.device != k.device or q.device != v.device:
         raise ValueError(f"q, k and v must be on one device, got q on {q.device}, k on {k.device}, "
                          f"v on {v.device}")
+    on_kernels = uses_kernels(q)
     check_path_dtype("q, k, v", q, on_kernels)
     b, hq, n_q, d = q.shape
     if k.shape[0] != b or v.shape[0] != b:
@@ -347,10 +351,11 @@ class KVCacheArgs:
 
 
 def check_kvcache(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal, scale, window,
-                  softcap, alibi_slopes, num_splits, return_lse, check_indices, *, on_kernels: bool) -> KVCacheArgs:
+                  softcap, alibi_slopes, num_splits, return_lse, check_indices, *,
+                  uses_kernels: Callable) -> KVCacheArgs:
     """Every argument of ``attention_with_kvcache`` (shapes, dtypes, devices,
     values); the contents of cache_seqlens and block_table are checked by
-    :func:`check_kvcache_indices`."""
+    :func:`check_kvcache_indices`.  ``uses_kernels(q)``: as for :func:`check_qkv`."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, t, 4)
     if (k_new is None) != (v_new is None):
@@ -368,6 +373,7 @@ def check_kvcache(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
         if t.dtype != q.dtype:
             raise TypeError(f"{name} dtype {t.dtype} differs from q dtype {q.dtype}; q, k_cache, v_cache, "
                             f"k_new and v_new must share one dtype")
+    on_kernels = uses_kernels(q)
     check_path_dtype("q", q, on_kernels)
 
     check_index_tensor("cache_seqlens", cache_seqlens, 1, "(batch,)")
