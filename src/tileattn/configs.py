@@ -245,10 +245,12 @@ class HopperFwdConfig:
 HOPPER_FWD_HEAD_DIMS = (64, 128)
 # (head dim, causal) -> the fewest keys for which the default dispatch takes
 # the Hopper kernel; below it the portable kernel was as fast or faster on
-# the H200 (docs/perf-notes.md v11: d = 64 causal at N = 2k ran 0.819x cuDNN
-# on the Hopper kernel, 0.852x on the portable one).  A forced config always
-# takes the Hopper kernel.
-HOPPER_FWD_MIN_KEYS = {(64, True): 4096}
+# the H200 (docs/perf-notes.md v11, FA2 protocol): at N = 512 and 1k every
+# cell favoured the portable kernel, whose launch plans keep its host path
+# short (e.g. d = 128 at 1k: 422 against 367 TFLOP/s through tileattn.attention);
+# d = 64 causal at N = 2k ran 0.819x cuDNN on the Hopper kernel, 0.852x on
+# the portable one.  A forced config always takes the Hopper kernel.
+HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048}
 HOPPER_FWD = {
     64: HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
     128: HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),

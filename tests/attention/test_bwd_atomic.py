@@ -96,7 +96,9 @@ def test_atomic_pointer_path_varlen(pointer_path):
 # ---------------------------------------------------------------------------
 @pytest.fixture
 def launched(monkeypatch):
-    """The kinds of the configurable kernels each backward launches."""
+    """The kinds of the configurable kernels each backward launches.  Launch
+    plans are off: a replayed plan (GPU) launches without asking for kinds."""
+    monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
     kinds = []
     real = launch.attention._launch
 

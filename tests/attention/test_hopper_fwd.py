@@ -78,8 +78,9 @@ def test_compiles_for_sm90(reports, head_dim, cfg, causal):
 
 
 @pytest.mark.parametrize("head_dim,causal,n_k,want", [
-    (64, True, 2048, False), (64, True, 4096, True), (64, False, 512, True), (128, True, 1, True)],
-    ids=["d64-causal-2k", "d64-causal-4k", "d64-full-512", "d128-causal-1"])
+    (64, True, 2048, False), (64, True, 4096, True), (64, False, 1024, False), (64, False, 2048, True),
+    (128, True, 1024, False), (128, False, 2048, True)],
+    ids=["d64-causal-2k", "d64-causal-4k", "d64-full-1k", "d64-full-2k", "d128-causal-1k", "d128-full-2k"])
 def test_default_dispatch_by_size(head_dim, causal, n_k, want):
     """Where the portable kernel measured faster, the default dispatch keeps it."""
     assert dispatch.hopper_fwd_preferred(head_dim, causal, n_k) is want
@@ -150,7 +151,7 @@ def test_large_logits_and_strided_layout(causal):
 
 @needs_hopper
 def test_dispatch_plain_only():
-    q, k, v = _inputs(1, 2, 2, 256, 256, 128, torch.bfloat16, seed=3)
+    q, k, v = _inputs(1, 2, 2, 2048, 2048, 128, torch.bfloat16, seed=3)
     calls = []
     real = launch_hopper.attn_fwd
 
@@ -165,14 +166,16 @@ def test_dispatch_plain_only():
         tileattn.attention(q, k, v, causal=True, window=(64, 0))
         tileattn.attention(q.float(), k.float(), v.float())
         tileattn.attention(q[..., :96].contiguous(), k[..., :96].contiguous(), v[..., :96].contiguous())
-        assert not calls, "a variant, fp32 or an unsupported head dim took the Hopper kernel"
+        short = [t[:, :, :1024].contiguous() for t in (q, k, v)]
+        tileattn.attention(*short, causal=True)
+        assert not calls, "a variant, fp32, an unsupported head dim or a short sequence took the Hopper kernel"
     finally:
         launch_hopper.attn_fwd = real
 
 
 @needs_hopper
 def test_backward_after_hopper_forward():
-    q, k, v = (t.requires_grad_() for t in _inputs(2, 4, 2, 513, 513, 128, torch.bfloat16, seed=5))
+    q, k, v = (t.requires_grad_() for t in _inputs(1, 4, 2, 2049, 2049, 128, torch.bfloat16, seed=5))
     do = torch.randn_like(q)
     out = tileattn.attention(q, k, v, causal=True)
     got = torch.autograd.grad(out, (q, k, v), do)
