@@ -1,29 +1,30 @@
-"""Hopper forward kernel (Gluon): warp-specialized, one query tile per program.
+"""Hopper forward kernel (Gluon): warp-specialized, 128 query rows per program.
 
-Two roles share one CTA and talk through mbarriers:
+Three partitions share one CTA and talk through mbarriers:
 
-* the **load partition** (one warp, 24 registers) issues TMA copies: the Q
-  tile once, then K and V tiles into a ring of ``NUM_STAGES`` shared-memory
-  slots.  Slot ``s`` has four barriers: ``k_ready[s]`` and ``v_ready[s]``
-  (the copy engine completes them with the tile's bytes), ``k_empty[s]`` and
-  ``v_empty[s]`` (the softmax partition arrives once its Q Kᵀ, respectively
-  P V, product has read the tile), so the next K tile can land while the
-  last P V product still reads its V tile;
-* the **softmax partition** (the default partition, ``num_warps`` = 8 warps:
-  two warpgroups of 64 query rows each) runs S = Q Kᵀ and O += P V as
-  warpgroup MMAs (wgmma) straight from shared memory, with P fed from
-  registers, and keeps the running softmax (row max, row sum, rescaled
-  accumulator) in registers.  With ``OVERLAP`` the products of tile j (Q K_jᵀ)
-  and tile j-1 (P_{j-1} V_{j-1}) are issued together and the softmax of tile
-  j runs while the second is still on the tensor cores.
+* the **load partition** (one warp, 24 registers) issues TMA copies: the two
+  64-row Q tiles once, then K and V tiles into a ring of ``NUM_STAGES``
+  shared-memory slots.  Slot ``s`` has four barriers: ``k_ready[s]`` and
+  ``v_ready[s]`` (the copy engine completes them with the tile's bytes),
+  ``k_empty[s]`` and ``v_empty[s]`` (both softmax partitions arrive once
+  their Q Kᵀ, respectively P V, product has read the tile), so the next K
+  tile can land while the last P V product still reads its V tile;
+* two **softmax partitions** (4 warps, 240 registers each; warpgroup ``WG``
+  owns rows [start + 64 WG, +64)) run S = Q Kᵀ and O += P V as warpgroup MMAs
+  (wgmma) straight from shared memory, with P fed from registers, and keep
+  the running softmax (row max, row sum, rescaled accumulator) in
+  registers.  With ``OVERLAP`` the products of tile j (Q K_jᵀ) and tile j-1
+  (P_{j-1} V_{j-1}) are issued together and the softmax of tile j runs while
+  the second is still on the tensor cores.  With ``PINGPONG`` two more
+  mbarriers make the warpgroups take turns issuing their products, so one's
+  softmax runs under the other's matmuls.
 
-Register reallocation gives the loader 24 registers per thread and the
-softmax warps the rest of the ``maxnreg`` budget.  The math is the portable
-kernel's (``fwd.py``): log2-unit scores (``qk_scale = scale * log2 e``), the
-same masked/unmasked split of the key tiles, rows that see no key return 0
-and lse -inf.  Tensors are addressed through rank-4 (B, H, N, D) TMA
-descriptors, so rows past N read as zeros and stores past N are clipped by
-the copy engine; masking handles the key edge and the causal diagonal.
+The math is the portable kernel's (``fwd.py``): log2-unit scores
+(``qk_scale = scale * log2 e``), the same masked/unmasked split of the key
+tiles, rows that see no key return 0 and lse -inf.  Tensors are addressed
+through rank-4 (B, H, N, D) TMA descriptors, so rows past N read as zeros and
+stores past N are clipped by the copy engine; masking handles the key edge
+and the causal diagonal.
 
 This module imports Gluon at load time: only the Hopper launcher imports it,
 lazily, so a CPU install never does.
