@@ -273,6 +273,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stri
         mbarrier.init(k_empty.index(i), count=2)
         mbarrier.init(v_empty.index(i), count=2)
 
+    # the two softmax partitions' argument tuples are written out: a tuple
+    # built by concatenation in the kernel loses its constexpr entries (triton 3.6)
     gl.warp_specialize([
         (_softmax_partition, (0, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turns, o_desc,
                               LSE, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,

@@ -16,7 +16,7 @@ import triton
 from .. import configs
 from ..configs import HopperFwdConfig
 from ..dispatch import tma_addressable
-from .runtime import LOG2E
+from .runtime import LOG2E, tma_strides
 
 
 def _descriptor(t: torch.Tensor, rows: int):
@@ -25,11 +25,7 @@ def _descriptor(t: torch.Tensor, rows: int):
     into the next head."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    elem = t.element_size()
-    shape, strides = list(t.shape), list(t.stride())
-    for i in range(3):
-        if shape[i] == 1:   # never stepped over: any 16-byte aligned stride
-            strides[i] = 16 // elem
+    shape, strides = list(t.shape), tma_strides(t, 3)   # the row dim too: a 1-row tensor
     block = [1, 1, rows, shape[3]]
     dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
     return TensorDescriptor(t, shape, strides, block, gl.NVMMASharedLayout.get_default_for(block, dtype))

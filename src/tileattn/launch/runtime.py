@@ -79,18 +79,24 @@ def _descriptor_defaults() -> dict | None:
 _DESC_DEFAULTS = _descriptor_defaults()
 
 
+def tma_strides(t: torch.Tensor, n_dims: int) -> list:
+    """``t``'s strides, those of its first ``n_dims`` dims of size 1 replaced
+    by 16 bytes: such a dim is never stepped over, and the copy engine wants
+    every stride 16-byte aligned."""
+    elem, shape, strides = t.element_size(), t.shape, list(t.stride())
+    for i in range(n_dims):
+        if shape[i] == 1:
+            strides[i] = 16 // elem
+    return strides
+
+
 def _descriptor(t: torch.Tensor) -> TensorDescriptor:
     """A host-built descriptor over a whole (B, H, N, D) tensor.  Its box
     (1, 1, rows, BLOCK_D) is set per launch by :func:`_set_boxes`, once the
     config (and so the tile height) is known.  ``use_tma`` has checked the
     alignment already, so the constructor's own checks (a few microseconds
     per descriptor, seven per backward call) are skipped."""
-    elem = t.element_size()
-    shape, strides = list(t.shape), list(t.stride())
-    # a dim of size 1 is never stepped over: give it any 16-byte aligned stride
-    for i in range(len(shape) - 2):
-        if shape[i] == 1:
-            strides[i] = 16 // elem
+    shape, strides = list(t.shape), tma_strides(t, t.dim() - 2)
     if _DESC_DEFAULTS is None:  # pragma: no cover - a future TensorDescriptor
         return TensorDescriptor(t, shape, strides, [1, 1, 16, 16])
     desc = TensorDescriptor.__new__(TensorDescriptor)
