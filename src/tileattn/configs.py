@@ -242,6 +242,20 @@ class HopperFwdConfig:
                 f"{'-ov' if self.overlap else ''}{'-pp' if self.pingpong else ''}")
 
 
+@dataclasses.dataclass(frozen=True)
+class HopperBwdConfig:
+    block_m: int = 64           # query rows per tile
+    block_n: int = 64           # keys per compute warpgroup (a program owns 2 * block_n)
+    num_stages: int = 2         # Q/dO ring slots
+    num_warps: int = 4          # per compute warpgroup (the default partition)
+    maxnreg: int = 168
+    source: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}"
+
+
 HOPPER_FWD_HEAD_DIMS = (64, 128)
 # (head dim, causal) -> the fewest keys for which the default dispatch takes
 # the Hopper kernel; below it the portable kernel was as fast or faster on
@@ -254,6 +268,11 @@ HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 4096, (128, False): 2048, 
 HOPPER_FWD = {
     64: HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
     128: HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
+}
+HOPPER_BWD_HEAD_DIMS = (64, 128)
+HOPPER_BWD = {
+    64: HopperBwdConfig(source="sm_90a compile report (perf-notes v12)"),
+    128: HopperBwdConfig(source="sm_90a compile report (perf-notes v12)"),
 }
 
 

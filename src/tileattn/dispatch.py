@@ -3,8 +3,9 @@
 Four implementations stand behind the public functions, and every choice
 between them is made here:
 
-* the Hopper forward (Gluon, ``kernels/fwd_hopper.py``):
-  :func:`hopper_fwd_eligible`;
+* the Hopper forward and backward (Gluon, ``kernels/fwd_hopper.py``,
+  ``kernels/bwd_hopper.py``): :func:`hopper_fwd_eligible`,
+  :func:`hopper_bwd_eligible`;
 * the portable Triton kernels (``kernels/``, launched by ``launch/``): every
   other call on a GPU, :func:`uses_triton`;
 * torch's fused CPU kernel: :func:`cpu_fused_applies`;
@@ -28,7 +29,7 @@ from ._env import env, interpreter_active
 from .validation import MAX_GRID_YZ
 
 __all__ = ["use_backend", "uses_triton", "eager_applies", "cpu_fused_applies", "hopper_fwd_eligible",
-           "tma_addressable"]
+           "hopper_bwd_eligible", "tma_addressable"]
 
 _BACKENDS = ("auto", "triton", "torch")
 _backend = "auto"
@@ -164,10 +165,15 @@ def hopper_fwd_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bo
     kernel: a CUDA device of compute capability 9.0, fp16 or bf16, a head dim
     the kernel is built for (``configs.HOPPER_FWD_HEAD_DIMS``) and tensors the
     copy engine can address.  Gluon is imported on first use only."""
-    if (not HOPPER_FWD or not q.is_cuda or q.dtype not in _HOPPER_DTYPES
-            or q.shape[-1] not in configs.HOPPER_FWD_HEAD_DIMS):
+    if (not HOPPER_FWD or q.shape[-1] not in configs.HOPPER_FWD_HEAD_DIMS
+            or env("TILEATTN_HOPPER_FWD", "1") == "0"):
         return False
-    if interpreter_active() or env("TILEATTN_HOPPER_FWD", "1") == "0":
+    return _hopper_eligible(q, k, v)
+
+
+def _hopper_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """The rules the Hopper forward and backward share."""
+    if not q.is_cuda or q.dtype not in _HOPPER_DTYPES or interpreter_active():
         return False
     if not _hopper_device(q.device.index if q.device.index is not None else torch.cuda.current_device()):
         return False
@@ -175,3 +181,21 @@ def hopper_fwd_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bo
     if b > MAX_GRID_YZ or hq > MAX_GRID_YZ or n_q == 0 or k.shape[2] == 0 or b == 0:
         return False
     return tma_addressable(q) and tma_addressable(k) and tma_addressable(v)
+
+
+# ``HOPPER_BWD = False`` (or TILEATTN_HOPPER_BWD=0) keeps every backward on
+# the portable kernels.
+HOPPER_BWD = True
+
+
+def hopper_bwd_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> bool:
+    """Whether a plain, non-deterministic backward of these tensors runs the
+    Hopper dK/dV kernel (``kernels/bwd_hopper.py``): the forward's rules
+    (:func:`hopper_fwd_eligible`) with the backward's head dims
+    (``configs.HOPPER_BWD_HEAD_DIMS``), q, k and v of one head dim, and a dO
+    the copy engine can address."""
+    if not HOPPER_BWD or q.shape[-1] not in configs.HOPPER_BWD_HEAD_DIMS or env("TILEATTN_HOPPER_BWD", "1") == "0":
+        return False
+    if k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1] or do.dtype != q.dtype:
+        return False
+    return _hopper_eligible(q, k, v) and tma_addressable(do)

@@ -13,7 +13,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .. import configs, dispatch
 from .._env import interpreter_active
 from ..block_mask import BLOCK_K as MASK_BLOCK_K, BLOCK_Q as MASK_BLOCK_Q, cached_kernel_block_lists
-from ..configs import HopperFwdConfig, KernelConfig
+from ..configs import HopperBwdConfig, HopperFwdConfig, KernelConfig
 from ..kernels.bwd import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_convert_kernel, _attn_bwd_dq_kernel,
                            _attn_bwd_preprocess_kernel)
 from ..kernels.fwd import _attn_fwd_kernel
@@ -266,6 +266,9 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     deterministic = bool(deterministic)
+    if (not deterministic and not variants and (config is None or isinstance(config, HopperBwdConfig))
+            and dispatch.hopper_bwd_eligible(q, k, v, do)):
+        return _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config)
     plan_key = None
     if not variants and config is None and q.is_cuda:
         plan_key = _plan_key("bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), deterministic)
@@ -306,6 +309,40 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     return dq, dk, dv
 
 
+def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config):
+    """The atomic-dQ backward with the Hopper dK/dV kernel (Gluon) between
+    the portable preprocess and convert kernels."""
+    b, hq, n_q, d = q.shape
+    dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
+    delta, lse2 = _empty((b, hq, n_q), q.device), _empty((b, hq, n_q), q.device)
+    dq_acc = _dq_accumulator(q)
+    _bwd_preprocess(do, o, lse, dlse, delta, lse2)
+    hopper.attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, config)
+    _dq_convert(dq_acc, dq, scale)
+    return dq, dk, dv
+
+
+def _bwd_preprocess(do, o, lse, dlse, delta, lse2):
+    """delta = rowsum(dO o O) (minus dlse) and lse2 = lse log2 e (+inf where -inf)."""
+    b, hq, n_q, d = o.shape
+    pre_block = configs.INTERPRETER_BWD.block_m if interpreter_active() else 64
+    has_dlse = dlse is not None
+    lse = lse.contiguous()
+    runtime._run(_attn_bwd_preprocess_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
+        O=o, DO=do, LSE=lse, DLSE=dlse.contiguous() if has_dlse else lse, DELTA=delta, LSE2=lse2,
+        **_strides4(o, "o"), **_strides4(do, "do"),
+        N_HEADS=hq, N_Q=n_q, HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block,
+        HAS_DLSE=has_dlse))
+
+
+def _dq_convert(dq_acc, dq, scale):
+    b, hq, n_q, d = dq.shape
+    pre_block = configs.INTERPRETER_BWD.block_m if interpreter_active() else 64
+    runtime._run(_attn_bwd_dq_convert_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
+        DQ_ACC=dq_acc, DQ=dq, **_strides4(dq_acc, "dqa"), **_strides4(dq, "dq"), N_Q=n_q, sm_scale=scale,
+        HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block))
+
+
 def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc=None):
     """The backward's launches; with ``dq_acc`` (a zeroed float32 tensor
     shaped like q) the atomic path: the dK/dV kernel adds dQ into it and
@@ -313,14 +350,7 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
     per_kind = config if isinstance(config, dict) else {"dkdv": config, "dq": config, "dkdv_atomic": config}
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
-    lse = lse.contiguous()
-    pre_block = configs.INTERPRETER_BWD.block_m if interpreter_active() else 64
-    has_dlse = dlse is not None
-    runtime._run(_attn_bwd_preprocess_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
-        O=o, DO=do, LSE=lse, DLSE=dlse.contiguous() if has_dlse else lse, DELTA=delta, LSE2=lse2,
-        **_strides4(o, "o"), **_strides4(do, "do"),
-        N_HEADS=hq, N_Q=n_q, HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block,
-        HAS_DLSE=has_dlse))
+    _bwd_preprocess(do, o, lse, dlse, delta, lse2)
 
     tma = use_tma(q, k, v, do, dq, dk, dv)
     tiles = (lambda t: _descriptor(t)) if tma else (lambda t: t)
@@ -354,6 +384,4 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
             DK=out_tiles(dk), DV=out_tiles(dv), **_strides4(dk, "dk"), **_strides4(dv, "dv"), **common,
             **var.kernel_args("dkdv"), DQ_ACC=_descriptor(dq_acc) if dq_tma else dq_acc,
             **_strides4(dq_acc, "dqa"), ATOMIC_DQ=True, DQ_TMA=dq_tma)
-    runtime._run(_attn_bwd_dq_convert_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
-        DQ_ACC=dq_acc, DQ=dq, **_strides4(dq_acc, "dqa"), **_strides4(dq, "dq"), N_Q=n_q, sm_scale=scale,
-        HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block))
+    _dq_convert(dq_acc, dq, scale)

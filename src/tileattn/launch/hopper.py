@@ -14,7 +14,7 @@ import torch
 import triton
 
 from .. import configs
-from ..configs import HopperFwdConfig
+from ..configs import HopperBwdConfig, HopperFwdConfig
 from ..dispatch import tma_addressable
 from .runtime import LOG2E, tma_strides
 
@@ -90,4 +90,88 @@ def compile_report(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str
     return {"shared": int(compiled.metadata.shared), "wgmma": ptx.count("wgmma.mma_async"),
             "tma": "cp.async.bulk.tensor" in ptx, "setmaxnreg": sorted(set(
                 line.split()[-1].rstrip(";") for line in ptx.splitlines() if "setmaxnreg" in line)),
+            "local": ".local" in ptx}
+
+
+def _dq_descriptor(dq_acc: torch.Tensor, rows: int, cols: int):
+    """The float32 dQ sum as a rank-4 descriptor with a (1, 1, rows, cols)
+    box: the backward adds column halves of its dQ tiles into it."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    block = [1, 1, rows, cols]
+    return TensorDescriptor(dq_acc, list(dq_acc.shape), tma_strides(dq_acc, 3), block,
+                            gl.NVMMASharedLayout.get_default_for(block, gl.float32))
+
+
+def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg):
+    b, hq, n_q, d = q.shape
+    hkv, n_k = k.shape[1], k.shape[2]
+    return dict(
+        q_desc=_descriptor(q, cfg.block_m), k_desc=_descriptor(k, 2 * cfg.block_n),
+        v_desc=_descriptor(v, 2 * cfg.block_n), do_desc=_descriptor(do, cfg.block_m),
+        dq_desc=_dq_descriptor(dq_acc, cfg.block_m, d // 2), DK=dk, DV=dv, LSE2=lse2, DELTA=delta,
+        stride_dkb=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
+        stride_dvb=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
+        GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
+        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal), NUM_STAGES=cfg.num_stages)
+
+
+def bwd_config_for(head_dim: int) -> HopperBwdConfig:
+    return configs.HOPPER_BWD[head_dim]
+
+
+def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale: float,
+                  config: HopperBwdConfig | None = None):
+    """dK, dV (written) and the float32 dQ sum (added into ``dq_acc``) on the
+    Hopper backward kernel.  ``lse2``/``delta`` come from the portable
+    preprocess kernel; the portable convert kernel turns ``dq_acc`` into dq."""
+    from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel
+    b, hq, n_q, d = q.shape
+    hkv, n_k = k.shape[1], k.shape[2]
+    cfg = config or bwd_config_for(d)
+    grid = (triton.cdiv(n_k, 2 * cfg.block_n), hkv, b)
+    _attn_bwd_hopper_kernel[grid](**_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg),
+                                  num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+
+
+def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16"):
+    """:func:`compile_sm90` for the backward kernel."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+    from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel as kernel
+    t = torch.empty(1, 2, 256, head_dim, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
+    f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
+    lse = torch.empty(1, 2, 256)
+    args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg)
+    const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES"}
+    sig = {}
+    for name in kernel.arg_names:
+        value = args[name]
+        if name in const:
+            sig[name] = "constexpr"
+        elif isinstance(value, torch.Tensor):
+            sig[name] = "*bf16" if value.dtype == torch.bfloat16 else ("*fp16" if value.dtype == torch.float16
+                                                                      else "*fp32")
+        elif isinstance(value, float):
+            sig[name] = "fp32"
+        elif isinstance(value, int):
+            sig[name] = "i32"
+        else:
+            sig[name] = mangle_type(value)
+    src = GluonASTSource(fn=kernel, signature=sig,
+                         constexprs={(kernel.arg_names.index(k),): args[k] for k in const})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg))
+
+
+def compile_bwd_report(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16") -> dict:
+    """:func:`compile_report` for the backward kernel, with the count of
+    the copy engine's bulk reduces (dQ)."""
+    compiled = compile_bwd_sm90(head_dim, cfg, causal, dtype)
+    ptx = compiled.asm["ptx"]
+    return {"shared": int(compiled.metadata.shared), "wgmma": ptx.count("wgmma.mma_async"),
+            "tma": "cp.async.bulk.tensor" in ptx, "reduce": ptx.count("cp.reduce.async.bulk.tensor"),
+            "setmaxnreg": sorted(set(line.split()[-1].rstrip(";") for line in ptx.splitlines()
+                                     if "setmaxnreg" in line)),
             "local": ".local" in ptx}

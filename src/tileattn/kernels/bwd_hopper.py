@@ -1,0 +1,241 @@
+"""Hopper backward kernel (Gluon): warp-specialized, five tile matmuls, dQ
+added into a float32 sum by the copy engine.
+
+A program owns ``2 * BLOCK_N`` keys of one KV head and walks every query
+tile (``BLOCK_M`` rows) of every query head of its group that can see them.
+Three partitions share the CTA:
+
+* the **load partition** (one warp, 24 registers) copies the program's K and
+  V tiles once, then Q and dO tiles into a ring of ``NUM_STAGES`` slots
+  (``q_ready``/``do_ready`` completed by the copy engine, ``q_empty``/
+  ``do_empty`` by both compute warpgroups once their products have read the
+  slot);
+* two **compute partitions** (4 warps, 240 registers each; warpgroup ``WG``
+  owns keys [start_n + BLOCK_N WG, +BLOCK_N)) keep dK and dV of their keys in
+  registers and run, per query tile, as warpgroup MMAs:
+
+  - Sᵀ = K Qᵀ and dPᵀ = V dOᵀ from shared memory (keys are the rows, so the
+    softmax statistics of the queries broadcast along columns and Pᵀ, dSᵀ
+    feed the next products straight from registers);
+  - Pᵀ = exp2(Sᵀ · scale · log2 e − lse₂) with the saved log-sum-exp;
+  - dV += Pᵀ dO, dSᵀ = Pᵀ ∘ (dPᵀ − Δ), dK += dSᵀ Q;
+  - dSᵀ goes to shared memory, the two warpgroups meet at one mbarrier, and
+    warpgroup ``WG`` forms columns [WG D/2, +D/2) of dQ = dS K from both
+    halves, then the copy engine adds them into the float32 sum (a bulk
+    tensor reduce; rows past N are clipped).
+
+Rows past N_Q read as zeros with lse₂ = +inf, so their P is 0; keys past N_K
+read as zeros, so their dS meets a zero K row in dQ, and their dK/dV rows are
+not stored.  Only the causal diagonal needs a mask.  The preprocess and the
+dQ convert kernels are the portable ones (``kernels/bwd.py``): Δ = rowsum(dO∘O)
+(minus dlse), lse₂ = lse · log2 e (+inf for rows that saw no key), and
+dq = scale · sum.
+
+This module imports Gluon at load time: only the Hopper launcher imports it,
+lazily, so a CPU install never does.
+"""
+from triton._C.libtriton import ir
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """Add the shared-memory tile ``src`` into global memory at ``coord``
+    through the copy engine (cp.reduce.async.bulk.tensor; waited on like a
+    TMA store, with ``tma.store_wait``)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _query_tiles(start_n, N_Q, N_K, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """(m_lo, n_m): the program's query tiles start at row m_lo (a multiple
+    of BLOCK_M) and there are n_m of them.  Bottom-right causal: row i sees
+    key j iff j <= i + N_K - N_Q, so rows before start_n - (N_K - N_Q) see
+    none of the program's keys."""
+    if IS_CAUSAL:
+        first = gl.maximum(start_n - (N_K - N_Q), 0)
+        m_lo = (first // BLOCK_M) * BLOCK_M
+    else:
+        m_lo = start_n * 0
+    n_m = gl.maximum(gl.cdiv(N_Q - m_lo, BLOCK_M), 0)
+    return m_lo, n_m
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
+                    do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
+                    BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, start_n, 0], kv_bar, v_smem)
+    for t in range(GROUP_SIZE * n_m):
+        g = t // n_m
+        m = m_lo + (t - g * n_m) * BLOCK_M
+        hq = off_hk * GROUP_SIZE + g
+        s = t % NUM_STAGES
+        # a slot starts empty: the first wait on each passes (phase 1)
+        phase = ((t // NUM_STAGES) & 1) ^ 1
+        mbarrier.wait(q_empty.index(s), phase)
+        mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [off_b, hq, m, 0], q_ready.index(s), q_smem.index(s))
+        mbarrier.wait(do_empty.index(s), phase)
+        mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [off_b, hq, m, 0], do_ready.index(s), do_smem.index(s))
+
+
+@gluon.jit
+def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_ready,
+                       q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
+                       stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                       off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                       NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    dtype: gl.constexpr = q_smem.dtype
+    HALF_D: gl.constexpr = HEAD_DIM // 2
+    # Sᵀ/dPᵀ: BLOCK_N keys x BLOCK_M queries; dK/dV: BLOCK_N keys x D; dQ: BLOCK_M x D/2
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HALF_D, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    key0 = start_n + WG * BLOCK_N
+    offs_n = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    diag = N_K - N_Q
+
+    mbarrier.wait(kv_bar, 0)
+    k_all = k_smem.reshape([2 * BLOCK_N, HEAD_DIM])
+    k_mine = k_all.slice(WG * BLOCK_N, BLOCK_N, dim=0)
+    v_mine = v_smem.reshape([2 * BLOCK_N, HEAD_DIM]).slice(WG * BLOCK_N, BLOCK_N, dim=0)
+    k_cols = k_all.slice(WG * HALF_D, HALF_D, dim=1)
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    for t in range(GROUP_SIZE * n_m):
+        g = t // n_m
+        m = m_lo + (t - g * n_m) * BLOCK_M
+        hq = off_hk * GROUP_SIZE + g
+        s = t % NUM_STAGES
+        phase = (t // NUM_STAGES) & 1
+        offs_m = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_m
+        lse2 = gl.load(LSE2 + row, mask=offs_m < N_Q, other=float("inf"))
+        delta = gl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
+
+        mbarrier.wait(q_ready.index(s), phase)
+        q2 = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+        zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+        st = warpgroup_mma(k_mine, q2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(s), phase)
+        do2 = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+        dpt = warpgroup_mma(v_mine, do2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=[st])
+        pt = gl.exp2(st * qk_scale - lse2[None, :])
+        if IS_CAUSAL:
+            pt = gl.where(offs_n[:, None] <= offs_m[None, :] + diag, pt, 0.0)
+        dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do2, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, deps=[dpt])
+        ds16 = (pt * (dpt - delta[None, :])).to(dtype)
+        dk = warpgroup_mma(gl.convert_layout(ds16, a_layout), q2, dk, is_async=True)
+
+        # both halves of dSᵀ in shared memory, then dQ[:, WG D/2 : +D/2] = dS K[:, same]
+        ds_buf = ds_smem.index(t % 2)
+        ds_buf.slice(WG * BLOCK_N, BLOCK_N, dim=0).store(ds16)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(ds_bars.index(t % 2), count=1)
+        mbarrier.wait(ds_bars.index(t % 2), (t // 2) & 1)
+        zero_q = gl.zeros([BLOCK_M, HALF_D], gl.float32, dq_layout)
+        dq = warpgroup_mma(ds_buf.permute([1, 0]), k_cols, zero_q, use_acc=False, is_async=True)
+        dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
+        mbarrier.arrive(q_empty.index(s), count=1)
+        mbarrier.arrive(do_empty.index(s), count=1)
+        # the previous tile's reduce has read the staging buffer by now
+        tma.store_wait(0)
+        stage = dq_smem.index(WG)
+        stage.store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        _tma_reduce_add(dq_desc, [off_b, hq, m, WG * HALF_D], stage.reshape([1, 1, BLOCK_M, HALF_D]))
+    tma.store_wait(0)
+
+    # dK and dV of this warpgroup's keys (rows past N_K dropped)
+    offs_kn = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    ok = (offs_kn < N_K)[:, None]
+    n64 = offs_kn.to(gl.int64)[:, None]
+    dk_ptrs = DK + off_b.to(gl.int64) * stride_dkb + off_hk.to(gl.int64) * stride_dkh + n64 * stride_dkn
+    gl.store(dk_ptrs + offs_d[None, :], (dk * sm_scale).to(dtype), mask=ok)
+    dv_ptrs = DV + off_b.to(gl.int64) * stride_dvb + off_hk.to(gl.int64) * stride_dvh + n64 * stride_dvn
+    gl.store(dv_ptrs + offs_d[None, :], dv.to(dtype), mask=ok)
+
+
+@gluon.jit
+def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LSE2, DELTA,
+                            stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                            GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
+                            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup."""
+    # causal: the first key blocks see the most query tiles, run them first
+    pid_n = gl.program_id(0)
+    off_hk = gl.program_id(1)
+    off_b = gl.program_id(2)
+    start_n = pid_n * (2 * BLOCK_N)
+    m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL)
+
+    dtype: gl.constexpr = q_desc.dtype
+    HALF_D: gl.constexpr = HEAD_DIM // 2
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BLOCK_N, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_N, BLOCK_M], ds_layout)
+    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF_D], gl.float32)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF_D], dq_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(2):
+        # each compute warpgroup arrives once its half of dSᵀ is stored
+        mbarrier.init(ds_bars.index(i), count=2)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)
+        mbarrier.init(do_empty.index(i), count=2)
+
+    gl.warp_specialize([
+        (_compute_partition, (0, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
+                              do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
+                              stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                              off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
+                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL)),
+        (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
+                              do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
+                              stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                              off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
+                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL)),
+        (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
+                           q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
+                           BLOCK_M, NUM_STAGES)),
+    ], [4, 1], [240, 24])
+
+    mbarrier.invalidate(kv_bar)
+    for i in gl.static_range(2):
+        mbarrier.invalidate(ds_bars.index(i))
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(q_ready.index(i))
+        mbarrier.invalidate(do_ready.index(i))
+        mbarrier.invalidate(q_empty.index(i))
+        mbarrier.invalidate(do_empty.index(i))

@@ -1,0 +1,176 @@
+"""The Hopper backward kernel (Gluon, kernels/bwd_hopper.py): the dK/dV
+kernel with the float32 dQ sum, between the portable preprocess and convert
+kernels.
+
+On the CPU: every config compiles for sm_90a without a GPU, within the
+shared memory of an H100/H200, with the copy engine's reduce for dQ.  On a
+GPU of compute capability 9.0: dq, dk, dv against a float64 reference under
+the accuracy rule, with each config forced, odd lengths, Nq != Nk, fully
+masked rows, large logits, GQA, strided layouts and a gradient into lse;
+and the dispatcher takes it for plain non-deterministic calls only.
+"""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tileattn
+from tileattn import configs, dispatch, launch
+from tileattn.configs import HopperBwdConfig
+from tileattn.launch import hopper as launch_hopper
+from tileattn.reference import standard_attention
+from tileattn.testing import check_accuracy
+
+from conftest import HAS_CUDA, SEED_OFFSET
+
+ON_HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
+needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a compute capability 9.0 GPU")
+
+FORCED = [(d, c) for d, c in configs.HOPPER_BWD.items()] + [(128, HopperBwdConfig(num_stages=3))]
+COMPILED = [(d, c, causal) for d, c in FORCED for causal in (False, True)]
+
+
+@pytest.fixture(scope="module")
+def reports():
+    """One fresh process compiles every config for sm_90a: under
+    TRITON_INTERPRET, which this test process runs with, Gluon cannot compile."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    code = (
+        "import json, sys; from tileattn.configs import HopperBwdConfig; from tileattn.launch import hopper\n"
+        "cases = json.loads(sys.argv[1])\n"
+        "print(json.dumps([hopper.compile_bwd_report(d, HopperBwdConfig(**c), causal) for d, c, causal in cases]))")
+    arg = json.dumps([(d, dataclasses.asdict(c), causal) for d, c, causal in COMPILED])
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {(d, c.name, causal): r for (d, c, causal), r in zip(COMPILED, json.loads(proc.stdout.splitlines()[-1]))}
+
+
+@pytest.mark.parametrize("head_dim,cfg,causal", COMPILED,
+                         ids=[f"d{d}-{c.name}-{'causal' if causal else 'full'}" for d, c, causal in COMPILED])
+def test_compiles_for_sm90(reports, head_dim, cfg, causal):
+    rep = reports[(head_dim, cfg.name, causal)]
+    # per query tile: S^T, dP^T, dV, dK over D in steps of 16, dQ over the program's keys
+    assert rep["wgmma"] > 0, "no warpgroup MMA in the PTX"
+    assert rep["tma"] and rep["reduce"], "no TMA copy, or no bulk reduce for dQ, in the PTX"
+    assert {"24", "240"} <= set(rep["setmaxnreg"]), f"register reallocation {rep['setmaxnreg']}"
+    assert not rep["local"], "local memory in the PTX (a register array indexed at run time)"
+    tile = 2 * cfg.block_n * head_dim * 2            # the program's K (or V)
+    ring = cfg.num_stages * cfg.block_m * head_dim * 2   # Q (or dO) slots
+    expect = 2 * tile + 2 * ring + 2 * (2 * cfg.block_n * cfg.block_m * 2) + 2 * cfg.block_m * head_dim // 2 * 4
+    assert expect <= rep["shared"] <= expect + 1024, f"shared memory {rep['shared']}, expected {expect} + barriers"
+    assert rep["shared"] <= 227 * 1024, "more shared memory than a Hopper block may have"
+
+
+def _inputs(b, hq, hkv, n_q, n_k, d, dtype, seed, layout="bhnd", logit_scale=1.0):
+    g = torch.Generator(device="cuda").manual_seed(seed + SEED_OFFSET)
+
+    def make(h, n):
+        if layout == "bnhd":   # (B, N, H, D) storage viewed as (B, H, N, D)
+            return torch.randn(b, n, h, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+        return torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=g)
+    return make(hq, n_q) * logit_scale, make(hkv, n_k), make(hkv, n_k), make(hq, n_q)
+
+
+def _reference_grads(q, k, v, do, causal, dlse=None):
+    def grads(*ts):
+        leaves = [t.detach().requires_grad_() for t in ts[:3]]
+        out, lse = standard_attention(*leaves, causal=causal, return_lse=True)
+        outs, gouts = [out], [ts[3]]
+        if dlse is not None:
+            outs.append(lse)
+            gouts.append(ts[4])
+        return torch.autograd.grad(outs, leaves, gouts)
+    ref = grads(*(t.double() for t in (q, k, v, do) + ((dlse,) if dlse is not None else ())))
+    low = grads(q, k, v, do, *((dlse.to(q.dtype),) if dlse is not None else ()))
+    return ref, low
+
+
+def _check(name, q, k, v, do, causal, cfg=None, dlse=None):
+    assert dispatch.hopper_bwd_eligible(q, k, v, do)
+    scale = q.shape[-1] ** -0.5
+    cfg = cfg or launch_hopper.bwd_config_for(q.shape[-1])
+    out, lse = launch.attn_fwd(q, k, v, causal, scale)
+    calls = []
+    real = launch_hopper.attn_bwd_dkdv
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    launch_hopper.attn_bwd_dkdv = spy
+    try:
+        got = launch.attn_bwd(do, q, k, v, out, lse, causal, scale, dlse=dlse, config=cfg, deterministic=False)
+    finally:
+        launch_hopper.attn_bwd_dkdv = real
+    assert calls, "the Hopper backward did not run"
+    ref, low = _reference_grads(q, k, v, do, causal, dlse)
+    for part, g, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
+        assert g.shape == r.shape
+        check_accuracy(f"{name} {part}", g, r, lo, q.dtype)
+
+
+CASES = {
+    # name: (b, hq, hkv, n_q, n_k, d)
+    "square-1000": (2, 4, 4, 1000, 1000, 128),
+    "odd-1": (1, 2, 2, 1, 1, 128),
+    "odd-17x129": (1, 2, 2, 17, 129, 64),
+    "odd-333": (2, 3, 3, 333, 333, 64),
+    "nq<nk-129x1000": (1, 4, 4, 129, 1000, 128),
+    "nq>nk-1000x129": (1, 4, 4, 1000, 129, 128),   # causal: the first rows see no key
+    "gqa4-777": (2, 8, 2, 777, 777, 128),
+    "gqa8-512": (1, 16, 2, 512, 512, 64),
+    "tiles-even-2048": (1, 2, 2, 2048, 2048, 128),
+}
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_against_float64(case, causal, dtype):
+    b, hq, hkv, n_q, n_k, d = CASES[case]
+    _check(case, *_inputs(b, hq, hkv, n_q, n_k, d, dtype, seed=hash(case) % 1000), causal)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim,cfg", FORCED, ids=[f"d{d}-{c.name}" for d, c in FORCED])
+def test_every_config(head_dim, cfg, causal):
+    _check(cfg.name, *_inputs(2, 4, 2, 700, 900, head_dim, torch.bfloat16, seed=7), causal, cfg)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_large_logits_strided_and_dlse(causal):
+    q, k, v, do = _inputs(2, 4, 4, 600, 600, 128, torch.bfloat16, seed=11, layout="bnhd", logit_scale=30.0)
+    assert not q.is_contiguous()
+    dlse = torch.randn(2, 4, 600, device="cuda")
+    _check("large-logits-bnhd-dlse", q, k, v, do, causal, dlse=dlse)
+
+
+@needs_hopper
+def test_dispatch_nondeterministic_plain_only():
+    q, k, v, do = _inputs(1, 4, 2, 1024, 1024, 128, torch.bfloat16, seed=3)
+    calls = []
+    real = launch_hopper.attn_bwd_dkdv
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    launch_hopper.attn_bwd_dkdv = spy
+    try:
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+        out = tileattn.attention(*leaves, causal=True, deterministic=False)
+        out.backward(do)
+        assert calls, "a plain non-deterministic bf16 d=128 backward did not take the Hopper kernel"
+        calls.clear()
+        for kw in (dict(deterministic=True), dict(deterministic=False, window=(64, 0)),
+                   dict(deterministic=False, softcap=20.0)):
+            tileattn.attention(*leaves, causal=True, **kw).backward(do)
+        assert not calls, "a deterministic call or a variant took the Hopper backward"
+    finally:
+        launch_hopper.attn_bwd_dkdv = real
