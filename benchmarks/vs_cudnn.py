@@ -71,6 +71,33 @@ def bwd_providers() -> dict:
                                                                                  deterministic=True)}
 
 
+def bwd_config_steps(q, k, v, do, causal) -> dict:
+    """Backward: each Hopper config forced, through the launcher (no autograd)."""
+    from tileattn import configs, launch
+    from tileattn.configs import HopperBwdConfig
+    d = q.shape[-1]
+    scale = d ** -0.5
+    out, lse = launch.attn_fwd(q, k, v, causal, scale)
+    cfgs = [configs.HOPPER_BWD[d], HopperBwdConfig(num_stages=3)]
+    return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
+                                                 deterministic=False)) for c in cfgs}
+
+
+def _peak_ratio(fn, q, k, v, do, causal) -> float:
+    """Forward+backward peak allocation over the tensors a training step
+    must hold (inputs, dO, output, gradients, lse)."""
+    lse_bytes = q.shape[0] * q.shape[1] * q.shape[2] * 4
+    must = (4 * q.numel() + 2 * k.numel() + 2 * v.numel()) * q.element_size() + lse_bytes
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated() - sum(t.numel() * t.element_size() for t in leaves) - do.numel() * do.element_size()
+    torch.cuda.reset_peak_memory_stats()
+    torch.autograd.grad(fn(*leaves, causal), leaves, do)
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / must
+
+
 def _bwd_step(fn, q, k, v, do, causal):
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     out = fn(*leaves, causal)
@@ -85,8 +112,10 @@ def main():
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--memory", action="store_true", help="also report the forward+backward memory peak")
     ap.add_argument("--mode", choices=("fwd", "bwd"), default="fwd")
-    ap.add_argument("--configs", action="store_true", help="forward: time each Hopper config, not the default")
+    ap.add_argument("--configs", action="store_true",
+                    help="time each Hopper config (forward: instead of the default; backward: beside it)")
     args = ap.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     rows = []
@@ -96,7 +125,6 @@ def main():
             for n in args.seqlen:
                 b, h = max(1, 16384 // n), 2048 // d
                 q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype) for _ in range(3))
-                times = {name: [] for name in provs}
                 errs = {}
                 if args.mode == "fwd":
                     ref = provs["sdpa-cudnn"](q, k, v, causal).float()
@@ -106,10 +134,13 @@ def main():
                 else:
                     do = torch.randn_like(q)
                     steps = {name: _bwd_step(fn, q, k, v, do, causal) for name, fn in provs.items()}
+                    if args.configs:
+                        steps.update(bwd_config_steps(q, k, v, do, causal))
                     ref = [g.float() for g in steps["sdpa-cudnn"]()]
                     for name, step in steps.items():
                         errs[name] = max(float((g.float() - r).abs().max()) for g, r in zip(step(), ref))
-                names = list(provs)
+                names = list(steps)
+                times = {name: [] for name in names}
                 for r in range(args.rounds):
                     order = names[r % len(names):] + names[:r % len(names)]
                     for name in order:
@@ -124,6 +155,9 @@ def main():
                 line = "  ".join(f"{r['provider']}={r['tflops']:.0f}({r['vs_cudnn']:.3f}x,"
                                  f"e{r['max_diff_vs_cudnn']:.0e})" for r in rows[-len(names):])
                 del steps
+                if args.memory and args.mode == "bwd":
+                    print(f"  memory peak / (q, k, v, dO, O, dQ, dK, dV, lse): " + "  ".join(
+                        f"{name}={_peak_ratio(fn, q, k, v, do, causal):.3f}" for name, fn in provs.items()), flush=True)
                 print(f"{args.mode} {args.dtype} d={d} causal={int(causal)} N={n}: {line}", flush=True)
     if args.json:
         with open(args.json, "w") as f:

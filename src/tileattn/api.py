@@ -50,9 +50,13 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
             computes dK/dV and adds dQ into a float32 sum with atomics
             (5 instead of 7 tile matmuls; faster, but dq may differ in the
             last bits from run to run; dk and dv stay reproducible).  None
-            (default): True -- on the H200 the deterministic backward is
-            still the faster one (docs/perf-notes.md v11).  The pure-PyTorch path ignores it (it is
-            deterministic).
+            (default): the faster one for the call -- False where the
+            Hopper backward runs it (a plain fp16/bf16 call at d = 64 or 128
+            on a compute capability 9.0 GPU: 0.86-0.95x cuDNN there, against
+            0.70-0.87x for the deterministic kernels, docs/perf-notes.md
+            v12), True everywhere else (where the portable atomic kernel is
+            the slower one) and whenever ``torch.use_deterministic_algorithms``
+            is on.  The pure-PyTorch path ignores it (it is deterministic).
 
     Returns:
         out (B, Hq, Nq, D) in the input dtype, or (out, lse).
@@ -69,6 +73,8 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
     slopes = val.check_alibi(alibi_slopes, q, b, hq)
     mask = val.check_block_mask(block_mask, q, b, hq, n_q, k.shape[2])
     plain = (left, right, cap, slopes, mask) == (-1, -1, 0.0, None, None)
+    if det is None:
+        det = dispatch.default_deterministic(q, k, v, plain)
     if dispatch.eager_applies(q, k, v):
         # same launchers, without the custom-op dispatch (host time; see ops.py)
         out, lse = ops.eager_attention(q, k, v, causal, scale,
@@ -133,6 +139,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     cap = val.check_softcap(softcap)
     slopes = val.check_alibi(alibi_slopes, q, batch, hq)
     det = val.check_deterministic(deterministic)
+    if det is None:   # packed sequences run the portable kernels: deterministic is the faster there
+        det = True
     out, lse = ops.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_q), int(max_k), causal, scale,
                                         left, right, cap, slopes, det)
     if return_lse:

@@ -247,13 +247,14 @@ class HopperBwdConfig:
     block_m: int = 64           # query rows per tile
     block_n: int = 64           # keys per compute warpgroup (a program owns 2 * block_n)
     num_stages: int = 2         # Q/dO ring slots
+    dk_from_smem: bool = False  # dK += dSᵀ Q reads dSᵀ from shared memory (else registers)
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
 
     @property
     def name(self) -> str:
-        return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}"
+        return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}{'-dks' if self.dk_from_smem else ''}"
 
 
 HOPPER_FWD_HEAD_DIMS = (64, 128)
@@ -271,8 +272,10 @@ HOPPER_FWD = {
 }
 HOPPER_BWD_HEAD_DIMS = (64, 128)
 HOPPER_BWD = {
-    64: HopperBwdConfig(source="sm_90a compile report (perf-notes v12)"),
-    128: HopperBwdConfig(source="sm_90a compile report (perf-notes v12)"),
+    # H200 timing in perf-notes v12: dSᵀ from shared memory for dK won 2-6 % at
+    # d = 64 and lost ~3 % at d = 128 (where registers are short either way)
+    64: HopperBwdConfig(dk_from_smem=True, source="H200 timing, perf-notes v12"),
+    128: HopperBwdConfig(dk_from_smem=False, source="H200 timing, perf-notes v12"),
 }
 
 

@@ -29,7 +29,7 @@ from ._env import env, interpreter_active
 from .validation import MAX_GRID_YZ
 
 __all__ = ["use_backend", "uses_triton", "eager_applies", "cpu_fused_applies", "hopper_fwd_eligible",
-           "hopper_bwd_eligible", "tma_addressable"]
+           "hopper_bwd_eligible", "default_deterministic", "tma_addressable"]
 
 _BACKENDS = ("auto", "triton", "torch")
 _backend = "auto"
@@ -199,3 +199,13 @@ def hopper_bwd_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: t
     if k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1] or do.dtype != q.dtype:
         return False
     return _hopper_eligible(q, k, v) and tma_addressable(do)
+
+
+def default_deterministic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plain: bool) -> bool:
+    """``deterministic=None`` resolved: the atomic Hopper backward where it
+    runs (the faster one there, docs/perf-notes.md v12), the deterministic
+    kernels everywhere else (where the portable atomic kernel is slower) and
+    whenever ``torch.use_deterministic_algorithms`` is on."""
+    if torch.are_deterministic_algorithms_enabled():
+        return True
+    return not (plain and hopper_bwd_eligible(q, k, v, q))

@@ -12,7 +12,7 @@ value) naming it.  The rules that hold for every entry point:
 * ``softcap``: None or 0 for none, else a finite number > 0;
 * ``alibi_slopes``: a float tensor of any floating dtype, (Hq,) or (B, Hq),
   on q's device; cast to float32 (float64 for float64 inputs);
-* ``deterministic``: a bool, or None for True;
+* ``deterministic``: a bool, or None (the faster backward for the call);
 * head dim 1..``MAX_HEAD_DIM``; on the kernels batch and heads at most
   ``MAX_GRID_YZ`` (CUDA grid axes y and z); float64 only off the kernels.
 
@@ -214,15 +214,13 @@ def cast_alibi(alibi_slopes, q):
     return alibi_slopes.detach().to(dtype).contiguous()
 
 
-def check_deterministic(deterministic) -> bool:
-    """The backward to run: ``None`` means the deterministic one, the faster
-    of the two on the H200 in this version (docs/perf-notes.md v11), and what
-    ``torch.use_deterministic_algorithms`` asks for anyway."""
-    if deterministic is None:
-        return True
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool or None, got {type(deterministic).__name__}")
-    return deterministic
+def check_deterministic(deterministic):
+    """The backward to run: True, False, or None for "the faster one for the
+    call" (``dispatch.default_deterministic`` resolves it once the call's
+    path is known)."""
+    if deterministic is None or isinstance(deterministic, bool):
+        return deterministic
+    raise TypeError(f"deterministic must be a bool or None, got {type(deterministic).__name__}")
 
 
 def check_block_mask(block_mask, q, batch: int, hq: int, n_q: int, n_k: int):

@@ -30,7 +30,9 @@ from conftest import HAS_CUDA, SEED_OFFSET
 ON_HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a compute capability 9.0 GPU")
 
-FORCED = [(d, c) for d, c in configs.HOPPER_BWD.items()] + [(128, HopperBwdConfig(num_stages=3))]
+FORCED = [(d, c) for d, c in configs.HOPPER_BWD.items()] + [
+    (128, HopperBwdConfig(num_stages=3)), (128, HopperBwdConfig(dk_from_smem=True)),
+    (64, HopperBwdConfig(dk_from_smem=False))]
 COMPILED = [(d, c, causal) for d, c in FORCED for causal in (False, True)]
 
 
@@ -172,5 +174,44 @@ def test_dispatch_nondeterministic_plain_only():
                    dict(deterministic=False, softcap=20.0)):
             tileattn.attention(*leaves, causal=True, **kw).backward(do)
         assert not calls, "a deterministic call or a variant took the Hopper backward"
+    finally:
+        launch_hopper.attn_bwd_dkdv = real
+
+
+@pytest.fixture
+def torch_deterministic():
+    """Set torch.use_deterministic_algorithms inside a test; restored after."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    yield lambda on: torch.use_deterministic_algorithms(on)
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@pytest.mark.parametrize("case", ["cpu-plain", "cpu-variant", "fp32"])
+def test_default_is_deterministic_off_the_hopper_path(case):
+    """deterministic=None resolves to True where the Hopper backward cannot
+    run (there the portable atomic kernel is the slower one)."""
+    device = "cuda" if HAS_CUDA else "cpu"
+    dtype = torch.float32 if case == "fp32" or device == "cpu" else torch.bfloat16
+    q = torch.randn(1, 2, 64, 64, device="cpu" if case.startswith("cpu") else device, dtype=dtype)
+    assert dispatch.default_deterministic(q, q, q, plain=case != "cpu-variant") is True
+
+
+@needs_hopper
+@pytest.mark.parametrize("switch", [False, True], ids=["torch-nondeterministic", "torch-deterministic"])
+def test_default_takes_hopper_unless_torch_deterministic(switch, torch_deterministic):
+    q, k, v, do = _inputs(1, 4, 2, 1024, 1024, 128, torch.bfloat16, seed=4)
+    torch_deterministic(switch)
+    calls = []
+    real = launch_hopper.attn_bwd_dkdv
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    launch_hopper.attn_bwd_dkdv = spy
+    try:
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+        tileattn.attention(*leaves, causal=True).backward(do)
+        assert bool(calls) is (not switch), \
+            "deterministic=None: the Hopper backward unless torch.use_deterministic_algorithms is on"
     finally:
         launch_hopper.attn_bwd_dkdv = real

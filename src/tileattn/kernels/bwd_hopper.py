@@ -89,12 +89,35 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
 
 
 @gluon.jit
+def _probs(st, lse2, offs_n, offs_m, diag, qk_scale, MASKED: gl.constexpr):
+    """Pᵀ from the raw scores Sᵀ (keys x queries): exp2(s c - lse₂), 0 where
+    the causal mask hides the key (row i sees key j iff j <= i + diag)."""
+    pt = gl.exp2(st * qk_scale - lse2[None, :])
+    if MASKED:
+        pt = gl.where(offs_n[:, None] <= offs_m[None, :] + diag, pt, 0.0)
+    return pt
+
+
+@gluon.jit
+def _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, WG: gl.constexpr, BLOCK_M: gl.constexpr, HALF_D: gl.constexpr):
+    """Stage this warpgroup's dQ columns and let the copy engine add them
+    into the float32 sum at rows [m, m + BLOCK_M) of head ``hq``."""
+    # the previous tile's reduce has read the staging buffer by now
+    tma.store_wait(0)
+    stage = dq_smem.index(WG)
+    stage.store(dq)
+    fence_async_shared()
+    gl.thread_barrier()
+    _tma_reduce_add(dq_desc, [off_b, hq, m, WG * HALF_D], stage.reshape([1, 1, BLOCK_M, HALF_D]))
+
+
+@gluon.jit
 def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_ready,
                        q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                        stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                        off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+                       NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr):
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     # Sᵀ/dPᵀ: BLOCK_N keys x BLOCK_M queries; dK/dV: BLOCK_N keys x D; dQ: BLOCK_M x D/2
@@ -125,7 +148,6 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         offs_m = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
         row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_m
         lse2 = gl.load(LSE2 + row, mask=offs_m < N_Q, other=float("inf"))
-        delta = gl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
 
         mbarrier.wait(q_ready.index(s), phase)
         q2 = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
@@ -135,19 +157,31 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         do2 = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
         dpt = warpgroup_mma(v_mine, do2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
         st = warpgroup_mma_wait(1, deps=[st])
-        pt = gl.exp2(st * qk_scale - lse2[None, :])
         if IS_CAUSAL:
-            pt = gl.where(offs_n[:, None] <= offs_m[None, :] + diag, pt, 0.0)
+            # only tiles whose first row misses this warpgroup's last key need the mask
+            if m + diag < key0 + BLOCK_N - 1:
+                pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, True)
+            else:
+                pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, False)
+        else:
+            pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, False)
+        # Δ is read once lse₂ is dead (a query-indexed vector costs 16 registers a thread here)
+        delta = gl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do2, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=[dpt])
         ds16 = (pt * (dpt - delta[None, :])).to(dtype)
-        dk = warpgroup_mma(gl.convert_layout(ds16, a_layout), q2, dk, is_async=True)
-
-        # both halves of dSᵀ in shared memory, then dQ[:, WG D/2 : +D/2] = dS K[:, same]
+        # dSᵀ to shared memory for dQ (both halves); with DK_FROM_SMEM dK += dSᵀ Q
+        # reads this warpgroup's half from there too, so no registers are held
+        # while it runs, else it takes dSᵀ from registers and starts sooner
         ds_buf = ds_smem.index(t % 2)
-        ds_buf.slice(WG * BLOCK_N, BLOCK_N, dim=0).store(ds16)
+        ds_mine = ds_buf.slice(WG * BLOCK_N, BLOCK_N, dim=0)
+        if not DK_FROM_SMEM:
+            dk = warpgroup_mma(gl.convert_layout(ds16, a_layout), q2, dk, is_async=True)
+        ds_mine.store(ds16)
         fence_async_shared()
         gl.thread_barrier()
+        if DK_FROM_SMEM:
+            dk = warpgroup_mma(ds_mine, q2, dk, is_async=True)
         mbarrier.arrive(ds_bars.index(t % 2), count=1)
         mbarrier.wait(ds_bars.index(t % 2), (t // 2) & 1)
         zero_q = gl.zeros([BLOCK_M, HALF_D], gl.float32, dq_layout)
@@ -155,13 +189,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
         mbarrier.arrive(q_empty.index(s), count=1)
         mbarrier.arrive(do_empty.index(s), count=1)
-        # the previous tile's reduce has read the staging buffer by now
-        tma.store_wait(0)
-        stage = dq_smem.index(WG)
-        stage.store(dq)
-        fence_async_shared()
-        gl.thread_barrier()
-        _tma_reduce_add(dq_desc, [off_b, hq, m, WG * HALF_D], stage.reshape([1, 1, BLOCK_M, HALF_D]))
+        _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, WG, BLOCK_M, HALF_D)
     tma.store_wait(0)
 
     # dK and dV of this warpgroup's keys (rows past N_K dropped)
@@ -180,7 +208,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                             stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                             GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                            IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr):
+                            IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, DK_FROM_SMEM: gl.constexpr):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup."""
     # causal: the first key blocks see the most query tiles, run them first
     pid_n = gl.program_id(0)
@@ -220,12 +248,12 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                               do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL)),
+                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM)),
         (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                               do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL)),
+                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                            q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
                            BLOCK_M, NUM_STAGES)),
