@@ -16,7 +16,7 @@ def validate(q, k, v, causal, scale) -> float:
 
 
 def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=None, softcap=None,
-              alibi_slopes=None, block_mask=None, deterministic=None):
+              alibi_slopes=None, block_mask=None, sinks=None, deterministic=None):
     """Exact attention, softmax(scale * q k^T) v, computed tile by tile.
 
     Args:
@@ -45,6 +45,12 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
             query block i attends to key block j only where the entry is True;
             blocks switched off are never loaded or computed.  Combines with
             ``causal`` and ``window``.
+        sinks: attention sinks, float32 (Hq,), differentiable: one extra
+            logit per head in every row's softmax denominator (gpt-oss): row
+            i of head h uses sum_j exp(s_ij) + exp(sinks[h]); the sink is a
+            raw logit (not scaled) and carries no value.  The returned lse is
+            the log of that whole denominator, so a row that sees no key
+            returns 0 and lse = sinks[h].  Combines with every variant.
         deterministic: which backward the kernels run.  True: dK/dV and
             dQ by separate kernels, bitwise reproducible.  False: one kernel
             computes dK/dV and adds dQ into a float32 sum with atomics
@@ -72,6 +78,7 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
     cap = val.check_softcap(softcap)
     slopes = val.check_alibi(alibi_slopes, q, b, hq)
     mask = val.check_block_mask(block_mask, q, b, hq, n_q, k.shape[2])
+    sinks = val.check_sinks(sinks, q, hq)
     plain = (left, right, cap, slopes, mask) == (-1, -1, 0.0, None, None)
     if det is None:
         det = dispatch.default_deterministic(q, k, v, plain)
@@ -83,6 +90,7 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
         out, lse = ops.attention_fwd(q, k, v, causal, scale, deterministic=det)
     else:
         out, lse = ops.attention_fwd(q, k, v, causal, scale, left, right, cap, slopes, mask, det)
+    out, lse = ops.with_sinks(out, lse, sinks)
     if return_lse:
         return out, lse.float()
     return out
@@ -92,7 +100,8 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
 # Packed variable-length sequences
 # ---------------------------------------------------------------------------
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
-                     window=None, softcap=None, alibi_slopes=None, return_lse=False, deterministic=None):
+                     window=None, softcap=None, alibi_slopes=None, sinks=None, return_lse=False,
+                     deterministic=None):
     """Exact attention over packed sequences of different lengths (no padding).
 
     Sequence b owns query rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` and key
@@ -109,6 +118,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             the kernels' grid).
         causal, scale, window, softcap: as in :func:`attention`.
         alibi_slopes: (Hq,) or (B, Hq) floats, as in :func:`attention`.
+        sinks: float32 (Hq,) attention sinks, as in :func:`attention`.
         return_lse: also return the log-sum-exp, float32 (Hq, total_q).
         deterministic: the backward, as in :func:`attention`.
 
@@ -138,11 +148,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     left, right = val.check_window(window)
     cap = val.check_softcap(softcap)
     slopes = val.check_alibi(alibi_slopes, q, batch, hq)
+    sinks = val.check_sinks(sinks, q, hq)
     det = val.check_deterministic(deterministic)
     if det is None:   # packed sequences run the portable kernels: deterministic is the faster there
         det = True
     out, lse = ops.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_q), int(max_k), causal, scale,
                                         left, right, cap, slopes, det)
+    out, lse = ops.with_sinks(out, lse, sinks, head_dim=0)
     if return_lse:
         return out, lse.float()
     return out

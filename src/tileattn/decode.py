@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import dispatch, reference_decode
+from . import dispatch, ops, reference_decode
 from . import validation as val
 
 __all__ = ["attention_with_kvcache"]
@@ -63,7 +63,7 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, cau
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, block_table=None,
                            causal=True, scale=None, window=None, softcap=None, alibi_slopes=None,
-                           num_splits=0, return_lse=False, check_indices=True):
+                           sinks=None, num_splits=0, return_lse=False, check_indices=True):
     """Attention of new queries over a KV cache, after appending new keys/values
     to it in place (incremental decoding).
 
@@ -96,6 +96,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
         alibi_slopes: (Hq,) or (B, Hq) floats of any floating dtype (cast to
             float32): adds -slope * |i + Nk - Nq - j| to the (softcapped)
             scores.
+        sinks: float32 (Hq,) attention sinks, as in :func:`tileattn.attention`:
+            counted once per row, whatever ``num_splits``; the lse includes
+            them, and a row that sees no key gives 0 and lse = sinks[h].
         num_splits: how many programs share one (batch, kv head)'s cache
             (flash-decoding), each an equal part; 0 picks from the shape and
             the GPU's SM count (``tileattn.launch.decode.choose_splits``:
@@ -121,6 +124,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     """
     args = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal, scale, window, softcap,
             alibi_slopes, num_splits, return_lse, check_indices)
+    if sinks is not None:   # checked on every call (cheap), before the cache is written
+        val.check_tensor("q", q, 4, "batch, heads, seqlen_q, head_dim")
+        sinks = val.check_sinks(sinks, q, q.shape[1])
     key = _call_key(*args)
     plan = _VALIDATED.get(key) if key is not None else None
     if plan is None:
@@ -149,6 +155,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
             out, lse = reference_decode.kvcache_attention(
                 q, k_cache, v_cache, n_k, block_table, scale=plan.scale, window=plan.window,
                 softcap=plan.softcap, alibi_slopes=slopes, num_splits=max(1, num_splits))
+        out, lse = ops.with_sinks(out, lse, sinks)
     if return_lse:
         return out, lse.float()
     return out

@@ -72,6 +72,37 @@ def variant_kwargs(window_left: int, window_right: int, softcap: float, alibi_sl
 
 
 # ---------------------------------------------------------------------------
+# Attention sinks
+# ---------------------------------------------------------------------------
+def with_sinks(out: Tensor, lse: Tensor, sinks: Optional[Tensor], head_dim: int = 1) -> tuple[Tensor, Tensor]:
+    """(out, lse) of attention with one extra logit per head in every row's
+    softmax denominator, from (out, lse) of the same call without it:
+
+        lse' = log(exp(lse) + exp(sink)),   out' = out * exp(lse - lse').
+
+    The sink carries no value, so it only rescales each row; a row that saw no
+    key (out 0, lse -inf) gets out 0 and lse' = sink.  Plain torch operations,
+    so autograd differentiates them: the kernels' backward then receives the
+    gradients of the sink-free (out, lse), and ``sinks`` its own,
+    d sink_h = -sum_i exp(sink_h - lse'_i) * (rowsum(dO'_i * out'_i) - dlse'_i).
+    ``head_dim``: the axis of ``lse`` that indexes heads (1 for (B, Hq, Nq),
+    0 for packed (Hq, total)); ``out`` has the same leading axes as ``lse``
+    (packed: transposed, (total, Hq, Dv))."""
+    if sinks is None:
+        return out, lse
+    shape = [1] * lse.dim()
+    shape[head_dim] = -1
+    sink = sinks.to(lse.dtype).reshape(shape)
+    lse_s = torch.logaddexp(lse, sink)
+    ratio = torch.exp(lse - lse_s)
+    if out.dim() == lse.dim() + 1 and out.shape[:-1] == lse.shape:
+        scaled = out.to(ratio.dtype) * ratio[..., None]
+    else:   # packed: out (total, Hq, Dv) against lse (Hq, total)
+        scaled = out.to(ratio.dtype) * ratio.transpose(0, 1)[..., None]
+    return scaled.to(out.dtype), lse_s
+
+
+# ---------------------------------------------------------------------------
 # Dense batches: q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D)
 # ---------------------------------------------------------------------------
 @torch.library.custom_op("tileattn::attention_fwd", mutates_args=())

@@ -148,9 +148,16 @@ def _softcap_on(softcap) -> bool:
 # Standard (materialized) attention
 # ---------------------------------------------------------------------------
 def standard_attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=None, softcap=None,
-                       alibi_slopes=None, block_mask=None, mask=None, bias=None):
+                       alibi_slopes=None, block_mask=None, mask=None, bias=None, sinks=None):
     """Materialized attention: S = scale * Q K^T, [softcap], [+ bias], mask,
     P = softmax(S), O = P V.
+
+    ``sinks`` (Hq,): one extra logit per head, an explicit column of S that
+    no mask hides and that carries no value: row i of head h uses the
+    denominator sum_j exp(s_ij) + exp(sinks[h]), the lse includes it, and a
+    row that sees no key returns 0 with lse = sinks[h].  Differentiable.
+    q (B, Hq, Nq, Dk), k (B, Hkv, Nk, Dk), v (B, Hkv, Nk, Dv): the output is
+    (B, Hq, Nq, Dv).
 
     ``mask`` (True = hidden) and ``bias`` are explicit tensors broadcastable
     to (B, Hq, Nq, Nk); ``causal``, ``window``, ``block_mask`` and
@@ -177,6 +184,16 @@ def standard_attention(q, k, v, *, causal=False, scale=None, return_lse=False, w
     hidden = attention_mask(n_q, n_k, causal=causal, window=window, block_mask=block_mask, device=q.device)
     if mask is not None:
         hidden = mask.bool() if hidden is None else hidden | mask.bool()
+    if sinks is not None:
+        if hidden is not None:
+            s = s.masked_fill(hidden, float("-inf"))
+        sink = sinks.to(s.dtype)[None, :, None, None].expand(*s.shape[:-1], 1)
+        s_all = torch.cat([s, sink], dim=-1)                   # the sink column: never hidden
+        p = torch.softmax(s_all, dim=-1)[..., :-1]
+        out = torch.matmul(p, v)
+        if not return_lse:
+            return out
+        return out, torch.logsumexp(s_all.float() if s_all.dtype != torch.float64 else s_all, dim=-1)
     if hidden is not None:
         empty_rows = hidden.all(dim=-1, keepdim=True)          # rows that see nothing
         # give empty rows a finite row so softmax/logsumexp stay NaN-free, zero them after
@@ -196,7 +213,7 @@ def standard_attention(q, k, v, *, causal=False, scale=None, return_lse=False, w
 
 
 def standard_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None,
-                              return_lse=False, window=None, softcap=None, alibi_slopes=None):
+                              return_lse=False, window=None, softcap=None, alibi_slopes=None, sinks=None):
     """Packed sequences as one materialized problem: q (total_q, Hq, D) against
     k, v (total_k, Hkv, D) with the block-diagonal :func:`varlen_mask` (and
     :func:`varlen_alibi_bias`).  Returns out (total_q, Hq, D) and optionally
@@ -206,7 +223,7 @@ def standard_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=Fal
     if alibi_slopes is not None:
         bias = varlen_alibi_bias(alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     res = standard_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                             scale=scale, softcap=softcap, mask=mask, bias=bias, return_lse=return_lse)
+                             scale=scale, softcap=softcap, mask=mask, bias=bias, return_lse=return_lse, sinks=sinks)
     if not return_lse:
         return res[0].transpose(0, 1)
     return res[0][0].transpose(0, 1), res[1][0]

@@ -12,6 +12,8 @@ value) naming it.  The rules that hold for every entry point:
 * ``softcap``: None or 0 for none, else a finite number > 0;
 * ``alibi_slopes``: a float tensor of any floating dtype, (Hq,) or (B, Hq),
   on q's device; cast to float32 (float64 for float64 inputs);
+* ``sinks``: a float32 tensor (Hq,) on q's device, one logit per query head
+  (float64 too for float64 inputs); differentiable;
 * ``deterministic``: a bool, or None (the faster backward for the call);
 * head dim 1..``MAX_HEAD_DIM``; on the kernels batch and heads at most
   ``MAX_GRID_YZ`` (CUDA grid axes y and z); float64 only off the kernels.
@@ -212,6 +214,23 @@ def cast_alibi(alibi_slopes, q):
         return None
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return alibi_slopes.detach().to(dtype).contiguous()
+
+
+def check_sinks(sinks, q, hq: int):
+    """Attention sinks: a float32 tensor (Hq,) on q's device (float64 too for
+    float64 inputs), one logit per query head; None stays None.  Not cast, so
+    the caller's tensor keeps its gradient."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
+    allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
+    if sinks.dtype not in allowed:
+        raise TypeError(f"sinks must be a float32 tensor (one logit per query head), got {sinks.dtype}")
+    check_device("sinks", sinks, q)
+    if tuple(sinks.shape) != (hq,):
+        raise ValueError(f"sinks must have shape ({hq},) (one logit per query head), got {tuple(sinks.shape)}")
+    return sinks
 
 
 def check_deterministic(deterministic):

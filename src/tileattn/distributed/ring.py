@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .. import api, ops
+from .. import validation as val
 from ..cost.io import attention_flops
 from .comm import RingCommunicationError, _resolve_group, _Ring
 from .layout import LAYOUTS, check_layout, chunks_per_rank
@@ -281,8 +282,8 @@ class _RingAttention(torch.autograd.Function):
 # ---------------------------------------------------------------------------
 # Public function
 # ---------------------------------------------------------------------------
-def ring_attention(q, k, v, *, group=None, causal=False, scale=None, layout="zigzag", return_lse=False,
-                   check_shards=True, profile=None):
+def ring_attention(q, k, v, *, group=None, causal=False, scale=None, layout="zigzag", sinks=None,
+                   return_lse=False, check_shards=True, profile=None):
     """Exact attention over a sequence sharded across the ranks of ``group``.
 
     Every rank of the group calls this with its shard of one sequence, in
@@ -302,6 +303,11 @@ def ring_attention(q, k, v, *, group=None, causal=False, scale=None, layout="zig
             holds chunks r and 2W-1-r; equal causal work on every rank;
             N_local even) or ``"contiguous"`` (rank r holds the r-th of W
             chunks; any N_local).  :func:`shard_sequence` makes the shards.
+        sinks: float32 (Hq,) attention sinks, as in ``tileattn.attention``,
+            the same on every rank: counted once per row (folded in after the
+            ranks' partial results are merged).  Each rank's gradient of
+            ``sinks`` is its own rows' share; sum it across the group (as
+            data-parallel training does with replicated parameters).
         return_lse: also return the log-sum-exp over the whole sequence,
             float32 (B, Hq, N_local); differentiable.
         check_shards: first check, with one small all_gather, that all ranks
@@ -326,6 +332,7 @@ def ring_attention(q, k, v, *, group=None, causal=False, scale=None, layout="zig
     ring = _Ring(group)
     try:
         scale = _validate_local(q, k, v, causal, scale, layout, group, check_shards, profile)
+        sinks = val.check_sinks(sinks, q, q.shape[1])
     except (TypeError, ValueError):
         if check_shards is True:  # let the other ranks stop too instead of waiting for this one
             _agree(ring, _meta_row(False, q, k, causal, scale, layout), _comm_device(group, q))
@@ -333,4 +340,5 @@ def ring_attention(q, k, v, *, group=None, causal=False, scale=None, layout="zig
     if check_shards:
         _agree(ring, _meta_row(True, q, k, causal, scale, layout), q.device)
     out, lse = _RingAttention.apply(q, k, v, causal, scale, layout, ring, profile)
+    out, lse = ops.with_sinks(out, lse, sinks)
     return (out, lse) if return_lse else out

@@ -1,0 +1,173 @@
+"""Attention sinks (``sinks=``): one extra logit per head in every row's
+softmax denominator, differentiable, on every entry point.
+
+The float64 reference is ``standard_attention`` with an explicit sink column
+(``reference.standard_attention(..., sinks=)``); out, lse, dq, dk, dv and
+dsinks follow the accuracy rule.  Cases: causal and not, Nq != Nk, rows that
+see no key (output 0, lse = sink), GQA, large logits, dominant and negligible
+sinks, the variants, packed sequences, KV-cache decoding with any number of
+splits, and bad input rejected before anything runs or is written.
+"""
+import pytest
+import torch
+
+import tileattn
+from tileattn.reference import standard_attention, standard_attention_varlen
+from tileattn.testing import DEVICE, DT_NAME, SEED_OFFSET, check_accuracy
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# name: (b, hq, hkv, nq, nk, d, causal, sink scale, extra attention kwargs)
+CASES = {
+    "full-37x50": (2, 4, 2, 37, 50, 32, False, 1.0, {}),
+    "causal-64x64": (1, 4, 4, 64, 64, 64, True, 1.0, {}),
+    "causal-rows-see-nothing-70x20": (1, 2, 1, 70, 20, 32, True, 1.0, {}),
+    "gqa4-causal-33x130": (1, 8, 2, 33, 130, 16, True, 1.0, {}),
+    "sink-dominant": (1, 2, 2, 40, 40, 32, False, 30.0, {}),
+    "sink-negligible": (1, 2, 2, 40, 40, 32, True, -30.0, {}),
+    "window": (1, 2, 2, 90, 90, 32, True, 1.0, {"window": (20, 0)}),
+    "softcap": (1, 2, 2, 50, 61, 32, False, 1.0, {"softcap": 5.0}),
+    "alibi": (1, 4, 2, 45, 45, 32, True, 1.0, {"alibi_slopes": "alibi"}),
+}
+
+
+def _inputs(case, dtype, logit_scale=1.0):
+    b, hq, hkv, nq, nk, d, causal, sink_scale, extra = CASES[case]
+    g = torch.Generator().manual_seed(abs(hash(case)) % 10_000 + SEED_OFFSET)
+
+    def make(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(DEVICE, dtype).requires_grad_()
+    q, k, v = make(b, hq, nq, d, scale=logit_scale), make(b, hkv, nk, d, scale=logit_scale), make(b, hkv, nk, d)
+    if sink_scale in (30.0, -30.0):
+        sinks = torch.full((hq,), sink_scale) + torch.randn(hq, generator=g)
+    else:
+        sinks = torch.randn(hq, generator=g) * sink_scale
+    sinks = sinks.to(DEVICE).requires_grad_()
+    kw = dict(extra)
+    if kw.get("alibi_slopes") == "alibi":
+        kw["alibi_slopes"] = torch.rand(hq, generator=g).to(DEVICE)
+    do = torch.randn(b, hq, nq, d, generator=g).to(DEVICE, dtype)
+    dlse = torch.randn(b, hq, nq, generator=g).to(DEVICE)
+    return (q, k, v, sinks), causal, kw, do, dlse
+
+
+def _fwd_bwd(fn, leaves, causal, kw, do, dlse):
+    q, k, v, sinks = leaves
+    out, lse = fn(q, k, v, causal=causal, sinks=sinks, return_lse=True, **kw)
+    loss = (out.to(do.dtype) * do).sum() + (lse.float() * dlse).sum()
+    return (out, lse) + torch.autograd.grad(loss, leaves)
+
+
+def _check(name, mine, lowp, ref, dtype):
+    for part, got, r64, rlp in zip(("out", "lse", "dq", "dk", "dv", "dsinks"), mine, ref, lowp):
+        check_accuracy(f"{name} {part}", got, r64, rlp, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=[DT_NAME[d] for d in DTYPES])
+@pytest.mark.parametrize("case", list(CASES))
+def test_dense_against_float64(case, dtype, path):
+    leaves, causal, kw, do, dlse = _inputs(case, dtype)
+    mine = _fwd_bwd(tileattn.attention, leaves, causal, kw, do, dlse)
+    assert mine[0].dtype == dtype and mine[1].dtype == torch.float32
+    lowp = _fwd_bwd(standard_attention, leaves, causal, kw, do, dlse)
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    kw64 = {n: (t.double() if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+    with tileattn.use_backend("torch"):
+        ref = _fwd_bwd(standard_attention, leaves64, causal, kw64, do.double(), dlse.double())
+    _check(f"{case}-{DT_NAME[dtype]}", mine, lowp, ref, dtype)
+
+
+@pytest.mark.parametrize("logit_scale", [30.0], ids=["large-logits"])
+def test_large_logits(logit_scale, path):
+    leaves, causal, kw, do, dlse = _inputs("causal-64x64", torch.float16, logit_scale)
+    mine = _fwd_bwd(tileattn.attention, leaves, causal, kw, do, dlse)
+    lowp = _fwd_bwd(standard_attention, leaves, causal, kw, do, dlse)
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    ref = _fwd_bwd(standard_attention, leaves64, causal, kw, do.double(), dlse.double())
+    _check("large-logits", mine, lowp, ref, torch.float16)
+
+
+def test_rows_that_see_nothing_return_zero_and_the_sink(path):
+    (q, k, v, sinks), *_ = _inputs("causal-rows-see-nothing-70x20", torch.float32)
+    out, lse = tileattn.attention(q, k, v, causal=True, sinks=sinks, return_lse=True)
+    blind = 70 - 20   # rows 0..49 see no key (bottom-right causal)
+    assert torch.equal(out[:, :, :blind], torch.zeros_like(out[:, :, :blind]))
+    assert torch.equal(lse[:, :, :blind], sinks.detach()[None, :, None].expand(1, -1, blind))
+
+
+def test_varlen_against_float64(path):
+    g = torch.Generator().manual_seed(5 + SEED_OFFSET)
+    lens_q, lens_k = [5, 0, 33, 17], [9, 4, 33, 1]
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+    q = torch.randn(sum(lens_q), 4, 32, generator=g).to(DEVICE, torch.float16).requires_grad_()
+    k, v = (torch.randn(sum(lens_k), 2, 32, generator=g).to(DEVICE, torch.float16).requires_grad_()
+            for _ in range(2))
+    sinks = torch.randn(4, generator=g).to(DEVICE).requires_grad_()
+    do = torch.randn(q.shape, generator=g).to(DEVICE, torch.float16)
+
+    def run(fn, tensors, **kw):
+        qq, kk, vv, ss = tensors
+        out = fn(qq, kk, vv, cu_q, cu_k, causal=True, sinks=ss, **kw)
+        return (out,) + torch.autograd.grad((out.to(do.dtype) * do).sum(), tensors)
+
+    def varlen(qq, kk, vv, cq, ck, **kw):
+        return tileattn.attention_varlen(qq, kk, vv, cq, ck, max(lens_q), max(lens_k), **kw)
+    mine = run(varlen, (q, k, v, sinks))
+    lowp = run(standard_attention_varlen, (q, k, v, sinks))
+    ref = run(standard_attention_varlen, [t.detach().double().requires_grad_() for t in (q, k, v, sinks)])
+    for part, got, r64, rlp in zip(("out", "dq", "dk", "dv", "dsinks"), mine, ref, lowp):
+        check_accuracy(f"varlen {part}", got, r64, rlp, torch.float16)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["one-split", "three-splits"])
+def test_kvcache_counts_the_sink_once(num_splits, path):
+    g = torch.Generator().manual_seed(9 + SEED_OFFSET)
+    b, hq, hkv, d, cap = 2, 8, 2, 64, 300
+    lens = torch.tensor([0, 257], dtype=torch.int32, device=DEVICE)   # an empty cache: 0 and lse = sink
+    k_cache, v_cache = (torch.randn(b, hkv, cap, d, generator=g).to(DEVICE, torch.float16) for _ in range(2))
+    q = torch.randn(b, hq, 1, d, generator=g).to(DEVICE, torch.float16)
+    sinks = torch.randn(hq, generator=g).to(DEVICE)
+    out, lse = tileattn.attention_with_kvcache(q, k_cache, v_cache, lens, sinks=sinks, num_splits=num_splits,
+                                               return_lse=True)
+    for i, n in enumerate(lens.tolist()):
+        kk, vv = k_cache[i:i + 1, :, :n], v_cache[i:i + 1, :, :n]
+        ref, ref_lse = standard_attention(q[i:i + 1].double(), kk.double(), vv.double(), causal=True,
+                                          sinks=sinks.double(), return_lse=True)
+        low, low_lse = standard_attention(q[i:i + 1], kk, vv, causal=True, sinks=sinks, return_lse=True)
+        check_accuracy(f"kvcache[{i}] out", out[i:i + 1], ref, low, torch.float16)
+        check_accuracy(f"kvcache[{i}] lse", lse[i:i + 1], ref_lse, low_lse, torch.float16)
+    assert torch.equal(lse[0, :, 0], sinks)
+
+
+BAD = {
+    "not-a-tensor": ([0.0] * 4, TypeError, "sinks must be a torch.Tensor"),
+    "bf16": (torch.zeros(4, dtype=torch.bfloat16), TypeError, "float32"),
+    "int": (torch.zeros(4, dtype=torch.int64), TypeError, "float32"),
+    "wrong-shape": (torch.zeros(2), ValueError, r"shape \(4,\)"),
+    "per-batch": (torch.zeros(1, 4), ValueError, r"shape \(4,\)"),
+    "other-device": (torch.zeros(4, device="meta"), ValueError, "device"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_sinks(case):
+    sinks, exc, msg = BAD[case]
+    q = torch.randn(1, 4, 8, 16, device=DEVICE)
+    with pytest.raises(exc, match=msg):
+        tileattn.attention(q, q[:, :2], q[:, :2], sinks=sinks)
+    with pytest.raises(exc, match=msg):
+        tileattn.attention_varlen(q[0].transpose(0, 1), q[0].transpose(0, 1), q[0].transpose(0, 1),
+                                  torch.tensor([0, 8], dtype=torch.int32, device=DEVICE),
+                                  torch.tensor([0, 8], dtype=torch.int32, device=DEVICE), 8, 8, sinks=sinks)
+
+
+def test_bad_sinks_leave_the_cache_unwritten():
+    k_cache = torch.zeros(1, 2, 32, 16, device=DEVICE)
+    v_cache = torch.zeros_like(k_cache)
+    q = torch.randn(1, 4, 1, 16, device=DEVICE)
+    new = torch.ones(1, 2, 1, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="sinks must have shape"):
+        tileattn.attention_with_kvcache(q, k_cache, v_cache, torch.tensor([3], dtype=torch.int32, device=DEVICE),
+                                        k_new=new, v_new=new, sinks=torch.zeros(2, device=DEVICE))
+    assert not k_cache.any() and not v_cache.any()
