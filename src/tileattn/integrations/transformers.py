@@ -15,13 +15,18 @@ hands it to every attention layer.  The mask builder registered here returns
 ``None`` exactly when the mask is the plain causal pattern with the queries
 at the end of the keys -- prefill, decoding with a KV cache, chunked prefill,
 all without padding: query i (of Nq) sees key j (of Nk) iff
-j <= i + Nk - Nq, which is tileattn's bottom-right causal alignment.  For
-those calls the attention function runs ``tileattn.attention``.  In every
-other case (padding, sliding windows, packed sequences, a static cache whose
-slots are not yet filled, custom mask functions) it materialises the same
-boolean mask as transformers' ``"sdpa"`` implementation, and the attention
-function runs torch's SDPA with that mask: correct, not accelerated.  Dropout
-in training mode also runs torch's SDPA.
+j <= i + Nk - Nq, which is tileattn's bottom-right causal alignment -- or
+that pattern inside a sliding window of width W (keys i - W < j <= i:
+tileattn's ``window=(W - 1, 0)``).  For those calls the attention function
+runs ``tileattn.attention``.  In every other case (padding, packed
+sequences, a static cache whose slots are not yet filled, custom mask
+functions) it materialises the same boolean mask as transformers' ``"sdpa"``
+implementation, and the attention function runs torch's SDPA with that mask:
+correct, not accelerated.  Dropout in training mode also runs torch's SDPA.
+
+Attention sinks (gpt-oss's ``s_aux``, one logit per head) travel as
+``tileattn.attention(sinks=...)``; the masked fallback computes them with an
+explicit sink column (torch's SDPA has none).
 
 This module imports transformers only inside its functions.
 """
@@ -83,10 +88,14 @@ def tileattn_attention_forward(module, query, key, value, attention_mask, dropou
     (B, Nq, Hq, D).  Causality comes from ``is_causal`` when given, else from
     ``module.is_causal``; with a KV cache it is aligned bottom-right.
     """
-    for name in ("softcap", "s_aux", "position_bias"):
+    for name in ("softcap", "position_bias"):
         if kwargs.get(name) is not None:
             raise ValueError(f"attn_implementation='tileattn' does not support {name!r}; load this model with "
                              f"attn_implementation='eager' or 'sdpa'")
+    # gpt-oss: one learnable sink logit per head (s_aux), in the parameters' dtype
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:
+        sinks = sinks.float()
     causal = bool(is_causal) if is_causal is not None else bool(getattr(module, "is_causal", True))
     window = kwargs.get("sliding_window")
     n_k = key.shape[2]
@@ -94,21 +103,46 @@ def tileattn_attention_forward(module, query, key, value, attention_mask, dropou
         window = None  # the window hides nothing here
     reason = None
     if attention_mask is not None:
-        reason = ("calls that need an explicit mask (padding, a static cache, sliding windows, packed "
-                  "sequences) are not accelerated")
+        reason = ("calls that need an explicit mask (padding, a static cache, packed sequences) are not "
+                  "accelerated")
     elif dropout:
         reason = "attention dropout (training mode) is not accelerated"
-    elif window is not None:
-        reason = "sliding windows are not accelerated"
     else:
         reason = _why_not_accelerated(query, key, value, None, 0.0, enable_gqa=True)
     if reason is not None:
         warn_fallback_once("transformers", reason, f"tileattn (transformers): {reason}; these calls run torch's "
                                                    f"scaled_dot_product_attention (warned once)")
-        out = _torch_fallback(query, key, value, attention_mask, float(dropout or 0.0), scaling, causal, window)
+        if sinks is not None:
+            out = _sinks_fallback(query, key, value, attention_mask, float(dropout or 0.0), scaling, causal,
+                                  window, sinks)
+        else:
+            out = _torch_fallback(query, key, value, attention_mask, float(dropout or 0.0), scaling, causal,
+                                  window)
     else:
-        out = api.attention(query, key, value, causal=causal, scale=scaling)
+        # transformers' sliding window W: query i sees keys i - W < j <= i (bottom-right positions)
+        out = api.attention(query, key, value, causal=causal, scale=scaling, sinks=sinks,
+                            window=None if window is None else (int(window) - 1, 0))
     return out.transpose(1, 2), None
+
+
+def _sinks_fallback(query, key, value, attention_mask, dropout, scaling, causal, window, sinks):
+    """Calls with sinks that need an explicit mask: materialised attention with
+    the sink column (torch's SDPA has no sinks), as transformers' eager path."""
+    from ..reference import standard_attention
+    if dropout:
+        raise ValueError("attn_implementation='tileattn': attention dropout together with attention sinks "
+                         "(s_aux) is not supported; set the model's attention_dropout to 0 or use 'eager'")
+    n_q, n_k = query.shape[2], key.shape[2]
+    mask = bias = None
+    if attention_mask is not None:
+        am = attention_mask[..., :n_k]
+        if am.dtype == torch.bool:
+            mask = ~am
+        else:
+            bias = am
+    elif causal:
+        mask = ~_bottom_right_mask(n_q, n_k, query.device, window)
+    return standard_attention(query, key, value, scale=scaling, mask=mask, bias=bias, sinks=sinks)
 
 
 # ---------------------------------------------------------------------------
@@ -118,9 +152,14 @@ def _is_plain_bottom_right_causal(kwargs) -> bool:
     """Whether transformers asks for the plain causal mask with the queries at
     the end of the keys and no padding: tileattn's bottom-right ``causal=True``."""
     from transformers.masking_utils import causal_mask_function
-    if kwargs.get("mask_function", causal_mask_function) is not causal_mask_function:
+    if not kwargs.get("allow_is_causal_skip", True):
         return False
-    if not kwargs.get("allow_is_causal_skip", True) or kwargs.get("local_size") is not None:
+    window = kwargs.get("local_size")
+    mask_function = kwargs.get("mask_function", causal_mask_function)
+    if window is None:
+        if mask_function is not causal_mask_function:
+            return False
+    elif not _is_sliding_causal(mask_function, window):
         return False
     kv_length, kv_offset = kwargs.get("kv_length"), kwargs.get("kv_offset", 0)
     if "q_length" in kwargs:  # transformers >= 5
@@ -146,6 +185,23 @@ def _is_plain_bottom_right_causal(kwargs) -> bool:
         if not bool(padding[:, kv_offset:kv_offset + kv_length].all()):
             return False
     return True
+
+
+def _is_sliding_causal(mask_function, window) -> bool:
+    """Whether ``mask_function`` is the plain sliding-window causal pattern of
+    width ``window`` (key j visible from query i iff i - window < j <= i),
+    which the attention function runs as tileattn's ``window=(window - 1, 0)``
+    with ``causal=True``: probed on a small grid of positions."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        return False
+    i = torch.arange(3 * window + 2)[:, None]
+    j = torch.arange(3 * window + 2)[None, :]
+    try:
+        got = mask_function(torch.tensor(0), torch.tensor(0), i, j)
+    except Exception:   # a mask function written for vmap only: not recognised, materialised
+        return False
+    return isinstance(got, torch.Tensor) and got.shape == (i.shape[0], j.shape[1]) and \
+        torch.equal(got.bool(), (j <= i) & (j > i - window))
 
 
 def tileattn_attention_mask(**kwargs):
