@@ -13,8 +13,9 @@ floor.  Paths:
 Functions: ``attention`` (plain, causal with Nq != Nk, GQA), its variants
 (sliding window, softcap, ALiBi, block-sparse layouts), ``attention_varlen``,
 ``attention_with_kvcache``, ``scaled_dot_product_attention`` (against torch's
-SDPA) and, when transformers is installed, a tiny Llama with
-``attn_implementation="tileattn"``.
+SDPA), attention sinks (gradients of the sinks included) and, when
+transformers is installed, a tiny Llama and a tiny gpt-oss (sinks, sliding
+windows) with ``attn_implementation="tileattn"``.
 
 Exit codes: 0 every check passed, 1 a check failed, 2 bad arguments,
 3 ``--device cuda`` without a GPU.
@@ -91,9 +92,10 @@ def _leaf(t):
     return t.detach().requires_grad_()
 
 
-def _fwd_bwd_pairs(fn, ref_fn, tensors, do, dtype):
+def _fwd_bwd_pairs(fn, ref_fn, tensors, do, dtype, names=("out", "dq", "dk", "dv")):
     """Run fn and ref_fn (the standard reference, in dtype and in float64) on the
-    same inputs; return the (name, got, ref64, lowp) pairs of out, dq, dk, dv."""
+    same inputs; return the (name, got, ref64, lowp) pairs of out and the
+    gradients of ``tensors`` (``names``: out's, then one per tensor)."""
     ins = [_leaf(t) for t in tensors]
     out = fn(*ins)
     got = (out,) + _grads((out * do).sum(), ins)
@@ -103,7 +105,7 @@ def _fwd_bwd_pairs(fn, ref_fn, tensors, do, dtype):
     ref_in = [_leaf(t.double()) for t in tensors]
     ref_out = ref_fn(*ref_in)
     ref = (ref_out,) + _grads((ref_out * do.double()).sum(), ref_in)
-    return list(zip(("out", "dq", "dk", "dv"), got, ref, low))
+    return list(zip(names, got, ref, low))
 
 
 # ---------------------------------------------------------------------------
@@ -126,6 +128,23 @@ def _dense_check(b, hq, hkv, nq, nk, d, causal, **variant):
         pairs = _fwd_bwd_pairs(lambda q, k, v: tileattn.attention(q, k, v, causal=causal, **kw),
                                lambda q, k, v: standard_attention(q, k, v, causal=causal, **kw),
                                (q, k, v), do, dtype)
+        return f"B{b} H{hq}:{hkv} {nq}x{nk} D{d}{' causal' if causal else ''}", pairs
+    return run
+
+
+def _sinks_check(b, hq, hkv, nq, nk, d, causal):
+    """Attention sinks: out and the gradients of q, k, v and the sinks."""
+    def run(dtype, device, gen):
+        import tileattn
+        from .reference import standard_attention
+        q = _randn((b, hq, nq, d), dtype, device, gen)
+        k = _randn((b, hkv, nk, d), dtype, device, gen)
+        v = _randn((b, hkv, nk, d), dtype, device, gen)
+        sinks = _randn((hq,), torch.float32, device, gen, scale=2.0)
+        do = _randn((b, hq, nq, d), dtype, device, gen)
+        pairs = _fwd_bwd_pairs(lambda q, k, v, s: tileattn.attention(q, k, v, causal=causal, sinks=s),
+                               lambda q, k, v, s: standard_attention(q, k, v, causal=causal, sinks=s),
+                               (q, k, v, sinks), do, dtype, names=("out", "dq", "dk", "dv", "dsinks"))
         return f"B{b} H{hq}:{hkv} {nq}x{nk} D{d}{' causal' if causal else ''}", pairs
     return run
 
@@ -192,33 +211,53 @@ def _sdpa_check(b, hq, hkv, nq, nk, d):
     return run
 
 
-def _transformers_check(dtype, device, gen):
-    try:
-        import transformers  # noqa: F401
-        from transformers import AutoModelForCausalLM, LlamaConfig
-    except ImportError:
-        raise _Skip("transformers is not installed (pip install 'tileattn[hf]')") from None
-    import tileattn
-    tileattn.register_transformers()
+def _llama_config():
+    from transformers import LlamaConfig
+    return LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64), {}, "sdpa"
 
-    def config():
-        return LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
 
-    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-    state = AutoModelForCausalLM.from_config(config()).state_dict()
+def _gpt_oss_config():
+    """Sinks (s_aux) and alternating sliding-window / full layers; experts on
+    the eager implementation so that the float64 reference runs."""
+    import transformers
+    if int(transformers.__version__.split(".")[0]) < 5:   # the experts_implementation switch is 5.x's
+        raise ImportError("the gpt-oss check needs transformers >= 5")
+    from transformers import GptOssConfig
+    cfg = GptOssConfig(vocab_size=97, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=2,
+                       num_experts_per_tok=1, sliding_window=5, layer_types=["sliding_attention", "full_attention"],
+                       max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    # gpt-oss's eager attention computes in the inputs' dtype: the float64 reference
+    return cfg, {"experts_implementation": "eager"}, "eager"
 
-    def logits(impl, dt, ids):
-        m = AutoModelForCausalLM.from_config(config(), attn_implementation=impl)  # a config each
-        m.load_state_dict(state)
-        m = m.to(device=device, dtype=dt).eval()
-        with torch.no_grad():
-            return m(ids).logits
 
-    ids = torch.randint(0, 97, (2, 24), generator=gen).to(device)
-    pairs = [("logits", logits("tileattn", dtype, ids), logits("sdpa", torch.float64, ids),
-              logits("eager", dtype, ids))]
-    return f"2x24 tokens, v{transformers.__version__}", pairs
+def _transformers_check(make_config):
+    def run(dtype, device, gen):
+        try:
+            import transformers
+            from transformers import AutoModelForCausalLM
+            make_config()
+        except (ImportError, AttributeError):
+            raise _Skip("transformers (with this model) is not installed (pip install 'tileattn[hf]')") from None
+        import tileattn
+        tileattn.register_transformers()
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+        cfg, extra, ref_impl = make_config()
+        state = AutoModelForCausalLM.from_config(cfg, **extra).state_dict()
+
+        def logits(impl, dt, ids):
+            m = AutoModelForCausalLM.from_config(make_config()[0], attn_implementation=impl, **extra)  # a config each
+            m.load_state_dict(state)
+            m = m.to(device=device, dtype=dt).eval()
+            with torch.no_grad():
+                return m(ids).logits
+
+        ids = torch.randint(0, 97, (2, 24), generator=gen).to(device)
+        pairs = [("logits", logits("tileattn", dtype, ids), logits(ref_impl, torch.float64, ids),
+                  logits("eager", dtype, ids))]
+        return f"2x24 tokens, v{transformers.__version__}", pairs
+    return run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,10 +276,12 @@ CHECKS = (
     Check("attention alibi", _dense_check(1, 4, 2, 40, 40, 32, causal=True, alibi_slopes="make")),
     Check("attention blocks", _dense_check(1, 2, 2, 160, 300, 32, causal=False, block_mask="make"),
           interpreter=False),
+    Check("attention sinks", _sinks_check(1, 4, 2, 70, 30, 32, causal=True)),
     Check("varlen", _varlen_check((17, 1, 40, 0, 23), 4, 2, 32, causal=True)),
     Check("kvcache", _kvcache_check((0, 13, 70), 3, 4, 2, 32, capacity=96)),
     Check("sdpa drop-in", _sdpa_check(1, 4, 2, 50, 20, 32)),
-    Check("transformers llama", _transformers_check, paths=("auto",), interpreter=False),
+    Check("transformers llama", _transformers_check(_llama_config), paths=("auto",), interpreter=False),
+    Check("transformers gpt-oss", _transformers_check(_gpt_oss_config), paths=("auto",), interpreter=False),
 )
 
 
