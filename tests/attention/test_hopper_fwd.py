@@ -45,12 +45,13 @@ def _compile_reports():
     code = (
         "import json, sys; from tileattn.configs import HopperFwdConfig; from tileattn.launch import hopper as launch_hopper\n"
         "cases = json.loads(sys.argv[1])\n"
-        "print(json.dumps([launch_hopper.compile_report(d, HopperFwdConfig(**c), causal) for d, c, causal in cases]))")
-    arg = json.dumps([(d, dataclasses.asdict(c), causal) for d, c, causal in cases])
+        "print(json.dumps([launch_hopper.compile_report(d, HopperFwdConfig(**c), causal, sinks=sinks)\n"
+        "                  for d, c, causal, sinks in cases]))")
+    arg = json.dumps([(d, dataclasses.asdict(c), causal, name.endswith("sinks")) for d, c, causal, name in cases])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {(d, c.name, causal): r for (d, c, causal), r in zip(cases, json.loads(proc.stdout.splitlines()[-1]))}
+    return {(d, name, causal): r for (d, c, causal, name), r in zip(cases, json.loads(proc.stdout.splitlines()[-1]))}
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +60,15 @@ def reports():
     return _compile_reports()
 
 
-COMPILED = [(d, c, True) for d, c in FORCED] + [(d, c, False) for d, c in configs.HOPPER_FWD.items()]
+# (head dim, config, causal, case name): every forced config, and the table's with sinks
+COMPILED = ([(d, c, True, c.name) for d, c in FORCED] + [(d, c, False, c.name) for d, c in configs.HOPPER_FWD.items()]
+            + [(d, c, True, c.name + "-sinks") for d, c in configs.HOPPER_FWD.items()])
 
 
-@pytest.mark.parametrize("head_dim,cfg,causal", COMPILED,
-                         ids=[f"d{d}-{c.name}-{'causal' if causal else 'full'}" for d, c, causal in COMPILED])
-def test_compiles_for_sm90(reports, head_dim, cfg, causal):
-    rep = reports[(head_dim, cfg.name, causal)]
+@pytest.mark.parametrize("head_dim,cfg,causal,name", COMPILED,
+                         ids=[f"d{d}-{n}-{'causal' if causal else 'full'}" for d, c, causal, n in COMPILED])
+def test_compiles_for_sm90(reports, head_dim, cfg, causal, name):
+    rep = reports[(head_dim, name, causal)]
     assert rep["wgmma"] > 0, "no warpgroup MMA in the PTX"
     assert rep["tma"], "no TMA copy in the PTX"
     assert {"24", "240"} <= set(rep["setmaxnreg"]), \
@@ -185,3 +188,22 @@ def test_backward_after_hopper_forward():
     low = torch.autograd.grad(standard_attention(*leaves, causal=True), leaves, do)
     for name, g, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
         check_accuracy(name, g, r, lo, q.dtype)
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", ["causal-rows-see-nothing", "gqa-full"])
+def test_sinks_in_the_kernel(case):
+    """Each row starts from its head's sink: out and lse against the float64
+    reference with an explicit sink column (rows that see no key: 0, lse = sink)."""
+    b, hq, hkv, n_q, n_k, causal = {"causal-rows-see-nothing": (1, 4, 4, 700, 300, True),
+                                    "gqa-full": (2, 8, 2, 777, 1000, False)}[case]
+    q, k, v = _inputs(b, hq, hkv, n_q, n_k, 128, torch.bfloat16, seed=13)
+    sinks = torch.linspace(-4.0, 4.0, hq, device="cuda")
+    runtime.POISON_OUTPUTS = True
+    out, lse = launch_hopper.attn_fwd(q, k, v, causal, 128 ** -0.5, launch_hopper.config_for(128), poison=True,
+                                      sinks=sinks)
+    ref, ref_lse = standard_attention(q.double(), k.double(), v.double(), causal=causal, sinks=sinks.double(),
+                                      return_lse=True)
+    low, low_lse = standard_attention(q, k, v, causal=causal, sinks=sinks, return_lse=True)
+    check_accuracy(f"{case} out", out, ref, low, q.dtype)
+    check_accuracy(f"{case} lse", lse, ref_lse, low_lse.float(), q.dtype)

@@ -21,7 +21,9 @@ Three partitions share one CTA and talk through mbarriers:
 
 The math is the portable kernel's (``fwd.py``): log2-unit scores
 (``qk_scale = scale * log2 e``), the same masked/unmasked split of the key
-tiles, rows that see no key return 0 and lse -inf.  Tensors are addressed
+tiles, rows that see no key return 0 and lse -inf.  With ``HAS_SINKS`` each
+row starts from its head's sink logit (max = sink, sum = 1), so the lse
+includes it and a row that sees no key returns 0 and lse = sink.  Tensors are addressed
 through rank-4 (B, H, N, D) TMA descriptors, so rows past N read as zeros and
 stores past N are clipped by the copy engine; masking handles the key edge
 and the causal diagonal.
@@ -35,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
@@ -155,10 +158,10 @@ def _your_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turns,
-                       o_desc, LSE, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
+                       o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                       PINGPONG: gl.constexpr):
+                       PINGPONG: gl.constexpr, HAS_SINKS: gl.constexpr):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of the program's query tile.
     Both warpgroups run every key tile of the program (the loader's ring is
     shared), each with its own mask boundary ``n_full``."""
@@ -171,8 +174,13 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready
     row0 = start_m + WG * BLOCK_M
     n_full, _ = _key_tiles(row0, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
     offs_m = row0 + gl.arange(0, BLOCK_M, layout=row_layout)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
-    l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
+    if HAS_SINKS:
+        # the head's sink is one more score every row starts with: max = sink, sum = 1
+        m_i = gl.full([BLOCK_M], 0.0, gl.float32, row_layout) + gl.load(SINKS + off_h) * LOG2E
+        l_i = gl.full([BLOCK_M], 1.0, gl.float32, row_layout)
+    else:
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
+        l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
 
     q_tile = q_smem.index(WG)
@@ -238,11 +246,11 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready
 
 
 @gluon.jit
-def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh,
+def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_lb, stride_lh,
                             GROUP_SIZE, N_Q, N_K, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr,
-                            PINGPONG: gl.constexpr):
+                            PINGPONG: gl.constexpr, HAS_SINKS: gl.constexpr):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup."""
     # heaviest causal tiles (last rows) first: better tail balance
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -277,11 +285,11 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stri
     # built by concatenation in the kernel loses its constexpr entries (triton 3.6)
     gl.warp_specialize([
         (_softmax_partition, (0, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turns, o_desc,
-                              LSE, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG)),
+                              LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
+                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, HAS_SINKS)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turns, o_desc,
-                              LSE, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG)),
+                              LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
+                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, HAS_SINKS)),
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
                            v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles, BLOCK_M, BLOCK_N, NUM_STAGES)),
     ], [4, 1], [240, 24])

@@ -35,8 +35,10 @@ def config_for(head_dim: int) -> HopperFwdConfig:
     return configs.HOPPER_FWD[head_dim]
 
 
-def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None = None, poison: bool = False):
-    """Forward on the Hopper kernel. Returns (out like q, lse float32 (B, Hq, Nq))."""
+def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None = None, poison: bool = False,
+             sinks: torch.Tensor | None = None):
+    """Forward on the Hopper kernel. Returns (out like q, lse float32 (B, Hq, Nq));
+    ``sinks`` (float32 (Hq,)) enter every row's denominator and the lse."""
     from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
@@ -51,15 +53,16 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     grid = (triton.cdiv(n_q, 2 * cfg.block_m), hq, b)
     _attn_fwd_hopper_kernel[grid](
         q_desc=_descriptor(q, cfg.block_m), k_desc=_descriptor(k, cfg.block_n), v_desc=_descriptor(v, cfg.block_n),
-        o_desc=_descriptor(o, cfg.block_m), LSE=lse, stride_lb=lse.stride(0), stride_lh=lse.stride(1),
+        o_desc=_descriptor(o, cfg.block_m), LSE=lse, SINKS=lse if sinks is None else sinks.float().contiguous(),
+        stride_lb=lse.stride(0), stride_lh=lse.stride(1),
         GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
-        NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong,
+        NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks is not None,
         num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
     return o, lse
 
 
-def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16"):
+def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False):
     """Compile the kernel for sm_90a without a GPU (Triton bundles ptxas).
     Not under ``TRITON_INTERPRET``: Gluon cannot be compiled once the
     interpreter has wrapped its library, so callers in an interpreted
@@ -71,10 +74,10 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     t = torch.empty(1, 2, 256, head_dim, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
     rows = {"q_desc": cfg.block_m, "k_desc": cfg.block_n, "v_desc": cfg.block_n, "o_desc": cfg.block_m}
     sig = {name: mangle_type(_descriptor(t, r)) for name, r in rows.items()}
-    sig.update(LSE="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32", N_K="i32",
-               qk_scale="fp32")
+    sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
+               N_K="i32", qk_scale="fp32")
     const = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
-                 NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong)
+                 NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks)
     sig.update({name: "constexpr" for name in const})
     src = GluonASTSource(fn=kernel, signature=sig,
                          constexprs={(kernel.arg_names.index(k),): v for k, v in const.items()})
@@ -82,10 +85,11 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
                           options=dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg))
 
 
-def compile_report(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16") -> dict:
+def compile_report(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16",
+                   sinks: bool = False) -> dict:
     """What the sm_90a compile says of one config: shared memory, the
     instructions the design relies on, and local memory (spills)."""
-    compiled = compile_sm90(head_dim, cfg, causal, dtype)
+    compiled = compile_sm90(head_dim, cfg, causal, dtype, sinks)
     ptx = compiled.asm["ptx"]
     return {"shared": int(compiled.metadata.shared), "wgmma": ptx.count("wgmma.mma_async"),
             "tma": "cp.async.bulk.tensor" in ptx, "setmaxnreg": sorted(set(
