@@ -4,6 +4,7 @@ picks the path and ``ops.py`` holds the autograd routes."""
 from __future__ import annotations
 
 from . import dispatch, ops
+from .sinks import with_sinks
 from . import validation as val
 
 __all__ = ["attention", "attention_varlen", "validate"]
@@ -85,12 +86,12 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
     if dispatch.eager_applies(q, k, v):
         # same launchers, without the custom-op dispatch (host time; see ops.py)
         out, lse = ops.eager_attention(q, k, v, causal, scale,
-                                       None if plain else ops.variant_kwargs(left, right, cap, slopes, mask), det)
-    elif plain:
+                                       None if plain else ops.variant_kwargs(left, right, cap, slopes, mask), det,
+                                       sinks)
+    elif plain and sinks is None:
         out, lse = ops.attention_fwd(q, k, v, causal, scale, deterministic=det)
     else:
-        out, lse = ops.attention_fwd(q, k, v, causal, scale, left, right, cap, slopes, mask, det)
-    out, lse = ops.with_sinks(out, lse, sinks)
+        out, lse = ops.attention_fwd(q, k, v, causal, scale, left, right, cap, slopes, mask, det, sinks)
     if return_lse:
         return out, lse.float()
     return out
@@ -154,7 +155,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         det = True
     out, lse = ops.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_q), int(max_k), causal, scale,
                                         left, right, cap, slopes, det)
-    out, lse = ops.with_sinks(out, lse, sinks, head_dim=0)
+    out, lse = with_sinks(out, lse, sinks, head_dim=0)
     if return_lse:
         return out, lse.float()
     return out

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from . import dispatch, ops, reference_decode
+from . import dispatch, reference_decode
+from .sinks import with_sinks
 from . import validation as val
 
 __all__ = ["attention_with_kvcache"]
@@ -155,7 +156,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
             out, lse = reference_decode.kvcache_attention(
                 q, k_cache, v_cache, n_k, block_table, scale=plan.scale, window=plan.window,
                 softcap=plan.softcap, alibi_slopes=slopes, num_splits=max(1, num_splits))
-        out, lse = ops.with_sinks(out, lse, sinks)
+        out, lse = with_sinks(out, lse, sinks)
     if return_lse:
         return out, lse.float()
     return out

@@ -12,10 +12,14 @@ implementation otherwise) for the rest.
 The variants travel as trailing arguments with neutral defaults
 (``window_left = window_right = -1``: unbounded; ``softcap = 0``: none;
 ``alibi_slopes``, ``block_mask``: None), so a plain call keeps the schema's
-first five arguments.  Last comes ``deterministic`` (default True): False
+first five arguments.  Then comes ``deterministic`` (default True): False
 lets the kernels' backward add dQ with float32 atomics (see
 ``launch.attn_bwd``).  The forward ops take it only to hand it to their
 backward; the pure-PyTorch path ignores it (it is deterministic anyway).
+Last, on the dense ops, ``sinks`` (Hq,) or None: the kernels start every
+row from its head's sink, and ``attention_bwd`` returns the sinks' gradient
+as a fourth output (empty without sinks), from the backward's
+delta = rowsum(dO o O) - dlse and the saved lse (:func:`sink_grad`).
 
 The eager fast path.  A ``torch.library`` custom op is what
 ``torch.compile``, fake tensors and ``opcheck`` need, but in plain eager
@@ -38,6 +42,7 @@ import torch
 from torch import Tensor
 
 from . import cpu
+from .sinks import sink_grad, with_sinks
 from .dispatch import uses_triton
 from .validation import check_cu_seqlens_values
 
@@ -72,54 +77,25 @@ def variant_kwargs(window_left: int, window_right: int, softcap: float, alibi_sl
 
 
 # ---------------------------------------------------------------------------
-# Attention sinks
-# ---------------------------------------------------------------------------
-def with_sinks(out: Tensor, lse: Tensor, sinks: Optional[Tensor], head_dim: int = 1) -> tuple[Tensor, Tensor]:
-    """(out, lse) of attention with one extra logit per head in every row's
-    softmax denominator, from (out, lse) of the same call without it:
-
-        lse' = log(exp(lse) + exp(sink)),   out' = out * exp(lse - lse').
-
-    The sink carries no value, so it only rescales each row; a row that saw no
-    key (out 0, lse -inf) gets out 0 and lse' = sink.  Plain torch operations,
-    so autograd differentiates them: the kernels' backward then receives the
-    gradients of the sink-free (out, lse), and ``sinks`` its own,
-    d sink_h = -sum_i exp(sink_h - lse'_i) * (rowsum(dO'_i * out'_i) - dlse'_i).
-    ``head_dim``: the axis of ``lse`` that indexes heads (1 for (B, Hq, Nq),
-    0 for packed (Hq, total)); ``out`` has the same leading axes as ``lse``
-    (packed: transposed, (total, Hq, Dv))."""
-    if sinks is None:
-        return out, lse
-    shape = [1] * lse.dim()
-    shape[head_dim] = -1
-    sink = sinks.to(lse.dtype).reshape(shape)
-    lse_s = torch.logaddexp(lse, sink)
-    ratio = torch.exp(lse - lse_s)
-    if out.dim() == lse.dim() + 1 and out.shape[:-1] == lse.shape:
-        scaled = out.to(ratio.dtype) * ratio[..., None]
-    else:   # packed: out (total, Hq, Dv) against lse (Hq, total)
-        scaled = out.to(ratio.dtype) * ratio.transpose(0, 1)[..., None]
-    return scaled.to(out.dtype), lse_s
-
-
-# ---------------------------------------------------------------------------
 # Dense batches: q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D)
 # ---------------------------------------------------------------------------
 @torch.library.custom_op("tileattn::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, window_left: int = -1,
                   window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
-                  block_mask: Optional[Tensor] = None, deterministic: bool = True) -> tuple[Tensor, Tensor]:
+                  block_mask: Optional[Tensor] = None, deterministic: bool = True,
+                  sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     kw = variant_kwargs(window_left, window_right, softcap, alibi_slopes, block_mask)
     if uses_triton(q):
         from . import launch
-        return launch.attn_fwd(q, k, v, causal, scale, **kw)
+        return launch.attn_fwd(q, k, v, causal, scale, sinks=sinks, **kw)
     out, lse = cpu.attention_fwd(q, k, v, causal, scale, block_n=_TORCH_BLOCK_N, **kw)
-    return _in_layout(q, out), lse.to(_lse_dtype(q)).contiguous()
+    out, lse = with_sinks(out, lse.to(_lse_dtype(q)), sinks)
+    return _in_layout(q, out), lse.contiguous()
 
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
-                        block_mask=None, deterministic=True):
+                        block_mask=None, deterministic=True, sinks=None):
     b, h, n, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, h, n), dtype=_lse_dtype(q))
 
@@ -128,19 +104,28 @@ def _attention_fwd_fake(q, k, v, causal, scale, window_left=-1, window_right=-1,
 def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                   dlse: Optional[Tensor], causal: bool, scale: float, window_left: int = -1,
                   window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
-                  block_mask: Optional[Tensor] = None, deterministic: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+                  block_mask: Optional[Tensor] = None, deterministic: bool = True,
+                  sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dsinks); dsinks is empty without sinks."""
     kw = variant_kwargs(window_left, window_right, softcap, alibi_slopes, block_mask)
     if uses_triton(q):
         from . import launch
-        return launch.attn_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, deterministic=deterministic, **kw)
+        grads = launch.attn_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, deterministic=deterministic,
+                                sinks=sinks, **kw)
+        return grads if sinks is not None else grads + (q.new_empty(0, dtype=torch.float32),)
     dq, dk, dv = cpu.attention_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, block_n=_TORCH_BLOCK_N, **kw)
-    return _in_layout(q, dq), _in_layout(k, dk), _in_layout(v, dv)
+    dsinks = q.new_empty(0, dtype=torch.float32)
+    if sinks is not None:
+        delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1)
+        dsinks = sink_grad(sinks, lse, delta if dlse is None else delta - dlse.to(lse.dtype))
+    return _in_layout(q, dq), _in_layout(k, dk), _in_layout(v, dv), dsinks
 
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(dout, q, k, v, out, lse, dlse, causal, scale, window_left=-1, window_right=-1,
-                        softcap=0.0, alibi_slopes=None, block_mask=None, deterministic=True):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+                        softcap=0.0, alibi_slopes=None, block_mask=None, deterministic=True, sinks=None):
+    dsinks = q.new_empty(0, dtype=torch.float32) if sinks is None else torch.empty_like(sinks)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
 
 def _setup_context(ctx, inputs, output):
@@ -149,7 +134,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal = causal
     ctx.scale = scale
-    # window_left, window_right, softcap, alibi_slopes, block_mask, deterministic (if given)
+    # window_left, window_right, softcap, alibi_slopes, block_mask, deterministic, sinks (if given)
     ctx.variants = tuple(variants)
 
 
@@ -157,8 +142,11 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, *ctx.variants)
-    return (dq, dk, dv, None, None) + (None,) * len(ctx.variants)
+    dq, dk, dv, dsinks = attention_bwd(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, *ctx.variants)
+    grads = [dq, dk, dv, None, None] + [None] * len(ctx.variants)
+    if len(ctx.variants) == 7 and ctx.variants[6] is not None:   # the sinks' slot
+        grads[-1] = dsinks
+    return tuple(grads)
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -261,12 +249,13 @@ class _KernelAttention(torch.autograd.Function):
     # setup_context, Function.apply binds the arguments through
     # inspect.signature on every call (tens of microseconds of host time).
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float, variants: dict, deterministic: bool):
+    def forward(ctx, q, k, v, causal: bool, scale: float, variants: dict, deterministic: bool, sinks=None):
         from . import launch
-        out, lse = launch.attn_fwd(q, k, v, causal, scale, **variants)
+        out, lse = launch.attn_fwd(q, k, v, causal, scale, sinks=sinks, **variants)
         ctx.save_for_backward(q, k, v, out, lse)
-        # the variants' tensors (ALiBi slopes, block layout) get no gradient
+        # the variants' tensors (ALiBi slopes, block layout) get no gradient; the sinks do
         ctx.causal, ctx.scale, ctx.variants, ctx.deterministic = causal, scale, variants, deterministic
+        ctx.sinks = sinks
         # an unused lse gets no gradient (None), not a tensor of zeros
         ctx.set_materialize_grads(False)
         return out, lse
@@ -277,17 +266,20 @@ class _KernelAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = launch.attn_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.scale, dlse=dlse,
-                                     deterministic=ctx.deterministic, **ctx.variants)
-        return dq, dk, dv, None, None, None, None
+        grads = launch.attn_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.scale, dlse=dlse,
+                                deterministic=ctx.deterministic, sinks=ctx.sinks, **ctx.variants)
+        dsinks = grads[3] if ctx.sinks is not None else None
+        return grads[0], grads[1], grads[2], None, None, None, None, dsinks
 
 
 _NO_VARIANTS: dict = {}
 
 
-def eager_attention(q, k, v, causal: bool, scale: float, variants: dict | None = None, deterministic: bool = True):
+def eager_attention(q, k, v, causal: bool, scale: float, variants: dict | None = None, deterministic: bool = True,
+                    sinks: Optional[Tensor] = None):
     """(out, lse) of the dense kernels without the custom-op dispatch.
     ``variants``: the launchers' keyword arguments (``window``, ``softcap``,
     ``alibi_slopes``, ``block_mask``), as :func:`variant_kwargs` builds them;
-    ``deterministic`` picks the backward (see ``launch.attn_bwd``)."""
-    return _KernelAttention.apply(q, k, v, causal, scale, variants or _NO_VARIANTS, deterministic)
+    ``deterministic`` picks the backward (see ``launch.attn_bwd``); ``sinks``
+    (Hq,) get their gradient."""
+    return _KernelAttention.apply(q, k, v, causal, scale, variants or _NO_VARIANTS, deterministic, sinks)

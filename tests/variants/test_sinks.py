@@ -171,3 +171,30 @@ def test_bad_sinks_leave_the_cache_unwritten():
         tileattn.attention_with_kvcache(q, k_cache, v_cache, torch.tensor([3], dtype=torch.int32, device=DEVICE),
                                         k_new=new, v_new=new, sinks=torch.zeros(2, device=DEVICE))
     assert not k_cache.any() and not v_cache.any()
+
+
+def test_custom_ops_with_sinks_pass_opcheck(kernels):
+    """The dense ops carry the sinks (forward: into the kernels; backward: their
+    gradient as the fourth output)."""
+    torch.manual_seed(12 + SEED_OFFSET)
+    q, k, v = (torch.randn(1, 2, 40, 16, device=DEVICE) for _ in range(3))
+    sinks = torch.randn(2, device=DEVICE)
+    torch.library.opcheck(torch.ops.tileattn.attention_fwd.default,
+                          (q, k, v, True, 0.25, -1, -1, 0.0, None, None, True, sinks))
+    out, lse = torch.ops.tileattn.attention_fwd(q, k, v, True, 0.25, -1, -1, 0.0, None, None, True, sinks)
+    torch.library.opcheck(torch.ops.tileattn.attention_bwd.default,
+                          (torch.randn_like(out), q, k, v, out, lse, None, True, 0.25, -1, -1, 0.0, None, None,
+                           True, sinks))
+
+
+def test_compiled_graph_differentiates_the_sinks(path):
+    torch.manual_seed(13 + SEED_OFFSET)
+    q, k, v = (torch.randn(1, 4, 24, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    sinks = torch.randn(4, device=DEVICE, requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v, s: tileattn.attention(q, k, v, causal=True, sinks=s).sum(),
+                             fullgraph=True)
+    got = torch.autograd.grad(compiled(q, k, v, sinks), (q, k, v, sinks))
+    want = torch.autograd.grad(tileattn.attention(q, k, v, causal=True, sinks=sinks).sum(), (q, k, v, sinks))
+    for name, a, b in zip(("dq", "dk", "dv", "dsinks"), got, want):
+        torch.testing.assert_close(a, b, msg=name)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from .. import api, ops
 from .. import validation as val
+from ..sinks import with_sinks
 from ..cost.io import attention_flops
 from .comm import RingCommunicationError, _resolve_group, _Ring
 from .layout import LAYOUTS, check_layout, chunks_per_rank
@@ -340,5 +341,5 @@ def ring_attention(q, k, v, *, group=None, causal=False, scale=None, layout="zig
     if check_shards:
         _agree(ring, _meta_row(True, q, k, causal, scale, layout), q.device)
     out, lse = _RingAttention.apply(q, k, v, causal, scale, layout, ring, profile)
-    out, lse = ops.with_sinks(out, lse, sinks)
+    out, lse = with_sinks(out, lse, sinks)
     return (out, lse) if return_lse else out

@@ -17,6 +17,7 @@ from ..configs import HopperBwdConfig, HopperFwdConfig, KernelConfig
 from ..kernels.bwd import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_convert_kernel, _attn_bwd_dq_kernel,
                            _attn_bwd_preprocess_kernel)
 from ..kernels.fwd import _attn_fwd_kernel
+from ..sinks import sink_grad, with_sinks
 from ..validation import fold_causal
 from .runtime import (LOG2E, _abandon_record, _aligned, _begin_record, _descriptor, _dot_precision, _empty,
                       _empty_like, _end_record, _plan_key, _replay, _smem_limit, _strides4, _tensor, use_tma)
@@ -191,17 +192,22 @@ class _Variants:
         return args
 
 
-def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = None, **variants):
+def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = None, sinks=None, **variants):
     """Forward launch. Returns (out like q, lse float32 (B, Hq, Nq)).
 
     ``variants``: ``window=(left, right)``, ``softcap=c``, ``alibi_slopes``,
     ``block_mask`` (see ``tileattn.attention``) and, for packed sequences
     given as (1, H, total, D) views, ``cu_seqlens_q``, ``cu_seqlens_k``,
-    ``max_seqlen_q``, ``max_seqlen_k`` (lse is then (1, Hq, total_q))."""
+    ``max_seqlen_q``, ``max_seqlen_k`` (lse is then (1, Hq, total_q)).
+    ``sinks``: float32 (Hq,) attention sinks; the lse includes them."""
     if (not variants and (config is None or isinstance(config, HopperFwdConfig))
             and dispatch.hopper_fwd_eligible(q, k, v)
             and (config is not None or dispatch.hopper_fwd_preferred(q.shape[-1], causal, k.shape[2]))):
-        return hopper.attn_fwd(q, k, v, causal, scale, config, poison=runtime.POISON_OUTPUTS)
+        return hopper.attn_fwd(q, k, v, causal, scale, config, poison=runtime.POISON_OUTPUTS, sinks=sinks)
+    if sinks is not None:
+        # the portable kernel starts its rows without the sink: fold it in after
+        o, lse = attn_fwd(q, k, v, causal, scale, config, **variants)
+        return _fold_sinks(o, lse, sinks)
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     plan_key = None
@@ -252,9 +258,18 @@ def _attn_fwd_launch(q, k, v, o, lse, var, scale, config):
             DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma, **var.kernel_args("fwd"))
 
 
+def _fold_sinks(o, lse, sinks):
+    """:func:`tileattn.sinks.with_sinks` in place on the launcher's fresh outputs."""
+    o_s, lse_s = with_sinks(o, lse, sinks)
+    return o.copy_(o_s), lse_s
+
+
 def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
-             config: KernelConfig | dict | None = None, deterministic: bool = True, **variants):
-    """Backward launch. Returns (dq like q, dk like k, dv like v).
+             config: KernelConfig | dict | None = None, deterministic: bool = True, sinks=None, **variants):
+    """Backward launch. Returns (dq like q, dk like k, dv like v), and the
+    sinks' gradient (float32 (Hq,)) after them when ``sinks`` is given (``o``
+    and ``lse`` are then the forward's with the sinks in: the kernels'
+    products do not change, only the lse they recompute P from).
 
     ``deterministic=True``: the dK/dV kernel, then the dQ kernel (bitwise
     reproducible).  ``False``: the dK/dV kernel also adds its share of dQ
@@ -268,7 +283,7 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     deterministic = bool(deterministic)
     if (not deterministic and not variants and (config is None or isinstance(config, HopperBwdConfig))
             and dispatch.hopper_bwd_eligible(q, k, v, do)):
-        return _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config)
+        return _with_sink_grad(_hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config), sinks, lse)
     plan_key = None
     if not variants and config is None and q.is_cuda:
         plan_key = _plan_key("bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), deterministic)
@@ -282,12 +297,18 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
                 tensors["dq_acc"] = _dq_accumulator(q)
             if _aligned(dq, dk, dv, delta, lse2):
                 _replay(plan, tensors)
-                return dq, dk, dv
+                return _with_sink_grad((dq, dk, dv, delta), sinks, lse)
             plan_key = None
     var = _Variants(q, k, causal, scale, **variants)
     dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
     if b == 0 or n_k == 0 or n_q == 0 or var.batch == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
+        zeros = (dq.zero_(), dk.zero_(), dv.zero_())
+        if sinks is None:
+            return zeros
+        if n_q == 0 or b == 0:
+            return zeros + (torch.zeros_like(sinks),)
+        # no key: every row's softmax is the sink alone, out 0 and delta = -dlse
+        return _with_sink_grad(zeros + (torch.zeros_like(lse) if dlse is None else -dlse.float(),), sinks, lse)
     delta = _empty((b, hq, n_q), q.device)
     lse2 = _empty((b, hq, n_q), q.device)
     dq_acc = None if deterministic else _dq_accumulator(q)
@@ -306,7 +327,16 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
         if dq_acc is not None:
             tensors["dq_acc"] = dq_acc
         _end_record(plan_key, tensors)
-    return dq, dk, dv
+    return _with_sink_grad((dq, dk, dv, delta), sinks, lse)
+
+
+def _with_sink_grad(grads, sinks, lse):
+    """(dq, dk, dv) from (dq, dk, dv, delta), with the sinks' gradient after
+    them when there are sinks."""
+    dq, dk, dv, delta = grads
+    if sinks is None:
+        return dq, dk, dv
+    return dq, dk, dv, sink_grad(sinks, lse, delta)
 
 
 def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config):
@@ -319,7 +349,7 @@ def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config):
     _bwd_preprocess(do, o, lse, dlse, delta, lse2)
     hopper.attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, config)
     _dq_convert(dq_acc, dq, scale)
-    return dq, dk, dv
+    return dq, dk, dv, delta
 
 
 def _bwd_preprocess(do, o, lse, dlse, delta, lse2):

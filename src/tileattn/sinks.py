@@ -1,0 +1,58 @@
+"""Attention sinks: one extra logit per head in every row's softmax
+denominator (gpt-oss), as plain tensor math on a finished (out, lse).
+
+The sink carries no value, so it only rescales each row of a result computed
+without it, and its gradient needs only the backward's per-row
+delta = rowsum(dO o O) - dlse and the lse:
+
+* :func:`with_sinks` folds the sinks into (out, lse) -- the path of every
+  call whose kernel does not start its rows from the sink itself
+  (decoding, packed sequences, ring attention, the CPU path); autograd
+  differentiates it where gradients are wanted;
+* :func:`sink_grad` is the sinks' gradient where the kernels did (the dense
+  ops' backward).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["with_sinks", "sink_grad"]
+
+
+def with_sinks(out: Tensor, lse: Tensor, sinks: Optional[Tensor], head_dim: int = 1) -> tuple[Tensor, Tensor]:
+    """(out, lse) of attention with one extra logit per head in every row's
+    softmax denominator, from (out, lse) of the same call without it:
+
+        lse' = log(exp(lse) + exp(sink)),   out' = out * exp(lse - lse').
+
+    The sink carries no value, so it only rescales each row; a row that saw no
+    key (out 0, lse -inf) gets out 0 and lse' = sink.  Plain torch operations,
+    so autograd differentiates them: the kernels' backward then receives the
+    gradients of the sink-free (out, lse), and ``sinks`` its own,
+    d sink_h = -sum_i exp(sink_h - lse'_i) * (rowsum(dO'_i * out'_i) - dlse'_i).
+    ``head_dim``: the axis of ``lse`` that indexes heads (1 for (B, Hq, Nq),
+    0 for packed (Hq, total)); ``out`` has the same leading axes as ``lse``
+    (packed: transposed, (total, Hq, Dv))."""
+    if sinks is None:
+        return out, lse
+    shape = [1] * lse.dim()
+    shape[head_dim] = -1
+    sink = sinks.to(lse.dtype).reshape(shape)
+    lse_s = torch.logaddexp(lse, sink)
+    ratio = torch.exp(lse - lse_s)
+    if out.dim() == lse.dim() + 1 and out.shape[:-1] == lse.shape:
+        scaled = out.to(ratio.dtype) * ratio[..., None]
+    else:   # packed: out (total, Hq, Dv) against lse (Hq, total)
+        scaled = out.to(ratio.dtype) * ratio.transpose(0, 1)[..., None]
+    return scaled.to(out.dtype), lse_s
+
+
+def sink_grad(sinks: Tensor, lse: Tensor, delta: Tensor) -> Tensor:
+    """d sink_h = -sum over (b, i) of exp(sink_h - lse_bhi) * delta_bhi: the
+    sink's probability in each row times the row's rowsum(dO o O) - dlse
+    (``delta``); ``lse`` (B, Hq, N) includes the sinks.  In ``sinks``'s dtype."""
+    p_sink = torch.exp(sinks.to(lse.dtype)[None, :, None] - lse)
+    return (-(p_sink * delta.to(lse.dtype)).sum(dim=(0, 2))).to(sinks.dtype)
