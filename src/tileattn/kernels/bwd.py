@@ -36,7 +36,7 @@ import triton.language as tl
 
 from .common import (LOG2E, STAGE_MASKED, add_rows, alibi_slope_log2, head_base, key_stages, load_rows, load_tile,
                      pair_visible, query_block_program, query_stages, scores, sequence_span, sparse_stages,
-                     stage_tile_start, store_rows, tile_source)
+                     stage_tile_start, stage_walk, store_rows, tile_source)
 
 
 @triton.jit
@@ -90,8 +90,9 @@ def _dkdv_stage(dk, dv, k, v, q_head, do_head, dq_head, lse2_ptrs, delta_ptrs, o
     qk_scale, win_left, win_right, softcap_scale, softcap_log2, alibi_log2 = var
     # packed: only the masked stages reach past the sequence's last row
     CHECK_ROWS: tl.constexpr = MASKED or not IS_VARLEN
-    for it in range(stage[0], stage[1], 1 if BLOCK_SPARSE else BLOCK_M):
-        start_m = stage_tile_start(it, stage, BLOCK_M, MASK_BLOCK_Q, BLOCK_SPARSE)
+    lo, hi, blocks = stage_walk(stage, MASK_BLOCK_Q // BLOCK_M, BLOCK_SPARSE)
+    for it in range(lo, hi, 1 if BLOCK_SPARSE else BLOCK_M):
+        start_m = stage_tile_start(it, blocks, BLOCK_M, MASK_BLOCK_Q, BLOCK_SPARSE)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_ok = offs_m < N_Q
         q = load_rows(q_head, q_row0 + start_m, q_end, BLOCK_M, HEAD_DIM, BLOCK_D, CHECK_ROWS, USE_TMA,
@@ -164,9 +165,8 @@ def _attn_bwd_dkdv_kernel(
     # packed sequences: batch t_b of the (1, H, total, D) views, rows from
     # q_row0 / k_row0; dense: batch off_b, rows from 0
     t_b, q_row0, n_q, k_row0, n_k = sequence_span(CU_SEQLENS_Q, CU_SEQLENS_K, off_b, N_Q, N_K, IS_VARLEN)
-    if IS_VARLEN:
-        if start_n >= n_k:
-            return
+    if IS_VARLEN and start_n >= n_k:
+        return
     span = (n_q, n_k, q_row0, q_row0 + n_q)
     k_head = (tile_source(K, t_b, off_hk, stride_kb, stride_kh, USE_TMA), t_b, off_hk, stride_kn, stride_kd)
     v_head = (tile_source(V, t_b, off_hk, stride_vb, stride_vh, USE_TMA), t_b, off_hk, stride_vn, stride_vd)
@@ -235,8 +235,9 @@ def _dq_stage(dq, q, do, lse2, delta, k_head, v_head, offs_m, offs_n, stage, spa
     (``fwd._fwd_stage``): dQ += dS K over the stage's key tiles."""
     N_Q, N_K, k_row0, k_end = span
     qk_scale, win_left, win_right, softcap_scale, softcap_log2, alibi_log2 = var
-    for it in range(stage[0], stage[1], 1 if BLOCK_SPARSE else BLOCK_N):
-        start_n = stage_tile_start(it, stage, BLOCK_N, MASK_BLOCK_K, BLOCK_SPARSE)
+    lo, hi, blocks = stage_walk(stage, MASK_BLOCK_K // BLOCK_N, BLOCK_SPARSE)
+    for it in range(lo, hi, 1 if BLOCK_SPARSE else BLOCK_N):
+        start_n = stage_tile_start(it, blocks, BLOCK_N, MASK_BLOCK_K, BLOCK_SPARSE)
         k = load_rows(k_head, k_row0 + start_n, k_end, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA,
                       PACKED=IS_VARLEN)
         v = load_rows(v_head, k_row0 + start_n, k_end, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA,
@@ -288,13 +289,11 @@ def _attn_bwd_dq_kernel(
     HAS_ALIBI: tl.constexpr = False, BLOCK_SPARSE: tl.constexpr = False,
     MASK_BLOCK_Q: tl.constexpr = 128, MASK_BLOCK_K: tl.constexpr = 128,
 ):
-    # packed sequences: batch t_b of the (1, H, total, D) views, rows from
-    # q_row0 / k_row0; dense: batch off_b, rows from 0
+    # (as the forward's prologue)
     start_m, offs_m, offs_n, off_h, off_hk, off_b, t_b, q_row0, n_q, k_row0, n_k = query_block_program(
         CU_SEQLENS_Q, CU_SEQLENS_K, N_Q, N_K, GROUP_SIZE, BLOCK_M, BLOCK_N, IS_VARLEN)
-    if IS_VARLEN:
-        if start_m >= n_q:
-            return
+    if IS_VARLEN and start_m >= n_q:
+        return
     span = (n_q, n_k, k_row0, k_row0 + n_k)
     m_ok = offs_m < n_q
     q_head = (tile_source(Q, t_b, off_h, stride_qb, stride_qh, USE_TMA), t_b, off_h, stride_qn, stride_qd)

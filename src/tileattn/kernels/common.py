@@ -294,17 +294,19 @@ STAGE_MASKED = tl.constexpr((True, False, True))
 @triton.jit
 def key_stages(start_m, n_q, n_k, win_left, win_right, layout, off_b, off_h, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-               BLOCK_SPARSE: tl.constexpr, MASK_BLOCK_Q: tl.constexpr, MASK_BLOCK_K: tl.constexpr):
+               BLOCK_SPARSE: tl.constexpr, MASK_BLOCK_Q: tl.constexpr, MASK_BLOCK_K: tl.constexpr,
+               COUNTS_FIRST: tl.constexpr = False):
     """The key-tile stages of the query block at ``start_m``, the one key
     walk of the forward and dQ kernels: the window's left edge (no head
     without a window), the tiles every row sees whole, the diagonal /
     window's right edge / N_K edge; with BLOCK_SPARSE the block lists of the
     query block's row of the layout (``layout``: the kernels' block-sparse
-    arguments, counts, lists and strides, in their order)."""
+    arguments, counts, lists and strides, in their order; ``COUNTS_FIRST``:
+    see :func:`sparse_stages`)."""
     if BLOCK_SPARSE:
         FULL_NUM, FULL_IDX, PART_NUM, PART_IDX, s_nb, s_nh, s_ib, s_ih, s_ir = layout
         stages = sparse_stages(FULL_NUM, FULL_IDX, PART_NUM, PART_IDX, (s_nb, s_nh, s_ib, s_ih, s_ir), off_b, off_h,
-                               start_m // MASK_BLOCK_Q, MASK_BLOCK_K // BLOCK_N)
+                               start_m // MASK_BLOCK_Q, MASK_BLOCK_K // BLOCK_N, COUNTS_FIRST)
     else:
         if HAS_WINDOW:
             lo, full_lo, full_end, hi = window_key_bounds(start_m, n_q, n_k, win_left, win_right, BLOCK_M, BLOCK_N)
@@ -337,28 +339,57 @@ def query_stages(start_n, n_q, n_k, win_left, win_right, BLOCK_M: tl.constexpr, 
 
 @triton.jit
 def sparse_stages(FULL_NUM, FULL_IDX, PART_NUM, PART_IDX, strides, off_b, off_h, line,
-                  TILES_PER_BLOCK: tl.constexpr):
+                  TILES_PER_BLOCK: tl.constexpr, COUNTS_FIRST: tl.constexpr = False):
     """The stages of a block-sparse walk along ``line`` (a row of the layout
     for the forward and dQ, a column for dK/dV): no head, the full blocks
-    (unmasked), the partial ones (masked), as (0, tile count, block list);
-    each listed block holds TILES_PER_BLOCK tiles.  ``strides``: those of
-    the count arrays (b, h) and of the lists (b, h, line)."""
+    (unmasked), the partial ones (masked), as (0, tile count, list, offset
+    into the lists); each listed block holds TILES_PER_BLOCK tiles.  With
+    ``COUNTS_FIRST`` (the forward) both tile counts are read here, before
+    the walk; otherwise a stage holds (count array, offset) and
+    :func:`stage_walk` reads its count where the stage starts.
+    ``strides``: those of the count arrays (b, h) and of the lists (b, h,
+    line)."""
     stride_nb, stride_nh, stride_ib, stride_ih, stride_ir = strides
     nb = off_b * stride_nb + off_h * stride_nh + line
     ib = off_b.to(tl.int64) * stride_ib + off_h * stride_ih + line * stride_ir
-    n_full = tl.load(FULL_NUM + nb) * TILES_PER_BLOCK
-    n_part = tl.load(PART_NUM + nb) * TILES_PER_BLOCK
-    return (0, 0, FULL_IDX + ib), (0, n_full, FULL_IDX + ib), (0, n_part, PART_IDX + ib)
+    if COUNTS_FIRST:
+        n_full = tl.load(FULL_NUM + nb) * TILES_PER_BLOCK
+        n_part = tl.load(PART_NUM + nb) * TILES_PER_BLOCK
+    else:
+        n_full = (FULL_NUM, nb)
+        n_part = (PART_NUM, nb)
+    return (0, 0, FULL_IDX, ib), (0, n_full, FULL_IDX, ib), (0, n_part, PART_IDX, ib)
 
 
 @triton.jit
-def stage_tile_start(it, stage, BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr, BLOCK_SPARSE: tl.constexpr):
+def stage_walk(stage, TILES_PER_BLOCK: tl.constexpr, BLOCK_SPARSE: tl.constexpr,
+               COUNTS_FIRST: tl.constexpr = False):
+    """(lo, hi, block list) of a stage: its range (the list a placeholder,
+    unused), or with BLOCK_SPARSE the entries [0, tile count) of its block
+    list (count and list as :func:`sparse_stages` left them: read and formed
+    here, where the stage starts, unless ``COUNTS_FIRST`` read the count
+    already)."""
+    if BLOCK_SPARSE:
+        if COUNTS_FIRST:
+            hi = stage[1]
+        else:
+            counts, nb = stage[1]
+            hi = tl.load(counts + nb) * TILES_PER_BLOCK
+        blocks = stage[2] + stage[3]
+    else:
+        hi = stage[1]
+        blocks = stage[0]
+    return stage[0], hi, blocks
+
+
+@triton.jit
+def stage_tile_start(it, blocks, BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr, BLOCK_SPARSE: tl.constexpr):
     """First row of the tile of step ``it`` of a stage: ``it`` itself on a
     range (the loop steps by BLOCK), else the ``it``-th sub-tile of the
-    stage's block list (the loop steps by 1)."""
+    stage's block list ``blocks`` (the loop steps by 1)."""
     if BLOCK_SPARSE:
         sub = it % (MASK_BLOCK // BLOCK)
-        start = tl.load(stage[2] + it // (MASK_BLOCK // BLOCK)) * MASK_BLOCK + sub * BLOCK
+        start = tl.load(blocks + it // (MASK_BLOCK // BLOCK)) * MASK_BLOCK + sub * BLOCK
     else:
         start = it
     return start

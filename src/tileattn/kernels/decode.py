@@ -145,9 +145,7 @@ def _decode_stage(acc, l_i, m_i, q, q_pos, slopes, k_src, v_src, cache, stage, n
                   SHIFT_LAST: tl.constexpr):
     """The online softmax over the tiles [lo, hi) of ``stage``, MASKED or
     not.  ``k_src``/``v_src``, ``cache``: see :func:`_kv_tile`; ``var``: the
-    scale and the variants' runtime parameters.  A masked stage that is
-    empty is skipped by a branch: each pipelined loop sets up its own
-    barriers and prologue even when it runs no tile.  With SHIFT_LAST
+    scale and the variants' runtime parameters.  With SHIFT_LAST
     (descriptor loads of a contiguous cache) the last tile is moved back to
     end at hi, so that every tile holds only cache rows below n_k (rows below
     0 come as zeros from the copy engine) and needs no zeroing; the scores of
@@ -156,31 +154,30 @@ def _decode_stage(acc, l_i, m_i, q, q_pos, slopes, k_src, v_src, cache, stage, n
     lo, hi = stage
     qk_scale, softcap_scale, softcap_log2, win_left, win_right = var
     ZERO_ROWS: tl.constexpr = MASKED and not SHIFT_LAST
-    if not MASKED or hi > lo:
-        for lo_n in range(lo, hi, BLOCK_N):
+    for lo_n in range(lo, hi, BLOCK_N):
+        if SHIFT_LAST:
+            start_n = tl.minimum(lo_n, hi - BLOCK_N)
+        else:
+            start_n = lo_n
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _kv_tile(k_src, cache, start_n, n_k, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                     PAGE_SIZE=PAGE_SIZE, MASKED=ZERO_ROWS, USE_TMA=USE_TMA, OFFSETS_32=OFFSETS_32)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        s, _ = scores(qk, q_pos[:, None], offs_n[None, :], 0, qk_scale, softcap_scale, softcap_log2,
+                      slopes[:, None], HAS_SOFTCAP, HAS_ALIBI)
+        if MASKED:
+            visible = (offs_n < n_k)[None, :]
             if SHIFT_LAST:
-                start_n = tl.minimum(lo_n, hi - BLOCK_N)
-            else:
-                start_n = lo_n
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = _kv_tile(k_src, cache, start_n, n_k, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                         PAGE_SIZE=PAGE_SIZE, MASKED=ZERO_ROWS, USE_TMA=USE_TMA, OFFSETS_32=OFFSETS_32)
-            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-            s, _ = scores(qk, q_pos[:, None], offs_n[None, :], 0, qk_scale, softcap_scale, softcap_log2,
-                          slopes[:, None], HAS_SOFTCAP, HAS_ALIBI)
-            if MASKED:
-                visible = (offs_n < n_k)[None, :]
-                if SHIFT_LAST:
-                    visible = visible & (offs_n >= lo_n)[None, :]
-                if HAS_LEFT or HAS_RIGHT:
-                    visible = visible & pair_visible(q_pos[:, None], offs_n[None, :], 0, win_left, win_right,
-                                                     HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT)
-                s = tl.where(visible, s, float("-inf"))
-            p, alpha, l_i, m_new = online_softmax_step(s, m_i, l_i, MASKED)
-            v = _kv_tile(v_src, cache, start_n, n_k, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                         PAGE_SIZE=PAGE_SIZE, MASKED=ZERO_ROWS, USE_TMA=USE_TMA, OFFSETS_32=OFFSETS_32)
-            acc = accumulate(acc, p, alpha, v, DOT_PRECISION)
-            m_i = m_new
+                visible = visible & (offs_n >= lo_n)[None, :]
+            if HAS_LEFT or HAS_RIGHT:
+                visible = visible & pair_visible(q_pos[:, None], offs_n[None, :], 0, win_left, win_right,
+                                                 HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT)
+            s = tl.where(visible, s, float("-inf"))
+        p, alpha, l_i, m_new = online_softmax_step(s, m_i, l_i, MASKED)
+        v = _kv_tile(v_src, cache, start_n, n_k, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                     PAGE_SIZE=PAGE_SIZE, MASKED=ZERO_ROWS, USE_TMA=USE_TMA, OFFSETS_32=OFFSETS_32)
+        acc = accumulate(acc, p, alpha, v, DOT_PRECISION)
+        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -293,7 +290,9 @@ def _decode_partial_kernel(
     cache = (bt_row, NUM_PAGES, off_b, off_hk, stride_tn)
     var = (qk_scale, softcap_scale, softcap_log2, window_left, window_right)
     for i in tl.static_range(3):
-        if HAS_STAGE[i]:
+        # each pipelined loop sets up its own barriers and prologue even when
+        # it runs no tile: an empty masked stage is skipped by a branch
+        if HAS_STAGE[i] and (not STAGE_MASKED[i] or stages[i][1] > stages[i][0]):
             acc, l_i, m_i = _decode_stage(
                 acc, l_i, m_i, q, q_pos, slopes, k_src, v_src, cache, stages[i], n_k, var,
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,

@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 
 from .common import (LN2, STAGE_MASKED, accumulate, alibi_slope_log2, head_base, key_stages, load_rows,
-                     online_softmax_step, pair_visible, query_block_program, scores, stage_tile_start, store_rows,
-                     tile_source)
+                     online_softmax_step, pair_visible, query_block_program, scores, stage_tile_start, stage_walk,
+                     store_rows, tile_source)
 
 
 @triton.jit
@@ -43,8 +43,9 @@ def _fwd_stage(acc, l_i, m_i, q, k_head, v_head, offs_m, offs_n, stage, span, va
     the variants' runtime parameters."""
     N_Q, N_K, k_row0, k_end = span
     qk_scale, win_left, win_right, softcap_scale, softcap_log2, alibi_log2 = var
-    for it in range(stage[0], stage[1], 1 if BLOCK_SPARSE else BLOCK_N):
-        start_n = stage_tile_start(it, stage, BLOCK_N, MASK_BLOCK_K, BLOCK_SPARSE)
+    lo, hi, blocks = stage_walk(stage, MASK_BLOCK_K // BLOCK_N, BLOCK_SPARSE, COUNTS_FIRST=True)
+    for it in range(lo, hi, 1 if BLOCK_SPARSE else BLOCK_N):
+        start_n = stage_tile_start(it, blocks, BLOCK_N, MASK_BLOCK_K, BLOCK_SPARSE)
         # packed rows are absolute; past the sequence's end K's loads return
         # other sequences' rows (masked below, never stored)
         k = load_rows(k_head, k_row0 + start_n, k_end, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
@@ -97,9 +98,8 @@ def _attn_fwd_kernel(
     # q_row0 / k_row0; dense: batch off_b, rows from 0
     start_m, offs_m, offs_n, off_h, off_hk, off_b, t_b, q_row0, n_q, k_row0, n_k = query_block_program(
         CU_SEQLENS_Q, CU_SEQLENS_K, N_Q, N_K, GROUP_SIZE, BLOCK_M, BLOCK_N, IS_VARLEN)
-    if IS_VARLEN:
-        if start_m >= n_q:
-            return
+    if IS_VARLEN and start_m >= n_q:
+        return
     # packed outputs are stored through pointers, clipped at the sequence's end
     O_TMA: tl.constexpr = USE_TMA and not IS_VARLEN
     q_head = (tile_source(Q, t_b, off_h, stride_qb, stride_qh, USE_TMA), t_b, off_h, stride_qn, stride_qd)
@@ -119,7 +119,7 @@ def _attn_fwd_kernel(
     layout = (BS_FULL_NUM, BS_FULL_IDX, BS_PART_NUM, BS_PART_IDX,
               stride_bs_nb, stride_bs_nh, stride_bs_ib, stride_bs_ih, stride_bs_ir)
     stages = key_stages(start_m, n_q, n_k, win_left, win_right, layout, off_b, off_h, BLOCK_M, BLOCK_N, IS_CAUSAL,
-                        HAS_WINDOW, BLOCK_SPARSE, MASK_BLOCK_Q, MASK_BLOCK_K)
+                        HAS_WINDOW, BLOCK_SPARSE, MASK_BLOCK_Q, MASK_BLOCK_K, COUNTS_FIRST=True)
     # the masked head is the window's left edge
     HAS_STAGE: tl.constexpr = (HAS_WINDOW and not BLOCK_SPARSE, True, True)
     for i in tl.static_range(3):
