@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .common import (LOG2E, STAGE_MASKED, add_rows, alibi_slope_log2, head_base, key_stages, load_rows, load_tile,
-                     pair_visible, query_block_program, query_stages, scores, sequence_span, sparse_stages,
+                     mask_keys, pair_visible, query_block_program, query_stages, scores, sequence_span, sparse_stages,
                      stage_tile_start, stage_walk, store_rows, tile_source)
 
 
@@ -250,12 +250,7 @@ def _dq_stage(dq, q, do, lse2, delta, k_head, v_head, offs_m, offs_n, stage, spa
         else:
             p = tl.math.exp2(qk * qk_scale - lse2[:, None])
         if MASKED:
-            n_idx = start_n + offs_n
-            visible = (n_idx < N_K)[None, :]
-            if HAS_WINDOW or IS_CAUSAL:
-                visible = visible & pair_visible(offs_m[:, None], n_idx[None, :], N_K - N_Q, win_left, win_right,
-                                                 HAS_LEFT=HAS_WINDOW)
-            p = tl.where(visible, p, 0.0)
+            p = mask_keys(p, 0.0, offs_m, start_n + offs_n, N_Q, N_K, win_left, win_right, IS_CAUSAL, HAS_WINDOW)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:

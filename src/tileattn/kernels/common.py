@@ -248,6 +248,19 @@ def pair_visible(rows, cols, diag, win_left, win_right, HAS_LEFT: tl.constexpr, 
 
 
 @triton.jit
+def mask_keys(x, fill, rows, cols, N_Q, N_K, win_left, win_right, IS_CAUSAL: tl.constexpr,
+              HAS_WINDOW: tl.constexpr):
+    """A masked stage's (query rows ``rows``, key columns ``cols``) tile x
+    of the forward and dQ kernels, ``fill`` where the key is past N_K or
+    hidden by the causal / window mask (:func:`pair_visible`)."""
+    visible = (cols < N_K)[None, :]
+    if HAS_WINDOW or IS_CAUSAL:
+        visible = visible & pair_visible(rows[:, None], cols[None, :], N_K - N_Q, win_left, win_right,
+                                         HAS_LEFT=HAS_WINDOW)
+    return tl.where(visible, x, fill)
+
+
+@triton.jit
 def sequence_span(CU_SEQLENS_Q, CU_SEQLENS_K, off_b, N_Q, N_K, IS_VARLEN: tl.constexpr):
     """Where batch element ``off_b`` lies: (batch index into the tensors,
     first query row, query count, first key row, key count).  Packed

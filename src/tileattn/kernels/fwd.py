@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .common import (LN2, STAGE_MASKED, accumulate, alibi_slope_log2, head_base, key_stages, load_rows,
-                     online_softmax_step, pair_visible, query_block_program, scores, stage_tile_start, stage_walk,
+                     mask_keys, online_softmax_step, query_block_program, scores, stage_tile_start, stage_walk,
                      store_rows, tile_source)
 
 
@@ -56,12 +56,8 @@ def _fwd_stage(acc, l_i, m_i, q, k_head, v_head, offs_m, offs_n, stage, span, va
         else:
             s = qk * qk_scale
         if MASKED:
-            n_idx = start_n + offs_n
-            visible = (n_idx < N_K)[None, :]
-            if HAS_WINDOW or IS_CAUSAL:
-                visible = visible & pair_visible(offs_m[:, None], n_idx[None, :], N_K - N_Q, win_left, win_right,
-                                                 HAS_LEFT=HAS_WINDOW)
-            s = tl.where(visible, s, float("-inf"))
+            s = mask_keys(s, float("-inf"), offs_m, start_n + offs_n, N_Q, N_K, win_left, win_right, IS_CAUSAL,
+                          HAS_WINDOW)
         p, alpha, l_i, m_new = online_softmax_step(s, m_i, l_i, MASKED)
         v = load_rows(v_head, k_row0 + start_n, k_end, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA,
                       PACKED=IS_VARLEN)
