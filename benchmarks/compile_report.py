@@ -97,10 +97,12 @@ def compile_one(kernel, cfg, head_dim, dtype, causal, arch, use_tma=True, varian
 
 def compile_decode(block_n: int, num_warps: int, num_stages: int, head_dim: int = 128, page_size: int = 0,
                    descriptors: bool = True, dtype: str = "bf16", block_m: int = 16, arch: int = 90,
-                   same_kv_strides: bool = False, offsets_32: bool = False):
+                   same_kv_strides: bool = False, offsets_32: bool = False, **switches):
     """The decoding partial kernel (``kernels/decode.py``) compiled for a GPU
     target, specialised as a launch from ``launch_decode`` would be (unit
-    stride on the head dim, 16-byte divisible pointers and strides)."""
+    stride on the head dim, 16-byte divisible pointers and strides).
+    ``switches`` override the kernel's constexpr switches (``SOFTCAP=True``,
+    ``HAS_LEFT=True``, ``ONE_LOOP=False``, ...)."""
     from tileattn.kernels.decode import _decode_partial_kernel as k
     elem = _TY[dtype].lstrip("*")
     const = {"HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim), "BLOCK_M": block_m, "BLOCK_N": block_n,
@@ -109,6 +111,7 @@ def compile_decode(block_n: int, num_warps: int, num_stages: int, head_dim: int 
              "SAME_KV_STRIDES": same_kv_strides, "OFFSETS_32": offsets_32,
              "ONE_LOOP": launch_decode.one_loop(descriptors, page_size > 0),
              "stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od": 1, "stride_tn": 1}
+    const.update(switches)
     sig = {}
     for name in k.arg_names:
         if name in const:

@@ -34,10 +34,9 @@ runs on them unchanged.
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, add_rows, alibi_slope_log2, causal_key_bounds, causal_query_bounds, head_base, load_rows,
-                     load_seq_rows, load_tile, pair_visible, scores, sequence_bounds, store_rows, tile_source,
-                     window_key_bounds, window_query_bounds)
-
+from .common import (LOG2E, STAGE_MASKED, add_rows, alibi_slope_log2, head_base, key_stages, load_rows, load_tile,
+                     mask_keys, pair_visible, query_block_program, query_stages, scores, sequence_span, sparse_stages,
+                     stage_tile_start, stage_walk, store_rows, tile_source)
 
 
 @triton.jit
@@ -75,88 +74,55 @@ def _attn_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, q_src, do_src, off_b, off_h, lse2_ptrs, delta_ptrs, offs_n, start_m,
-               N_Q, N_K, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
-               q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2,
-               dq_dst, stride_dqan, stride_dqad,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-               IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-               IS_VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-               HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    m_ok = offs_m < N_Q
-    if IS_VARLEN:
-        # only the masked stages reach past the sequence's last row
-        q = load_seq_rows(q_src, off_b, off_h, q_row0 + start_m, q_end, stride_qn, stride_qd, BLOCK_M, HEAD_DIM,
-                          BLOCK_D, MASKED, USE_TMA)
-    else:
-        q = load_rows(q_src, off_b, off_h, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True,
-                      USE_TMA)
-    lse2 = tl.load(lse2_ptrs + offs_m, mask=m_ok, other=float("inf"))
-    qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
-    if HAS_SOFTCAP or HAS_ALIBI:
-        s_t, t_t = scores(qk_t, offs_m[None, :], offs_n[:, None], N_K - N_Q, qk_scale, softcap_scale,
-                          softcap_log2, alibi_log2, HAS_SOFTCAP, HAS_ALIBI)
-        p_t = tl.math.exp2(s_t - lse2[None, :])
-    else:
-        p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
-    if MASKED and (HAS_WINDOW or IS_CAUSAL):
-        p_t = tl.where(pair_visible(offs_m[None, :], offs_n[:, None], N_K - N_Q, win_left, win_right, HAS_WINDOW),
-                       p_t, 0.0)
-    if IS_VARLEN:
-        do = load_seq_rows(do_src, off_b, off_h, q_row0 + start_m, q_end, stride_don, stride_dod, BLOCK_M,
-                           HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
-    else:
-        do = load_rows(do_src, off_b, off_h, start_m, N_Q, stride_don, stride_dod, BLOCK_M, HEAD_DIM, BLOCK_D,
-                       True, USE_TMA)
-    dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-    delta = tl.load(delta_ptrs + offs_m, mask=m_ok, other=0.0)
-    dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-    ds_t = p_t * (dp_t - delta[None, :])
-    if HAS_SOFTCAP:
-        ds_t = ds_t * (1.0 - t_t * t_t)
-    ds_t = ds_t.to(q.dtype)
-    dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
-    if ATOMIC_DQ:
-        # this key block's share of dQ (unscaled: the convert kernel applies
-        # the softmax scale once); rows past the sequence / N_Q are never added
-        dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION)
-        add_rows(dq_dst, off_b, off_h, q_row0 + start_m, dq, q_end, stride_dqan, stride_dqad, BLOCK_M, HEAD_DIM,
-                 BLOCK_D, DQ_TMA)
-    return dk, dv
-
-
-@triton.jit
-def _dkdv_inner(dk, dv, k, v, q_src, do_src, off_b, off_h, lse2_ptrs, delta_ptrs, offs_n,
-                lo, hi, N_Q, N_K, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
-                q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, block_idx,
-                dq_dst, stride_dqan, stride_dqad,
+def _dkdv_stage(dk, dv, k, v, q_head, do_head, dq_head, lse2_ptrs, delta_ptrs, offs_n, stage, span, var,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                 MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-                IS_CAUSAL: tl.constexpr = False, IS_VARLEN: tl.constexpr = False,
-                HAS_WINDOW: tl.constexpr = False, HAS_SOFTCAP: tl.constexpr = False,
-                HAS_ALIBI: tl.constexpr = False, BLOCK_SPARSE: tl.constexpr = False,
-                MASK_BLOCK_Q: tl.constexpr = 128, ATOMIC_DQ: tl.constexpr = False, DQ_TMA: tl.constexpr = False):
-    """Query tiles [lo, hi) in steps of BLOCK_M or, with BLOCK_SPARSE, the
-    entries [lo, hi) of the sub-tile list of ``block_idx``."""
-    if BLOCK_SPARSE:
-        for it in range(lo, hi):
-            sub = it % (MASK_BLOCK_Q // BLOCK_M)
-            start_m = tl.load(block_idx + it // (MASK_BLOCK_Q // BLOCK_M)) * MASK_BLOCK_Q + sub * BLOCK_M
-            dk, dv = _dkdv_tile(dk, dv, k, v, q_src, do_src, off_b, off_h, lse2_ptrs, delta_ptrs, offs_n, start_m,
-                                N_Q, N_K, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
-                                q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2,
-                                dq_dst, stride_dqan, stride_dqad,
-                                HEAD_DIM, BLOCK_D, BLOCK_M, IS_CAUSAL, MASKED, DOT_PRECISION, USE_TMA,
-                                IS_VARLEN, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, DQ_TMA)
-    else:
-        for start_m in range(lo, hi, BLOCK_M):
-            dk, dv = _dkdv_tile(dk, dv, k, v, q_src, do_src, off_b, off_h, lse2_ptrs, delta_ptrs, offs_n, start_m,
-                                N_Q, N_K, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
-                                q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2,
-                                dq_dst, stride_dqan, stride_dqad,
-                                HEAD_DIM, BLOCK_D, BLOCK_M, IS_CAUSAL, MASKED, DOT_PRECISION, USE_TMA,
-                                IS_VARLEN, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, DQ_TMA)
+                IS_CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, BLOCK_SPARSE: tl.constexpr,
+                MASK_BLOCK_Q: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
+    """One stage of the query walk of a key block: query tiles [lo, hi) in
+    steps of BLOCK_M or, with BLOCK_SPARSE, the entries [lo, hi) of the
+    stage's sub-tile list.  ``q_head``/``do_head``/``dq_head``: where the Q
+    and dO tiles come from and dQ's share goes (``common.load_rows``);
+    ``span``: (N_Q, N_K, first query row, end of the queries) of this
+    sequence; ``var``: the scale and the variants' runtime parameters."""
+    N_Q, N_K, q_row0, q_end = span
+    qk_scale, win_left, win_right, softcap_scale, softcap_log2, alibi_log2 = var
+    # packed: only the masked stages reach past the sequence's last row
+    CHECK_ROWS: tl.constexpr = MASKED or not IS_VARLEN
+    lo, hi, blocks = stage_walk(stage, MASK_BLOCK_Q // BLOCK_M, BLOCK_SPARSE)
+    for it in range(lo, hi, 1 if BLOCK_SPARSE else BLOCK_M):
+        start_m = stage_tile_start(it, blocks, BLOCK_M, MASK_BLOCK_Q, BLOCK_SPARSE)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < N_Q
+        q = load_rows(q_head, q_row0 + start_m, q_end, BLOCK_M, HEAD_DIM, BLOCK_D, CHECK_ROWS, USE_TMA,
+                      PACKED=IS_VARLEN)
+        lse2 = tl.load(lse2_ptrs + offs_m, mask=m_ok, other=float("inf"))
+        qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+        if HAS_SOFTCAP or HAS_ALIBI:
+            s_t, t_t = scores(qk_t, offs_m[None, :], offs_n[:, None], N_K - N_Q, qk_scale, softcap_scale,
+                              softcap_log2, alibi_log2, HAS_SOFTCAP, HAS_ALIBI)
+            p_t = tl.math.exp2(s_t - lse2[None, :])
+        else:
+            p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
+        if MASKED and (HAS_WINDOW or IS_CAUSAL):
+            p_t = tl.where(pair_visible(offs_m[None, :], offs_n[:, None], N_K - N_Q, win_left, win_right,
+                                        HAS_LEFT=HAS_WINDOW), p_t, 0.0)
+        do = load_rows(do_head, q_row0 + start_m, q_end, BLOCK_M, HEAD_DIM, BLOCK_D, CHECK_ROWS, USE_TMA,
+                       PACKED=IS_VARLEN)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        delta = tl.load(delta_ptrs + offs_m, mask=m_ok, other=0.0)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        if HAS_SOFTCAP:
+            ds_t = ds_t * (1.0 - t_t * t_t)
+        ds_t = ds_t.to(q.dtype)
+        dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
+        if ATOMIC_DQ:
+            # this key block's share of dQ (unscaled: the convert kernel applies
+            # the softmax scale once); rows past the sequence / N_Q are never added
+            dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION)
+            add_rows(dq_head, q_row0 + start_m, dq, q_end, BLOCK_M, HEAD_DIM, BLOCK_D, DQ_TMA)
     return dk, dv
 
 
@@ -196,204 +162,100 @@ def _attn_bwd_dkdv_kernel(
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
 
-    if IS_VARLEN:
-        q_row0, n_q, k_row0, n_k = sequence_bounds(CU_SEQLENS_Q, CU_SEQLENS_K, off_b)
-        if start_n >= n_k:
-            return
-        t_b = 0
-        q_end = q_row0 + n_q
-        k_src = tile_source(K, t_b, off_hk, stride_kb, stride_kh, USE_TMA)
-        v_src = tile_source(V, t_b, off_hk, stride_vb, stride_vh, USE_TMA)
-        k = load_rows(k_src, t_b, off_hk, k_row0 + start_n, k_row0 + n_k, stride_kn, stride_kd, BLOCK_N, HEAD_DIM,
-                      BLOCK_D, True, USE_TMA)
-        v = load_rows(v_src, t_b, off_hk, k_row0 + start_n, k_row0 + n_k, stride_vn, stride_vd, BLOCK_N, HEAD_DIM,
-                      BLOCK_D, True, USE_TMA)
-        if ATOMIC_DQ and USE_TMA:
-            # descriptors return the next sequence's keys past this one's end:
-            # harmless for dK/dV (those rows are not stored), not for dS K
-            kv_ok = (offs_n < n_k)[:, None]
-            k = tl.where(kv_ok, k, tl.zeros_like(k))
-            v = tl.where(kv_ok, v, tl.zeros_like(v))
-    else:
-        t_b = off_b
-        n_q = N_Q
-        n_k = N_K
-        q_row0 = 0
-        q_end = N_Q
-        k_src = tile_source(K, off_b, off_hk, stride_kb, stride_kh, USE_TMA)
-        v_src = tile_source(V, off_b, off_hk, stride_vb, stride_vh, USE_TMA)
-        k = load_rows(k_src, off_b, off_hk, start_n, N_K, stride_kn, stride_kd, BLOCK_N, HEAD_DIM, BLOCK_D, True,
-                      USE_TMA)
-        v = load_rows(v_src, off_b, off_hk, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D, True,
-                      USE_TMA)
+    # packed sequences: batch t_b of the (1, H, total, D) views, rows from
+    # q_row0 / k_row0; dense: batch off_b, rows from 0
+    t_b, q_row0, n_q, k_row0, n_k = sequence_span(CU_SEQLENS_Q, CU_SEQLENS_K, off_b, N_Q, N_K, IS_VARLEN)
+    if IS_VARLEN and start_n >= n_k:
+        return
+    span = (n_q, n_k, q_row0, q_row0 + n_q)
+    k_head = (tile_source(K, t_b, off_hk, stride_kb, stride_kh, USE_TMA), t_b, off_hk, stride_kn, stride_kd)
+    v_head = (tile_source(V, t_b, off_hk, stride_vb, stride_vh, USE_TMA), t_b, off_hk, stride_vn, stride_vd)
+    k = load_rows(k_head, k_row0 + start_n, k_row0 + n_k, BLOCK_N, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    v = load_rows(v_head, k_row0 + start_n, k_row0 + n_k, BLOCK_N, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    if IS_VARLEN and ATOMIC_DQ and USE_TMA:
+        # descriptors return the next sequence's keys past this one's end:
+        # harmless for dK/dV (those rows are not stored), not for dS K
+        kv_ok = (offs_n < n_k)[:, None]
+        k = tl.where(kv_ok, k, tl.zeros_like(k))
+        v = tl.where(kv_ok, v, tl.zeros_like(v))
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    # query tiles [lo, full_start) masked, [full_start, full_end) unmasked,
-    # [full_end, hi) masked (the window's upper edge)
-    if HAS_WINDOW:
-        lo, full_start, full_end, hi = window_query_bounds(start_n, n_q, n_k, win_left, win_right, BLOCK_M, BLOCK_N)
-    else:
-        lo, full_start = causal_query_bounds(start_n, n_q, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-        full_end = n_q
-        hi = n_q
-    if IS_VARLEN:
-        # a sequence's last, partial query tile runs in the masked stage, whose
-        # loads zero the rows past the sequence
-        full_end = tl.maximum(tl.minimum(full_end, (n_q // BLOCK_M) * BLOCK_M), full_start)
+    if not BLOCK_SPARSE:
+        stages = query_stages(start_n, n_q, n_k, win_left, win_right, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW,
+                              IS_VARLEN)
+    # the masked head is the causal diagonal / the window's lower edge, the
+    # masked tail the window's upper edge / a packed sequence's last tile
+    HAS_STAGE: tl.constexpr = (not BLOCK_SPARSE and (IS_CAUSAL or HAS_WINDOW), True,
+                               BLOCK_SPARSE or HAS_WINDOW or IS_VARLEN)
     for g in range(GROUP_SIZE):
         off_h = off_hk * GROUP_SIZE + g
-        q_src = tile_source(Q, t_b, off_h, stride_qb, stride_qh, USE_TMA)
-        do_src = tile_source(DO, t_b, off_h, stride_dob, stride_doh, USE_TMA)
-        if IS_VARLEN:
-            # LSE2 and DELTA are (1, H, total_q)
-            row0 = off_h.to(tl.int64) * N_Q + q_row0
-        else:
-            row0 = (off_b.to(tl.int64) * N_HEADS + off_h) * N_Q
+        q_head = (tile_source(Q, t_b, off_h, stride_qb, stride_qh, USE_TMA), t_b, off_h, stride_qn, stride_qd)
+        do_head = (tile_source(DO, t_b, off_h, stride_dob, stride_doh, USE_TMA), t_b, off_h, stride_don, stride_dod)
+        # LSE2 and DELTA are contiguous (B, H, N_Q); packed, (1, H, total_q)
+        row0 = (t_b.to(tl.int64) * N_HEADS + off_h) * N_Q + q_row0
         alibi_log2 = alibi_slope_log2(ALIBI, off_b, off_h, stride_ab, stride_ah, HAS_ALIBI)
+        var = (qk_scale, win_left, win_right, softcap_scale, softcap_log2, alibi_log2)
         if ATOMIC_DQ:
-            dq_dst = tile_source(DQ_ACC, t_b, off_h, stride_dqab, stride_dqah, DQ_TMA)
+            dq_head = (tile_source(DQ_ACC, t_b, off_h, stride_dqab, stride_dqah, DQ_TMA), t_b, off_h,
+                       stride_dqan, stride_dqad)
         else:
-            dq_dst = DQ_ACC
+            dq_head = DQ_ACC
         if BLOCK_SPARSE:
-            col = start_n // MASK_BLOCK_K
-            nb = off_b * stride_bs_nb + off_h * stride_bs_nh + col
-            ib = off_b.to(tl.int64) * stride_bs_ib + off_h * stride_bs_ih + col * stride_bs_ir
-            dk, dv = _dkdv_inner(
-                dk, dv, k, v, q_src, do_src, t_b, off_h, LSE2 + row0, DELTA + row0, offs_n,
-                0, tl.load(BS_FULL_NUM + nb) * (MASK_BLOCK_Q // BLOCK_M), n_q, n_k, qk_scale,
-                stride_qn, stride_qd, stride_don, stride_dod,
-                q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, BS_FULL_IDX + ib,
-                dq_dst, stride_dqan, stride_dqad,
-                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, MASKED=False, DOT_PRECISION=DOT_PRECISION,
-                USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL, IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW,
-                HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_SPARSE=True, MASK_BLOCK_Q=MASK_BLOCK_Q,
-                ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA)
-            dk, dv = _dkdv_inner(
-                dk, dv, k, v, q_src, do_src, t_b, off_h, LSE2 + row0, DELTA + row0, offs_n,
-                0, tl.load(BS_PART_NUM + nb) * (MASK_BLOCK_Q // BLOCK_M), n_q, n_k, qk_scale,
-                stride_qn, stride_qd, stride_don, stride_dod,
-                q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, BS_PART_IDX + ib,
-                dq_dst, stride_dqan, stride_dqad,
-                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, MASKED=True, DOT_PRECISION=DOT_PRECISION,
-                USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL, IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW,
-                HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_SPARSE=True, MASK_BLOCK_Q=MASK_BLOCK_Q,
-                ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA)
-        else:
-            if IS_CAUSAL or HAS_WINDOW:
-                # the causal diagonal / the window's lower edge
-                dk, dv = _dkdv_inner(
-                    dk, dv, k, v, q_src, do_src, t_b, off_h, LSE2 + row0, DELTA + row0, offs_n,
-                    lo, full_start, n_q, n_k, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
-                    q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, None,
-                    dq_dst, stride_dqan, stride_dqad,
-                    HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
-                    MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL,
-                    IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-                    ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA)
-            dk, dv = _dkdv_inner(
-                dk, dv, k, v, q_src, do_src, t_b, off_h, LSE2 + row0, DELTA + row0, offs_n,
-                full_start, full_end, n_q, n_k, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
-                q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, None,
-                dq_dst, stride_dqan, stride_dqad,
-                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
-                MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL,
-                IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-                ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA)
-            if HAS_WINDOW or IS_VARLEN:
-                # the window's upper edge / the sequence's last tile
-                dk, dv = _dkdv_inner(
-                    dk, dv, k, v, q_src, do_src, t_b, off_h, LSE2 + row0, DELTA + row0, offs_n,
-                    full_end, hi, n_q, n_k, qk_scale, stride_qn, stride_qd, stride_don, stride_dod,
-                    q_row0, q_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, None,
-                    dq_dst, stride_dqan, stride_dqad,
-                    HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
-                    MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL,
-                    IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-                    ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA)
+            # this key block's column of the layout: full blocks, then partial ones
+            stages = sparse_stages(BS_FULL_NUM, BS_FULL_IDX, BS_PART_NUM, BS_PART_IDX,
+                                   (stride_bs_nb, stride_bs_nh, stride_bs_ib, stride_bs_ih, stride_bs_ir),
+                                   off_b, off_h, start_n // MASK_BLOCK_K, MASK_BLOCK_Q // BLOCK_M)
+        for i in tl.static_range(3):
+            if HAS_STAGE[i]:
+                dk, dv = _dkdv_stage(
+                    dk, dv, k, v, q_head, do_head, dq_head, LSE2 + row0, DELTA + row0, offs_n, stages[i], span, var,
+                    HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, MASKED=STAGE_MASKED[i],
+                    DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL, IS_VARLEN=IS_VARLEN,
+                    HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+                    BLOCK_SPARSE=BLOCK_SPARSE, MASK_BLOCK_Q=MASK_BLOCK_Q, ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA)
 
     dk = dk * sm_scale
-    if IS_VARLEN:
-        dk_dst = tile_source(DK, t_b, off_hk, stride_dkb, stride_dkh, False)
-        dv_dst = tile_source(DV, t_b, off_hk, stride_dvb, stride_dvh, False)
-        store_rows(dk_dst, t_b, off_hk, k_row0 + start_n, dk, k_row0 + n_k, stride_dkn, stride_dkd,
-                   BLOCK_N, HEAD_DIM, BLOCK_D, False)
-        store_rows(dv_dst, t_b, off_hk, k_row0 + start_n, dv, k_row0 + n_k, stride_dvn, stride_dvd,
-                   BLOCK_N, HEAD_DIM, BLOCK_D, False)
-    else:
-        dk_dst = tile_source(DK, off_b, off_hk, stride_dkb, stride_dkh, USE_TMA)
-        dv_dst = tile_source(DV, off_b, off_hk, stride_dvb, stride_dvh, USE_TMA)
-        store_rows(dk_dst, off_b, off_hk, start_n, dk, N_K, stride_dkn, stride_dkd,
-                   BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-        store_rows(dv_dst, off_b, off_hk, start_n, dv, N_K, stride_dvn, stride_dvd,
-                   BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
+    # packed gradients are stored through pointers, clipped at the sequence's end
+    DKV_TMA: tl.constexpr = USE_TMA and not IS_VARLEN
+    dk_head = (tile_source(DK, t_b, off_hk, stride_dkb, stride_dkh, DKV_TMA), t_b, off_hk, stride_dkn, stride_dkd)
+    dv_head = (tile_source(DV, t_b, off_hk, stride_dvb, stride_dvh, DKV_TMA), t_b, off_hk, stride_dvn, stride_dvd)
+    store_rows(dk_head, k_row0 + start_n, dk, k_row0 + n_k, BLOCK_N, HEAD_DIM, BLOCK_D, DKV_TMA)
+    store_rows(dv_head, k_row0 + start_n, dv, k_row0 + n_k, BLOCK_N, HEAD_DIM, BLOCK_D, DKV_TMA)
 
 
 @triton.jit
-def _dq_tile(dq, q, do, lse2, delta, k_src, v_src, off_b, off_hk, offs_m, offs_n, start_n,
-             N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-             k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2,
-             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-             IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-             USE_TMA: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
-             HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
-    if IS_VARLEN:
-        k = load_seq_rows(k_src, off_b, off_hk, k_row0 + start_n, k_end, stride_kn, stride_kd, BLOCK_N, HEAD_DIM,
-                      BLOCK_D, MASKED, USE_TMA)
-        v = load_seq_rows(v_src, off_b, off_hk, k_row0 + start_n, k_end, stride_vn, stride_vd, BLOCK_N, HEAD_DIM,
-                      BLOCK_D, MASKED, USE_TMA)
-    else:
-        k = load_rows(k_src, off_b, off_hk, start_n, N_K, stride_kn, stride_kd, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED,
-                      USE_TMA)
-        v = load_rows(v_src, off_b, off_hk, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED,
-                      USE_TMA)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-    if HAS_SOFTCAP or HAS_ALIBI:
-        s, t = scores(qk, offs_m[:, None], (start_n + offs_n)[None, :], N_K - N_Q, qk_scale, softcap_scale,
-                      softcap_log2, alibi_log2, HAS_SOFTCAP, HAS_ALIBI)
-        p = tl.math.exp2(s - lse2[:, None])
-    else:
-        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
-    if MASKED:
-        n_idx = start_n + offs_n
-        visible = (n_idx < N_K)[None, :]
-        if HAS_WINDOW or IS_CAUSAL:
-            visible = visible & pair_visible(offs_m[:, None], n_idx[None, :], N_K - N_Q, win_left, win_right,
-                                             HAS_WINDOW)
-        p = tl.where(visible, p, 0.0)
-    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-    ds = p * (dp - delta[:, None])
-    if HAS_SOFTCAP:
-        ds = ds * (1.0 - t * t)
-    dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
-    return dq
-
-
-@triton.jit
-def _dq_inner(dq, q, do, lse2, delta, k_src, v_src, off_b, off_hk, offs_m, offs_n,
-              lo, hi, N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-              k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, block_idx,
+def _dq_stage(dq, q, do, lse2, delta, k_head, v_head, offs_m, offs_n, stage, span, var,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-              IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-              USE_TMA: tl.constexpr, IS_VARLEN: tl.constexpr = False, HAS_WINDOW: tl.constexpr = False,
-              HAS_SOFTCAP: tl.constexpr = False, HAS_ALIBI: tl.constexpr = False,
-              BLOCK_SPARSE: tl.constexpr = False, MASK_BLOCK_K: tl.constexpr = 128):
-    if BLOCK_SPARSE:
-        for it in range(lo, hi):
-            sub = it % (MASK_BLOCK_K // BLOCK_N)
-            start_n = tl.load(block_idx + it // (MASK_BLOCK_K // BLOCK_N)) * MASK_BLOCK_K + sub * BLOCK_N
-            dq = _dq_tile(dq, q, do, lse2, delta, k_src, v_src, off_b, off_hk, offs_m, offs_n, start_n,
-                          N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-                          k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2,
-                          HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, MASKED, DOT_PRECISION, USE_TMA,
-                          IS_VARLEN, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI)
-    else:
-        for start_n in range(lo, hi, BLOCK_N):
-            dq = _dq_tile(dq, q, do, lse2, delta, k_src, v_src, off_b, off_hk, offs_m, offs_n, start_n,
-                          N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-                          k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2,
-                          HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, MASKED, DOT_PRECISION, USE_TMA,
-                          IS_VARLEN, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI)
+              MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+              IS_CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
+              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+              BLOCK_SPARSE: tl.constexpr, MASK_BLOCK_K: tl.constexpr):
+    """One stage of the key walk of a query block, as the forward's
+    (``fwd._fwd_stage``): dQ += dS K over the stage's key tiles."""
+    N_Q, N_K, k_row0, k_end = span
+    qk_scale, win_left, win_right, softcap_scale, softcap_log2, alibi_log2 = var
+    lo, hi, blocks = stage_walk(stage, MASK_BLOCK_K // BLOCK_N, BLOCK_SPARSE)
+    for it in range(lo, hi, 1 if BLOCK_SPARSE else BLOCK_N):
+        start_n = stage_tile_start(it, blocks, BLOCK_N, MASK_BLOCK_K, BLOCK_SPARSE)
+        k = load_rows(k_head, k_row0 + start_n, k_end, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA,
+                      PACKED=IS_VARLEN)
+        v = load_rows(v_head, k_row0 + start_n, k_end, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA,
+                      PACKED=IS_VARLEN)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if HAS_SOFTCAP or HAS_ALIBI:
+            s, t = scores(qk, offs_m[:, None], (start_n + offs_n)[None, :], N_K - N_Q, qk_scale, softcap_scale,
+                          softcap_log2, alibi_log2, HAS_SOFTCAP, HAS_ALIBI)
+            p = tl.math.exp2(s - lse2[:, None])
+        else:
+            p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+        if MASKED:
+            p = mask_keys(p, 0.0, offs_m, start_n + offs_n, N_Q, N_K, win_left, win_right, IS_CAUSAL, HAS_WINDOW)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
     return dq
 
 
@@ -422,107 +284,46 @@ def _attn_bwd_dq_kernel(
     HAS_ALIBI: tl.constexpr = False, BLOCK_SPARSE: tl.constexpr = False,
     MASK_BLOCK_Q: tl.constexpr = 128, MASK_BLOCK_K: tl.constexpr = 128,
 ):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    off_h = tl.program_id(1)
-    off_b = tl.program_id(2)
-    off_hk = off_h // GROUP_SIZE
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-
-    if IS_VARLEN:
-        q_row0, n_q, k_row0, n_k = sequence_bounds(CU_SEQLENS_Q, CU_SEQLENS_K, off_b)
-        if start_m >= n_q:
-            return
-        t_b = 0
-        k_end = k_row0 + n_k
-        m_ok = offs_m < n_q
-        q_src = tile_source(Q, t_b, off_h, stride_qb, stride_qh, USE_TMA)
-        do_src = tile_source(DO, t_b, off_h, stride_dob, stride_doh, USE_TMA)
-        k_src = tile_source(K, t_b, off_hk, stride_kb, stride_kh, USE_TMA)
-        v_src = tile_source(V, t_b, off_hk, stride_vb, stride_vh, USE_TMA)
-        q = load_rows(q_src, t_b, off_h, q_row0 + start_m, q_row0 + n_q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM,
-                      BLOCK_D, True, USE_TMA)
-        do = load_rows(do_src, t_b, off_h, q_row0 + start_m, q_row0 + n_q, stride_don, stride_dod, BLOCK_M,
-                       HEAD_DIM, BLOCK_D, True, USE_TMA)
-        row0 = off_h.to(tl.int64) * N_Q + q_row0
-    else:
-        t_b = off_b
-        n_q = N_Q
-        n_k = N_K
-        k_row0 = 0
-        k_end = N_K
-        m_ok = offs_m < N_Q
-        q_src = tile_source(Q, off_b, off_h, stride_qb, stride_qh, USE_TMA)
-        do_src = tile_source(DO, off_b, off_h, stride_dob, stride_doh, USE_TMA)
-        k_src = tile_source(K, off_b, off_hk, stride_kb, stride_kh, USE_TMA)
-        v_src = tile_source(V, off_b, off_hk, stride_vb, stride_vh, USE_TMA)
-        q = load_rows(q_src, off_b, off_h, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True,
-                      USE_TMA)
-        do = load_rows(do_src, off_b, off_h, start_m, N_Q, stride_don, stride_dod, BLOCK_M, HEAD_DIM, BLOCK_D,
-                       True, USE_TMA)
-        row0 = (off_b.to(tl.int64) * N_HEADS + off_h) * N_Q
+    # (as the forward's prologue)
+    start_m, offs_m, offs_n, off_h, off_hk, off_b, t_b, q_row0, n_q, k_row0, n_k = query_block_program(
+        CU_SEQLENS_Q, CU_SEQLENS_K, N_Q, N_K, GROUP_SIZE, BLOCK_M, BLOCK_N, IS_VARLEN)
+    if IS_VARLEN and start_m >= n_q:
+        return
+    span = (n_q, n_k, k_row0, k_row0 + n_k)
+    m_ok = offs_m < n_q
+    q_head = (tile_source(Q, t_b, off_h, stride_qb, stride_qh, USE_TMA), t_b, off_h, stride_qn, stride_qd)
+    do_head = (tile_source(DO, t_b, off_h, stride_dob, stride_doh, USE_TMA), t_b, off_h, stride_don, stride_dod)
+    k_head = (tile_source(K, t_b, off_hk, stride_kb, stride_kh, USE_TMA), t_b, off_hk, stride_kn, stride_kd)
+    v_head = (tile_source(V, t_b, off_hk, stride_vb, stride_vh, USE_TMA), t_b, off_hk, stride_vn, stride_vd)
+    q = load_rows(q_head, q_row0 + start_m, q_row0 + n_q, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    do = load_rows(do_head, q_row0 + start_m, q_row0 + n_q, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    # LSE2 and DELTA are contiguous (B, H, N_Q); packed, (1, H, total_q)
+    row0 = (t_b.to(tl.int64) * N_HEADS + off_h) * N_Q + q_row0
     lse2 = tl.load(LSE2 + row0 + offs_m, mask=m_ok, other=float("inf"))
     delta = tl.load(DELTA + row0 + offs_m, mask=m_ok, other=0.0)
     alibi_log2 = alibi_slope_log2(ALIBI, off_b, off_h, stride_ab, stride_ah, HAS_ALIBI)
+    var = (qk_scale, win_left, win_right, softcap_scale, softcap_log2, alibi_log2)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if BLOCK_SPARSE:
-        row = start_m // MASK_BLOCK_Q
-        nb = off_b * stride_bs_nb + off_h * stride_bs_nh + row
-        ib = off_b.to(tl.int64) * stride_bs_ib + off_h * stride_bs_ih + row * stride_bs_ir
-        dq = _dq_inner(
-            dq, q, do, lse2, delta, k_src, v_src, t_b, off_hk, offs_m, offs_n,
-            0, tl.load(BS_FULL_NUM + nb) * (MASK_BLOCK_K // BLOCK_N), n_q, n_k, qk_scale,
-            stride_kn, stride_kd, stride_vn, stride_vd,
-            k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, BS_FULL_IDX + ib,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, IS_CAUSAL=IS_CAUSAL, MASKED=False,
-            DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW,
-            HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_SPARSE=True, MASK_BLOCK_K=MASK_BLOCK_K)
-        dq = _dq_inner(
-            dq, q, do, lse2, delta, k_src, v_src, t_b, off_hk, offs_m, offs_n,
-            0, tl.load(BS_PART_NUM + nb) * (MASK_BLOCK_K // BLOCK_N), n_q, n_k, qk_scale,
-            stride_kn, stride_kd, stride_vn, stride_vd,
-            k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, BS_PART_IDX + ib,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, IS_CAUSAL=IS_CAUSAL, MASKED=True,
-            DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW,
-            HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_SPARSE=True, MASK_BLOCK_K=MASK_BLOCK_K)
-    else:
-        if HAS_WINDOW:
-            lo, full_lo, full_end, hi = window_key_bounds(start_m, n_q, n_k, win_left, win_right, BLOCK_M, BLOCK_N)
-            dq = _dq_inner(
-                dq, q, do, lse2, delta, k_src, v_src, t_b, off_hk, offs_m, offs_n,
-                lo, full_lo, n_q, n_k, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-                k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, None,
-                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, IS_CAUSAL=IS_CAUSAL, MASKED=True,
-                DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW,
-                HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
-        else:
-            full_lo = 0
-            full_end, hi = causal_key_bounds(start_m, n_q, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-        dq = _dq_inner(
-            dq, q, do, lse2, delta, k_src, v_src, t_b, off_hk, offs_m, offs_n,
-            full_lo, full_end, n_q, n_k, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-            k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, None,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-            IS_CAUSAL=IS_CAUSAL, MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-            IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
-        dq = _dq_inner(
-            dq, q, do, lse2, delta, k_src, v_src, t_b, off_hk, offs_m, offs_n,
-            full_end, hi, n_q, n_k, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-            k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, None,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-            IS_CAUSAL=IS_CAUSAL, MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-            IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
+    # with a block-sparse layout: this query block's row, full blocks then partial ones
+    layout = (BS_FULL_NUM, BS_FULL_IDX, BS_PART_NUM, BS_PART_IDX,
+              stride_bs_nb, stride_bs_nh, stride_bs_ib, stride_bs_ih, stride_bs_ir)
+    stages = key_stages(start_m, n_q, n_k, win_left, win_right, layout, off_b, off_h, BLOCK_M, BLOCK_N, IS_CAUSAL,
+                        HAS_WINDOW, BLOCK_SPARSE, MASK_BLOCK_Q, MASK_BLOCK_K)
+    HAS_STAGE: tl.constexpr = (HAS_WINDOW and not BLOCK_SPARSE, True, True)
+    for i in tl.static_range(3):
+        if HAS_STAGE[i]:
+            dq = _dq_stage(
+                dq, q, do, lse2, delta, k_head, v_head, offs_m, offs_n, stages[i], span, var,
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, MASKED=STAGE_MASKED[i],
+                DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL, IS_VARLEN=IS_VARLEN,
+                HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+                BLOCK_SPARSE=BLOCK_SPARSE, MASK_BLOCK_K=MASK_BLOCK_K)
     dq = dq * sm_scale
-    if IS_VARLEN:
-        dq_dst = tile_source(DQ, t_b, off_h, stride_dqb, stride_dqh, False)
-        store_rows(dq_dst, t_b, off_h, q_row0 + start_m, dq, q_row0 + n_q, stride_dqn, stride_dqd,
-                   BLOCK_M, HEAD_DIM, BLOCK_D, False)
-    else:
-        dq_dst = tile_source(DQ, off_b, off_h, stride_dqb, stride_dqh, USE_TMA)
-        store_rows(dq_dst, off_b, off_h, start_m, dq, N_Q, stride_dqn, stride_dqd,
-                   BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
+    # packed: stored through pointers, clipped at the sequence's end
+    DQ_STORE_TMA: tl.constexpr = USE_TMA and not IS_VARLEN
+    dq_head = (tile_source(DQ, t_b, off_h, stride_dqb, stride_dqh, DQ_STORE_TMA), t_b, off_h, stride_dqn, stride_dqd)
+    store_rows(dq_head, q_row0 + start_m, dq, q_row0 + n_q, BLOCK_M, HEAD_DIM, BLOCK_D, DQ_STORE_TMA)
 
 
 @triton.jit
@@ -539,9 +340,7 @@ def _attn_bwd_dq_convert_kernel(
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
     start_m = pid_m * BLOCK_M
-    acc_src = head_base(DQ_ACC, off_b, off_h, stride_dqab, stride_dqah)
-    dq = load_rows(acc_src, off_b, off_h, start_m, N_Q, stride_dqan, stride_dqad, BLOCK_M, HEAD_DIM, BLOCK_D, True,
-                   False)
-    dq_dst = head_base(DQ, off_b, off_h, stride_dqb, stride_dqh)
-    store_rows(dq_dst, off_b, off_h, start_m, dq * sm_scale, N_Q, stride_dqn, stride_dqd, BLOCK_M, HEAD_DIM,
-               BLOCK_D, False)
+    acc_head = (head_base(DQ_ACC, off_b, off_h, stride_dqab, stride_dqah), off_b, off_h, stride_dqan, stride_dqad)
+    dq = load_rows(acc_head, start_m, N_Q, BLOCK_M, HEAD_DIM, BLOCK_D, True, False)
+    dq_head = (head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), off_b, off_h, stride_dqn, stride_dqd)
+    store_rows(dq_head, start_m, dq * sm_scale, N_Q, BLOCK_M, HEAD_DIM, BLOCK_D, False)

@@ -57,17 +57,8 @@ offsets (the launcher sets both from the tensors' shapes and strides).
 import triton
 import triton.language as tl
 
-from .common import head_base, load_tile, online_softmax_step
-
-LN2 = tl.constexpr(0.6931471805599453)
-LOG2E = tl.constexpr(1.4426950408889634)
-
-
-@triton.jit
-def _tanh(x):
-    # saturating: exp2 overflow gives inf -> 1, underflow gives 0 -> -1
-    e = tl.math.exp2(x * (2.0 * LOG2E))
-    return 1.0 - 2.0 / (e + 1.0)
+from .common import (LN2, LOG2E, STAGE_MASKED, accumulate, head_base, load_tile, online_softmax_step, pair_visible,
+                     scores)
 
 
 @triton.jit
@@ -86,15 +77,19 @@ def _page_numbers(entries, ok, num_pages, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _kv_tile(desc, base, bt_row, start_n, n_k, num_pages, off_b, off_hk,
-             stride_b, stride_h, stride_n, stride_d, stride_tn,
+def _kv_tile(src, cache, start_n, n_k,
              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
              PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
              OFFSETS_32: tl.constexpr):
     """Keys (or values) [start_n, start_n + BLOCK_N) of one (batch, kv head),
     zero at and past n_k when MASKED (MASKED=False: the whole tile is < n_k).
     OFFSETS_32: every element offset of the cache fits in int32, so per-row
-    page offsets are computed in 32 bits."""
+    page offsets are computed in 32 bits.  ``src``: (tensor descriptor,
+    base pointer, strides (b, h, n, d)) of the cache; ``cache``: (block-table
+    row, number of pages, batch index, kv head, block-table stride)."""
+    desc, base, strides = src
+    stride_b, stride_h, stride_n, stride_d = strides
+    bt_row, num_pages, off_b, off_hk, stride_tn = cache
     offs_n = start_n + tl.arange(0, BLOCK_N)
     in_seq = offs_n < n_k
     if USE_TMA and PAGE_SIZE % BLOCK_N == 0:
@@ -142,26 +137,22 @@ def _kv_tile(desc, base, bt_row, start_n, n_k, num_pages, off_b, off_hk,
 
 
 @triton.jit
-def _decode_inner(acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
-                  lo, hi, n_k, num_pages, off_b, off_hk, qk_scale, softcap_scale, softcap_log2,
-                  window_left, window_right,
-                  stride_kb, stride_kh, stride_kn, stride_kd,
-                  stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
+def _decode_stage(acc, l_i, m_i, q, q_pos, slopes, k_src, v_src, cache, stage, n_k, var,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  PAGE_SIZE: tl.constexpr,
-                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-                  HAS_ALIBI: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  USE_TMA: tl.constexpr, SAME_KV_STRIDES: tl.constexpr, OFFSETS_32: tl.constexpr,
-                  SHIFT_LAST: tl.constexpr = False):
-    """The online softmax over the tiles [lo, hi), MASKED or not.  With
-    SHIFT_LAST (descriptor loads of a contiguous cache) the last tile is moved
-    back to end at hi, so that every tile holds only cache rows below n_k (rows
-    below 0 come as zeros from the copy engine) and needs no zeroing; the
-    scores of its keys before the tile's own start (done by the tile before)
-    are masked instead."""
-    if SAME_KV_STRIDES:
-        # V's tiles then reuse K's row offsets (the same values, computed once)
-        stride_vb, stride_vh, stride_vn, stride_vd = stride_kb, stride_kh, stride_kn, stride_kd
+                  PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  USE_TMA: tl.constexpr, OFFSETS_32: tl.constexpr, HAS_LEFT: tl.constexpr,
+                  HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                  SHIFT_LAST: tl.constexpr):
+    """The online softmax over the tiles [lo, hi) of ``stage``, MASKED or
+    not.  ``k_src``/``v_src``, ``cache``: see :func:`_kv_tile`; ``var``: the
+    scale and the variants' runtime parameters.  With SHIFT_LAST
+    (descriptor loads of a contiguous cache) the last tile is moved back to
+    end at hi, so that every tile holds only cache rows below n_k (rows below
+    0 come as zeros from the copy engine) and needs no zeroing; the scores of
+    its keys before the tile's own start (done by the tile before) are
+    masked instead."""
+    lo, hi = stage
+    qk_scale, softcap_scale, softcap_log2, win_left, win_right = var
     ZERO_ROWS: tl.constexpr = MASKED and not SHIFT_LAST
     for lo_n in range(lo, hi, BLOCK_N):
         if SHIFT_LAST:
@@ -169,31 +160,23 @@ def _decode_inner(acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
         else:
             start_n = lo_n
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _kv_tile(K_DESC, K, bt_row, start_n, n_k, num_pages, off_b, off_hk,
-                     stride_kb, stride_kh, stride_kn, stride_kd, stride_tn,
-                     BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, ZERO_ROWS, USE_TMA, OFFSETS_32)
+        k = _kv_tile(k_src, cache, start_n, n_k, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                     PAGE_SIZE=PAGE_SIZE, MASKED=ZERO_ROWS, USE_TMA=USE_TMA, OFFSETS_32=OFFSETS_32)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        if SOFTCAP:
-            s = softcap_log2 * _tanh(qk * softcap_scale)
-        else:
-            s = qk * qk_scale
-        if HAS_ALIBI:
-            s = s - slopes[:, None] * tl.abs(q_pos[:, None] - offs_n[None, :]).to(tl.float32)
+        s, _ = scores(qk, q_pos[:, None], offs_n[None, :], 0, qk_scale, softcap_scale, softcap_log2,
+                      slopes[:, None], HAS_SOFTCAP, HAS_ALIBI)
         if MASKED:
             visible = (offs_n < n_k)[None, :]
             if SHIFT_LAST:
                 visible = visible & (offs_n >= lo_n)[None, :]
-            if HAS_LEFT:
-                visible = visible & (offs_n[None, :] >= q_pos[:, None] - window_left)
-            if HAS_RIGHT:
-                visible = visible & (offs_n[None, :] <= q_pos[:, None] + window_right)
+            if HAS_LEFT or HAS_RIGHT:
+                visible = visible & pair_visible(q_pos[:, None], offs_n[None, :], 0, win_left, win_right,
+                                                 HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT)
             s = tl.where(visible, s, float("-inf"))
         p, alpha, l_i, m_new = online_softmax_step(s, m_i, l_i, MASKED)
-        v = _kv_tile(V_DESC, V, bt_row, start_n, n_k, num_pages, off_b, off_hk,
-                     stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
-                     BLOCK_N, HEAD_DIM, BLOCK_D, PAGE_SIZE, ZERO_ROWS, USE_TMA, OFFSETS_32)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        v = _kv_tile(v_src, cache, start_n, n_k, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                     PAGE_SIZE=PAGE_SIZE, MASKED=ZERO_ROWS, USE_TMA=USE_TMA, OFFSETS_32=OFFSETS_32)
+        acc = accumulate(acc, p, alpha, v, DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -286,44 +269,36 @@ def _decode_partial_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # masked head (left window edge), unmasked body, masked tail (diagonal,
-    # n_k edge); with ONE_LOOP the tail loop takes every tile, so that the
+    # n_k edge); with ONE_LOOP the tail takes every tile, so that the
     # pipeline runs on through the edge tiles without a prologue of their
     # own: masked by the scores alone on descriptor loads of a contiguous
     # cache (a ragged last tile moved back, SHIFT_LAST), by the load masks too
-    # on the pointer path (rows at and past n_k load as zeros).  Each
-    # pipelined loop sets up its own barriers and prologue even when it runs
-    # no tile, so an empty head or tail is skipped by a branch (without a left
-    # window the head is always empty: full_a == start)
+    # on the pointer path (rows at and past n_k load as zeros).  Without a
+    # left window the head is always empty (full_a == start): not compiled
     if ONE_LOOP:
         full_b = start
-    if HAS_LEFT and not ONE_LOOP:
-        if full_a > start:
-            acc, l_i, m_i = _decode_inner(
-                acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
-                start, full_a, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
-                stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
+    stages = ((start, full_a), (full_a, full_b), (full_b, end))
+    HAS_STAGE: tl.constexpr = (HAS_LEFT and not ONE_LOOP, not ONE_LOOP, True)
+    k_strides = (stride_kb, stride_kh, stride_kn, stride_kd)
+    if SAME_KV_STRIDES:
+        # V's tiles then reuse K's row offsets (the same values, computed once)
+        v_strides = k_strides
+    else:
+        v_strides = (stride_vb, stride_vh, stride_vn, stride_vd)
+    k_src = (K_DESC, K, k_strides)
+    v_src = (V_DESC, V, v_strides)
+    cache = (bt_row, NUM_PAGES, off_b, off_hk, stride_tn)
+    var = (qk_scale, softcap_scale, softcap_log2, window_left, window_right)
+    for i in tl.static_range(3):
+        # each pipelined loop sets up its own barriers and prologue even when
+        # it runs no tile: an empty masked stage is skipped by a branch
+        if HAS_STAGE[i] and (not STAGE_MASKED[i] or stages[i][1] > stages[i][0]):
+            acc, l_i, m_i = _decode_stage(
+                acc, l_i, m_i, q, q_pos, slopes, k_src, v_src, cache, stages[i], n_k, var,
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
-                HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-                MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-                SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32)
-    if not ONE_LOOP:
-        acc, l_i, m_i = _decode_inner(
-            acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
-            full_a, full_b, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
-            stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
-            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-            MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-            SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32)
-    if end > full_b:
-        acc, l_i, m_i = _decode_inner(
-            acc, l_i, m_i, q, q_pos, slopes, K_DESC, V_DESC, K, V, bt_row,
-            full_b, end, n_k, NUM_PAGES, off_b, off_hk, qk_scale, softcap_scale, softcap_log2, window_left, window_right,
-            stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tn,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
-            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-            MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-            SAME_KV_STRIDES=SAME_KV_STRIDES, OFFSETS_32=OFFSETS_32, SHIFT_LAST=ONE_LOOP and USE_TMA)
+                MASKED=STAGE_MASKED[i], DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, OFFSETS_32=OFFSETS_32,
+                HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+                SHIFT_LAST=i == 2 and ONE_LOOP and USE_TMA)
 
     # rows (or splits) that saw no key: output 0, lse -inf
     empty = l_i == 0.0

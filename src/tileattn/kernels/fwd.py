@@ -23,83 +23,46 @@ plain one above (docs/variants.md):
 import triton
 import triton.language as tl
 
-from .common import (alibi_slope_log2, causal_key_bounds, head_base, load_rows, load_seq_rows, online_softmax_step,
-                     pair_visible, scores, sequence_bounds, store_rows, tile_source, window_key_bounds)
-
-LN2 = tl.constexpr(0.6931471805599453)
-
-
-@triton.jit
-def _fwd_tile(acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n, start_n,
-              N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-              k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-              IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-              USE_TMA: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
-              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
-    if IS_VARLEN:
-        # rows are absolute in the packed tensor; past the sequence's end the
-        # loads return other sequences' rows (masked below, never stored)
-        k = load_rows(k_src, off_b, off_hk, k_row0 + start_n, k_end, stride_kn, stride_kd, BLOCK_N, HEAD_DIM,
-                      BLOCK_D, MASKED, USE_TMA)
-    else:
-        k = load_rows(k_src, off_b, off_hk, start_n, N_K, stride_kn, stride_kd, BLOCK_N, HEAD_DIM, BLOCK_D,
-                      MASKED, USE_TMA)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-    if HAS_SOFTCAP or HAS_ALIBI:
-        s, _ = scores(qk, offs_m[:, None], (start_n + offs_n)[None, :], N_K - N_Q, qk_scale, softcap_scale,
-                      softcap_log2, alibi_log2, HAS_SOFTCAP, HAS_ALIBI)
-    else:
-        s = qk * qk_scale
-    if MASKED:
-        n_idx = start_n + offs_n
-        visible = (n_idx < N_K)[None, :]
-        if HAS_WINDOW or IS_CAUSAL:
-            visible = visible & pair_visible(offs_m[:, None], n_idx[None, :], N_K - N_Q, win_left, win_right,
-                                             HAS_WINDOW)
-        s = tl.where(visible, s, float("-inf"))
-    p, alpha, l_i, m_new = online_softmax_step(s, m_i, l_i, MASKED)
-    if IS_VARLEN:
-        v = load_seq_rows(v_src, off_b, off_hk, k_row0 + start_n, k_end, stride_vn, stride_vd, BLOCK_N, HEAD_DIM,
-                          BLOCK_D, MASKED, USE_TMA)
-    else:
-        v = load_rows(v_src, off_b, off_hk, start_n, N_K, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, BLOCK_D,
-                      MASKED, USE_TMA)
-    acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-    return acc, l_i, m_new
+from .common import (LN2, STAGE_MASKED, accumulate, alibi_slope_log2, head_base, key_stages, load_rows,
+                     mask_keys, online_softmax_step, query_block_program, scores, stage_tile_start, stage_walk,
+                     store_rows, tile_source)
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n,
-               lo, hi, N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-               k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, block_idx,
+def _fwd_stage(acc, l_i, m_i, q, k_head, v_head, offs_m, offs_n, stage, span, var,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-               IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-               USE_TMA: tl.constexpr, IS_VARLEN: tl.constexpr = False, HAS_WINDOW: tl.constexpr = False,
-               HAS_SOFTCAP: tl.constexpr = False, HAS_ALIBI: tl.constexpr = False,
-               BLOCK_SPARSE: tl.constexpr = False, MASK_BLOCK_K: tl.constexpr = 128):
-    """Key tiles [lo, hi) in steps of BLOCK_N or, with BLOCK_SPARSE, the
-    entries [lo, hi) of the sub-tile list of ``block_idx`` (each listed block
-    of MASK_BLOCK_K keys holds MASK_BLOCK_K // BLOCK_N tiles)."""
-    if BLOCK_SPARSE:
-        for it in range(lo, hi):
-            sub = it % (MASK_BLOCK_K // BLOCK_N)
-            start_n = tl.load(block_idx + it // (MASK_BLOCK_K // BLOCK_N)) * MASK_BLOCK_K + sub * BLOCK_N
-            acc, l_i, m_i = _fwd_tile(
-                acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n, start_n,
-                N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-                k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2,
-                HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, MASKED, DOT_PRECISION, USE_TMA,
-                IS_VARLEN, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI)
-    else:
-        for start_n in range(lo, hi, BLOCK_N):
-            acc, l_i, m_i = _fwd_tile(
-                acc, l_i, m_i, q, k_src, v_src, off_b, off_hk, offs_m, offs_n, start_n,
-                N_Q, N_K, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-                k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2,
-                HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, MASKED, DOT_PRECISION, USE_TMA,
-                IS_VARLEN, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI)
+               MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+               IS_CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
+               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+               BLOCK_SPARSE: tl.constexpr, MASK_BLOCK_K: tl.constexpr):
+    """One stage of the key walk: the online softmax over the key tiles
+    [lo, hi) in steps of BLOCK_N or, with BLOCK_SPARSE, over the entries
+    [lo, hi) of the stage's sub-tile list.  ``k_head``/``v_head``: where the
+    K and V tiles come from (see ``common.load_rows``); ``span``: (N_Q, N_K,
+    first key row, end of the keys) of this sequence; ``var``: the scale and
+    the variants' runtime parameters."""
+    N_Q, N_K, k_row0, k_end = span
+    qk_scale, win_left, win_right, softcap_scale, softcap_log2, alibi_log2 = var
+    lo, hi, blocks = stage_walk(stage, MASK_BLOCK_K // BLOCK_N, BLOCK_SPARSE, COUNTS_FIRST=True)
+    for it in range(lo, hi, 1 if BLOCK_SPARSE else BLOCK_N):
+        start_n = stage_tile_start(it, blocks, BLOCK_N, MASK_BLOCK_K, BLOCK_SPARSE)
+        # packed rows are absolute; past the sequence's end K's loads return
+        # other sequences' rows (masked below, never stored)
+        k = load_rows(k_head, k_row0 + start_n, k_end, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if HAS_SOFTCAP or HAS_ALIBI:
+            s, _ = scores(qk, offs_m[:, None], (start_n + offs_n)[None, :], N_K - N_Q, qk_scale, softcap_scale,
+                          softcap_log2, alibi_log2, HAS_SOFTCAP, HAS_ALIBI)
+        else:
+            s = qk * qk_scale
+        if MASKED:
+            s = mask_keys(s, float("-inf"), offs_m, start_n + offs_n, N_Q, N_K, win_left, win_right, IS_CAUSAL,
+                          HAS_WINDOW)
+        p, alpha, l_i, m_new = online_softmax_step(s, m_i, l_i, MASKED)
+        v = load_rows(v_head, k_row0 + start_n, k_end, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA,
+                      PACKED=IS_VARLEN)
+        acc = accumulate(acc, p, alpha, v, DOT_PRECISION)
+        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -127,109 +90,48 @@ def _attn_fwd_kernel(
     HAS_ALIBI: tl.constexpr = False, BLOCK_SPARSE: tl.constexpr = False,
     MASK_BLOCK_Q: tl.constexpr = 128, MASK_BLOCK_K: tl.constexpr = 128,
 ):
-    # heaviest causal blocks (last rows) first: better tail balance
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    off_h = tl.program_id(1)
-    off_b = tl.program_id(2)
-    off_hk = off_h // GROUP_SIZE
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-
-    if IS_VARLEN:
-        # the tensors are (1, H, total, D) views; off_b is the sequence
-        q_row0, n_q, k_row0, n_k = sequence_bounds(CU_SEQLENS_Q, CU_SEQLENS_K, off_b)
-        if start_m >= n_q:
-            return
-        t_b = 0
-        q_src = tile_source(Q, t_b, off_h, stride_qb, stride_qh, USE_TMA)
-        k_src = tile_source(K, t_b, off_hk, stride_kb, stride_kh, USE_TMA)
-        v_src = tile_source(V, t_b, off_hk, stride_vb, stride_vh, USE_TMA)
-        # stores go through pointers, clipped at the sequence's end
-        o_dst = tile_source(O, t_b, off_h, stride_ob, stride_oh, False)
-        q = load_rows(q_src, t_b, off_h, q_row0 + start_m, q_row0 + n_q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM,
-                      BLOCK_D, True, USE_TMA)
-        k_end = k_row0 + n_k
-    else:
-        t_b = off_b
-        n_q = N_Q
-        n_k = N_K
-        k_row0 = 0
-        k_end = N_K
-        q_src = tile_source(Q, off_b, off_h, stride_qb, stride_qh, USE_TMA)
-        k_src = tile_source(K, off_b, off_hk, stride_kb, stride_kh, USE_TMA)
-        v_src = tile_source(V, off_b, off_hk, stride_vb, stride_vh, USE_TMA)
-        o_dst = tile_source(O, off_b, off_h, stride_ob, stride_oh, USE_TMA)
-        q = load_rows(q_src, off_b, off_h, start_m, N_Q, stride_qn, stride_qd, BLOCK_M, HEAD_DIM, BLOCK_D, True,
-                      USE_TMA)
+    # packed sequences: batch t_b of the (1, H, total, D) views, rows from
+    # q_row0 / k_row0; dense: batch off_b, rows from 0
+    start_m, offs_m, offs_n, off_h, off_hk, off_b, t_b, q_row0, n_q, k_row0, n_k = query_block_program(
+        CU_SEQLENS_Q, CU_SEQLENS_K, N_Q, N_K, GROUP_SIZE, BLOCK_M, BLOCK_N, IS_VARLEN)
+    if IS_VARLEN and start_m >= n_q:
+        return
+    # packed outputs are stored through pointers, clipped at the sequence's end
+    O_TMA: tl.constexpr = USE_TMA and not IS_VARLEN
+    q_head = (tile_source(Q, t_b, off_h, stride_qb, stride_qh, USE_TMA), t_b, off_h, stride_qn, stride_qd)
+    k_head = (tile_source(K, t_b, off_hk, stride_kb, stride_kh, USE_TMA), t_b, off_hk, stride_kn, stride_kd)
+    v_head = (tile_source(V, t_b, off_hk, stride_vb, stride_vh, USE_TMA), t_b, off_hk, stride_vn, stride_vd)
+    o_head = (tile_source(O, t_b, off_h, stride_ob, stride_oh, O_TMA), t_b, off_h, stride_on, stride_od)
+    q = load_rows(q_head, q_row0 + start_m, q_row0 + n_q, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    span = (n_q, n_k, k_row0, k_row0 + n_k)
     alibi_log2 = alibi_slope_log2(ALIBI, off_b, off_h, stride_ab, stride_ah, HAS_ALIBI)
+    var = (qk_scale, win_left, win_right, softcap_scale, softcap_log2, alibi_log2)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    if BLOCK_SPARSE:
-        # this query block's row of the layout: full blocks, then partial ones
-        row = start_m // MASK_BLOCK_Q
-        nb = off_b * stride_bs_nb + off_h * stride_bs_nh + row
-        ib = off_b.to(tl.int64) * stride_bs_ib + off_h * stride_bs_ih + row * stride_bs_ir
-        n_full = tl.load(BS_FULL_NUM + nb) * (MASK_BLOCK_K // BLOCK_N)
-        n_part = tl.load(BS_PART_NUM + nb) * (MASK_BLOCK_K // BLOCK_N)
-        acc, l_i, m_i = _fwd_inner(
-            acc, l_i, m_i, q, k_src, v_src, t_b, off_hk, offs_m, offs_n,
-            0, n_full, n_q, n_k, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-            k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, BS_FULL_IDX + ib,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, IS_CAUSAL=IS_CAUSAL, MASKED=False,
-            DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW,
-            HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_SPARSE=True, MASK_BLOCK_K=MASK_BLOCK_K)
-        acc, l_i, m_i = _fwd_inner(
-            acc, l_i, m_i, q, k_src, v_src, t_b, off_hk, offs_m, offs_n,
-            0, n_part, n_q, n_k, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-            k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, BS_PART_IDX + ib,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, IS_CAUSAL=IS_CAUSAL, MASKED=True,
-            DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW,
-            HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_SPARSE=True, MASK_BLOCK_K=MASK_BLOCK_K)
-    else:
-        if HAS_WINDOW:
-            # masked left edge [lo, full_lo), then the two stages below
-            lo, full_lo, full_end, hi = window_key_bounds(start_m, n_q, n_k, win_left, win_right, BLOCK_M, BLOCK_N)
-            acc, l_i, m_i = _fwd_inner(
-                acc, l_i, m_i, q, k_src, v_src, t_b, off_hk, offs_m, offs_n,
-                lo, full_lo, n_q, n_k, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-                k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, None,
-                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, IS_CAUSAL=IS_CAUSAL, MASKED=True,
-                DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW,
-                HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
-        else:
-            full_lo = 0
-            full_end, hi = causal_key_bounds(start_m, n_q, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-        acc, l_i, m_i = _fwd_inner(
-            acc, l_i, m_i, q, k_src, v_src, t_b, off_hk, offs_m, offs_n,
-            full_lo, full_end, n_q, n_k, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-            k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, None,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-            IS_CAUSAL=IS_CAUSAL, MASKED=False, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-            IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
-        acc, l_i, m_i = _fwd_inner(
-            acc, l_i, m_i, q, k_src, v_src, t_b, off_hk, offs_m, offs_n,
-            full_end, hi, n_q, n_k, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-            k_row0, k_end, win_left, win_right, softcap_scale, softcap_log2, alibi_log2, None,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-            IS_CAUSAL=IS_CAUSAL, MASKED=True, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-            IS_VARLEN=IS_VARLEN, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
+    # with a block-sparse layout: this query block's row, full blocks then partial ones
+    layout = (BS_FULL_NUM, BS_FULL_IDX, BS_PART_NUM, BS_PART_IDX,
+              stride_bs_nb, stride_bs_nh, stride_bs_ib, stride_bs_ih, stride_bs_ir)
+    stages = key_stages(start_m, n_q, n_k, win_left, win_right, layout, off_b, off_h, BLOCK_M, BLOCK_N, IS_CAUSAL,
+                        HAS_WINDOW, BLOCK_SPARSE, MASK_BLOCK_Q, MASK_BLOCK_K, COUNTS_FIRST=True)
+    # the masked head is the window's left edge
+    HAS_STAGE: tl.constexpr = (HAS_WINDOW and not BLOCK_SPARSE, True, True)
+    for i in tl.static_range(3):
+        if HAS_STAGE[i]:
+            acc, l_i, m_i = _fwd_stage(
+                acc, l_i, m_i, q, k_head, v_head, offs_m, offs_n, stages[i], span, var,
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, MASKED=STAGE_MASKED[i],
+                DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL, IS_VARLEN=IS_VARLEN,
+                HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+                BLOCK_SPARSE=BLOCK_SPARSE, MASK_BLOCK_K=MASK_BLOCK_K)
 
     # rows that saw no key: output 0, lse -inf (never 0/0)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
-    if IS_VARLEN:
-        store_rows(o_dst, t_b, off_h, q_row0 + start_m, out, q_row0 + n_q, stride_on, stride_od,
-                   BLOCK_M, HEAD_DIM, BLOCK_D, False)
-        lse_ptrs = head_base(LSE, t_b, off_h, stride_lb, stride_lh) + q_row0 + offs_m
-        tl.store(lse_ptrs, lse, mask=offs_m < n_q)
-    else:
-        store_rows(o_dst, off_b, off_h, start_m, out, N_Q, stride_on, stride_od,
-                   BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
-        lse_ptrs = head_base(LSE, off_b, off_h, stride_lb, stride_lh) + offs_m
-        tl.store(lse_ptrs, lse, mask=offs_m < N_Q)
+    store_rows(o_head, q_row0 + start_m, out, q_row0 + n_q, BLOCK_M, HEAD_DIM, BLOCK_D, O_TMA)
+    lse_ptrs = head_base(LSE, t_b, off_h, stride_lb, stride_lh) + q_row0 + offs_m
+    tl.store(lse_ptrs, lse, mask=offs_m < n_q)
