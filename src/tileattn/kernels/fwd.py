@@ -23,7 +23,7 @@ plain one above (docs/variants.md):
 import triton
 import triton.language as tl
 
-from .common import (LN2, STAGE_MASKED, accumulate, alibi_slope_log2, head_base, key_stages, load_rows,
+from .common import (LN2, LOG2E, STAGE_MASKED, accumulate, alibi_slope_log2, head_base, key_stages, load_rows,
                      mask_keys, online_softmax_step, query_block_program, scores, stage_tile_start, stage_walk,
                      store_rows, tile_source)
 
@@ -86,9 +86,10 @@ def _attn_fwd_kernel(
     ALIBI=None, stride_ab=None, stride_ah=None,
     BS_FULL_NUM=None, BS_FULL_IDX=None, BS_PART_NUM=None, BS_PART_IDX=None,
     stride_bs_nb=None, stride_bs_nh=None, stride_bs_ib=None, stride_bs_ih=None, stride_bs_ir=None,
+    SINKS=None,
     IS_VARLEN: tl.constexpr = False, HAS_WINDOW: tl.constexpr = False, HAS_SOFTCAP: tl.constexpr = False,
     HAS_ALIBI: tl.constexpr = False, BLOCK_SPARSE: tl.constexpr = False,
-    MASK_BLOCK_Q: tl.constexpr = 128, MASK_BLOCK_K: tl.constexpr = 128,
+    MASK_BLOCK_Q: tl.constexpr = 128, MASK_BLOCK_K: tl.constexpr = 128, HAS_SINKS: tl.constexpr = False,
 ):
     # packed sequences: batch t_b of the (1, H, total, D) views, rows from
     # q_row0 / k_row0; dense: batch off_b, rows from 0
@@ -107,8 +108,13 @@ def _attn_fwd_kernel(
     alibi_log2 = alibi_slope_log2(ALIBI, off_b, off_h, stride_ab, stride_ah, HAS_ALIBI)
     var = (qk_scale, win_left, win_right, softcap_scale, softcap_log2, alibi_log2)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINKS:
+        # the head's sink is one more score every row starts with: max = sink, sum = 1
+        m_i = tl.full([BLOCK_M], 0.0, dtype=tl.float32) + tl.load(SINKS + off_h) * LOG2E
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # with a block-sparse layout: this query block's row, full blocks then partial ones

@@ -204,14 +204,10 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
             and dispatch.hopper_fwd_eligible(q, k, v)
             and (config is not None or dispatch.hopper_fwd_preferred(q.shape[-1], causal, k.shape[2]))):
         return hopper.attn_fwd(q, k, v, causal, scale, config, poison=runtime.POISON_OUTPUTS, sinks=sinks)
-    if sinks is not None:
-        # the portable kernel starts its rows without the sink: fold it in after
-        o, lse = attn_fwd(q, k, v, causal, scale, config, **variants)
-        return _fold_sinks(o, lse, sinks)
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     plan_key = None
-    if not variants and config is None and q.is_cuda:
+    if not variants and sinks is None and config is None and q.is_cuda:
         plan_key = _plan_key("fwd", (q, k, v), bool(causal), float(scale))
         plan = runtime._PLANS.get(plan_key) if plan_key is not None else None
         if plan is not None:
@@ -225,12 +221,13 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     lse = _empty((b, hq, n_q), q.device)
     if n_q == 0 or b == 0 or var.batch == 0:
         return o, lse
-    if n_k == 0:  # nothing to attend to: every row is empty
-        return o.zero_(), lse.fill_(float("-inf"))
+    if n_k == 0:  # nothing to attend to: every row is empty (or its sink alone)
+        lse.fill_(float("-inf"))
+        return (o.zero_(), lse) if sinks is None else with_sinks(o.zero_(), lse, sinks)
     if plan_key is not None:
         _begin_record()
     try:
-        _attn_fwd_launch(q, k, v, o, lse, var, scale, config)
+        _attn_fwd_launch(q, k, v, o, lse, var, scale, config, sinks)
     except BaseException:
         _abandon_record()
         raise
@@ -239,7 +236,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     return o, lse
 
 
-def _attn_fwd_launch(q, k, v, o, lse, var, scale, config):
+def _attn_fwd_launch(q, k, v, o, lse, var, scale, config, sinks=None):
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
 
@@ -255,13 +252,8 @@ def _attn_fwd_launch(q, k, v, o, lse, var, scale, config):
             GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
             N_Q_BUCKET=_bucket(var.len_q), N_K_BUCKET=_bucket(var.len_k),
             HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=var.causal,
-            DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma, **var.kernel_args("fwd"))
-
-
-def _fold_sinks(o, lse, sinks):
-    """:func:`tileattn.sinks.with_sinks` in place on the launcher's fresh outputs."""
-    o_s, lse_s = with_sinks(o, lse, sinks)
-    return o.copy_(o_s), lse_s
+            DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma, **var.kernel_args("fwd"),
+            **({} if sinks is None else dict(SINKS=sinks.float().contiguous(), HAS_SINKS=True)))
 
 
 def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
