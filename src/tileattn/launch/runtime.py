@@ -18,6 +18,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._env import env, interpreter_active
+from ..dispatch import tma_addressable
 
 LOG2E = 1.4426950408889634
 
@@ -36,9 +37,10 @@ def _has_tma(device_index: int) -> bool:
 
 def use_tma(*tensors: torch.Tensor) -> bool:
     """Whether the kernels load tiles through tensor descriptors (the Hopper
-    copy engine; also runs under the interpreter).  Needs unit stride on the
-    head dim and 16-byte aligned base and strides; otherwise the portable
-    pointer path runs."""
+    copy engine; also runs under the interpreter).  Needs every tensor
+    ``dispatch.tma_addressable`` with the row dim's stride kept (unit stride
+    on the head dim, 16-byte aligned base and strides); otherwise the
+    portable pointer path runs."""
     if FORCE_POINTER_PATH:
         return False
     if not interpreter_active():
@@ -48,15 +50,8 @@ def use_tma(*tensors: torch.Tensor) -> bool:
         # rejected descriptor loads (triton 3.6, sm_90): keep fp32 on pointers
         if tensors[0].dtype == torch.float32:
             return False
-    for t in tensors:
-        if t.stride(-1) != 1 or t.data_ptr() % 16:
-            return False
-        elem, shape, strides, last = t.element_size(), t.shape, t.stride(), t.dim() - 2
-        for i in range(last + 1):
-            # dims of size 1 are never stepped over (the row stride always is)
-            if (strides[i] * elem) % 16 and (shape[i] > 1 or i == last):
-                return False
-    return True
+    # the descriptors' strides are tma_strides(t, t.dim() - 2): the row stride stays
+    return all(tma_addressable(t, t.dim() - 2) for t in tensors)
 
 
 def _descriptor_defaults() -> dict | None:
