@@ -536,7 +536,7 @@ def test_split_heuristic_is_used(kernels, monkeypatch):
     c = Case(4, 1, 1, 32, F16, (520,), n_new=1, splits=0)
     assert_case(c)
     # one program per split, 524 keys of capacity (at most 2 splits of >= 256 keys)
-    n_sms = launch_decode._device_sms(torch.device(DEVICE))
+    n_sms = runtime.sm_count(torch.device(DEVICE))
     assert seen == [real(1, 524, n_sms)]
     if INTERPRETED:
         assert seen == [1]  # the interpreter counts as one SM: one program fills it
@@ -1046,7 +1046,7 @@ def test_gpu_decode_config_choice(env, monkeypatch):
                               "contig-auto-append", "page16-2splits-append"])
 def test_gpu_decode_plans_match_regular_launches(page, splits, alibi, append, monkeypatch):
     """From the second call of a shape on, a decoding step replays a launch
-    plan (runtime._PLANS, keyed by the validated call): bitwise the result of
+    plan (runtime.PLANS, keyed by the validated call): bitwise the result of
     regular launches, with fresh cache contents and lengths each step; with
     ``append`` the plan holds the append too, and the caches after each step
     are bitwise those of regular launches."""
@@ -1081,16 +1081,16 @@ def test_gpu_decode_plans_match_regular_launches(page, splits, alibi, append, mo
     want = [tileattn.attention_with_kvcache(*a, **kw, return_lse=True) for a, kw in steps]
     want_caches = [(a[1].clone(), a[2].clone()) for a, _ in steps]
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "1")
-    runtime._PLANS.clear()
+    runtime.PLANS.clear()
     replayed = []
     for i, (a, kw) in enumerate(steps):
         a = fresh[i]
-        planned = len(runtime._PLANS)
+        planned = len(runtime.PLANS)
         out, lse = tileattn.attention_with_kvcache(*a, **kw, return_lse=True)
-        replayed.append(planned > 0 and len(runtime._PLANS) == planned)
+        replayed.append(planned > 0 and len(runtime.PLANS) == planned)
         assert torch.equal(out, want[i][0]) and torch.equal(lse, want[i][1]), f"step {i}"
         assert torch.equal(a[1], want_caches[i][0]) and torch.equal(a[2], want_caches[i][1]), f"step {i} cache"
-    assert any(key[0] == "decode-call" for key in runtime._PLANS), "no plan was recorded"
+    assert any(key[0] == "decode-call" for key in runtime.PLANS), "no plan was recorded"
     assert all(replayed[1:]), f"steps after the first recorded again: {replayed}"
 
 
