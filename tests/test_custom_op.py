@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import tileattn
+from tileattn.testing import assert_compiled_matches
 
 from conftest import DEVICE
 
@@ -38,15 +39,7 @@ def test_compile_fullgraph_forward_backward(path):
         out, lse = tileattn.attention(q, k, v, causal=True, return_lse=True)
         return (out * out).sum() + lse.sum()
 
-    torch._dynamo.reset()
-    compiled = torch.compile(layer, fullgraph=True)
-    loss = compiled(q, k, v)
-    grads = torch.autograd.grad(loss, (q, k, v))
-    ref_loss = layer(q, k, v)
-    ref_grads = torch.autograd.grad(ref_loss, (q, k, v))
-    assert torch.allclose(loss, ref_loss, rtol=1e-5, atol=1e-5)
-    for g, r in zip(grads, ref_grads):
-        assert torch.allclose(g, r, rtol=1e-5, atol=1e-5)
+    assert_compiled_matches(layer, (q, k, v))
 
 
 def test_output_keeps_query_layout(path):

@@ -97,14 +97,14 @@ def test_atomic_backward_plans_start_from_a_zero_accumulator():
     torch.manual_seed(5)
     q, k, v, do = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     o, lse = launch.attn_fwd(q, k, v, True, 0.125)
-    runtime._PLANS.clear()
+    runtime.PLANS.clear()
     first = launch.attn_bwd(do, q, k, v, o, lse, True, 0.125, deterministic=False)
     for _ in range(4):   # the later calls launch directly, then from the plan
         again = launch.attn_bwd(do, q, k, v, o, lse, True, 0.125, deterministic=False)
         assert (again[0].float() - first[0].float()).abs().max() <= 1e-2 * first[0].float().abs().max()
         assert torch.equal(again[1], first[1]) and torch.equal(again[2], first[2])
     if runtime._DIRECT_SUPPORTED:
-        assert any(key[0] == "bwd" for key in runtime._PLANS), "no call replayed a plan"
+        assert any(key[0] == "bwd" for key in runtime.PLANS), "no call replayed a plan"
 
 
 def _fwd_bwd_launchers(q, k, v, do, causal, dlse=None):
@@ -114,7 +114,7 @@ def _fwd_bwd_launchers(q, k, v, do, causal, dlse=None):
 
 
 def test_direct_launches_match_regular_launches(monkeypatch):
-    """Later calls of a specialisation skip Triton's binder (runtime._run) and,
+    """Later calls of a specialisation skip Triton's binder (runtime.run) and,
     from the third call of a plain shape on, replay a launch plan; the
     outputs must be bitwise those of regular launches, also when calls of
     other specialisations (length not a multiple of 16, strided views, fp16,
@@ -145,11 +145,11 @@ def test_direct_launches_match_regular_launches(monkeypatch):
     want = {name: _fwd_bwd_launchers(*t, c, dlse) for name, (t, c, dlse) in cases.items()}
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "1")
     runtime._DIRECT.clear()
-    runtime._PLANS.clear()
+    runtime.PLANS.clear()
     for _ in range(4):   # first round fills the caches, the others launch directly, then from plans
         for name, (t, c, dlse) in cases.items():
             got = _fwd_bwd_launchers(*t, c, dlse)
             for part, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want[name]):
                 assert torch.equal(g, w), f"{name} {part}"
     assert runtime._DIRECT, "no call took the direct path"
-    assert {key[0] for key in runtime._PLANS} == {"fwd", "bwd"}, "no call replayed a plan"
+    assert {key[0] for key in runtime.PLANS} == {"fwd", "bwd"}, "no call replayed a plan"

@@ -304,6 +304,22 @@ class DecodeConfig:
         return self.layout == "any" or self.layout == ("paged" if paged else "contiguous")
 
 
+# query rows packed per program: group size x Nq, padded to >= 16 for tl.dot
+MAX_DECODE_BLOCK_M = 64
+
+
+def decode_block_m(group_size: int, n_q: int) -> int:
+    """BLOCK_M of the partial kernel: the group's query rows (group size x
+    Nq) rounded up to a power of two, at least 16, at most MAX_DECODE_BLOCK_M."""
+    rows = group_size * n_q
+    return min(MAX_DECODE_BLOCK_M, max(16, 1 << (rows - 1).bit_length()))
+
+
+def decode_pipeline_buffers(num_stages: int, paged: bool) -> int:
+    """K/V tiles the pipeliner buffers ahead at ``num_stages`` (see DECODE_CONFIGS)."""
+    return max(1, (num_stages - 1) // 2 if paged else num_stages - 1)
+
+
 _U = "untuned: chosen for H200 bandwidth (K+V stage >= 16 KB, >= 2 programs/SM), to be measured"
 _SWEEP = ("H200 sweep, B=16 Hq=32 Hkv=8 d=128 bf16, one split, 16k / 64k keys "
           "(docs/results/h200/v5/cfg_sweep; SDPA-cuDNN 254 / 954 us)")

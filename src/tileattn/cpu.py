@@ -154,7 +154,8 @@ class _Scores:
         self.left, self.right = left, right
         self.softcap = float(softcap) if _softcap_on(softcap) else None
         self.device = q.device
-        acc_t = _acc_dtype(q)
+        self.acc_t = acc_t = _acc_dtype(q)
+        self.batch = b
         self.slopes = None
         if alibi_slopes is not None:
             sl = alibi_slopes.to(acc_t)
@@ -171,6 +172,11 @@ class _Scores:
             # (B', Hkv', G', Nq, nkb): the block row of every query
             self.bm_rows = self.block_mask[..., self.rows[:, 0] // BLOCK_Q, :]
 
+    def grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """A (B, Hq, Nq, D) tensor as (B, Hkv, G, Nq, D) in the accumulation
+        dtype: heads sharing a k/v head broadcast against it without copies."""
+        return x.to(self.acc_t).reshape(self.batch, self.hkv, self.g, self.n_q, x.shape[-1])
+
     def key_block(self, block_n: int) -> int:
         """The key block size to step with: with a block mask, one that divides
         BLOCK_K, so that a step never straddles a switched-off block."""
@@ -184,6 +190,22 @@ class _Scores:
         if self.block_mask is None:
             return True
         return bool(self.block_mask[..., start // BLOCK_K:(stop - 1) // BLOCK_K + 1].any())
+
+    def visible_blocks(self, block_n: int):
+        """(start, stop) of every key block to compute, in order."""
+        for start in range(0, self.n_k, block_n):
+            stop = min(start + block_n, self.n_k)
+            if self.block_visible(start, stop):
+                yield start, stop
+
+    def load(self, qg, k, v, start: int, stop: int):
+        """One key block: (kj, vj, s, t, hidden) with kj, vj the block's keys and
+        values in the accumulation dtype, s its finished scores, t the softcap's
+        tanh (or None) and hidden its hidden pairs (or None)."""
+        kj = k[:, :, start:stop].to(qg.dtype).unsqueeze(2)
+        vj = v[:, :, start:stop].to(qg.dtype).unsqueeze(2)
+        s, t = self.finish(self.raw(qg, kj), start, stop)
+        return kj, vj, s, t, self.hidden(start, stop)
 
     def hidden(self, start: int, stop: int):
         """Hidden pairs of key columns [start, stop), or None."""
@@ -233,26 +255,16 @@ def tiled_attention(q, k, v, *, causal=False, scale=None, block_n=128, return_ls
     """
     scale = _default_scale(q, scale)
     acc_t = _acc_dtype(q)
-    b, hq, n_q, d = q.shape
-    n_k = k.shape[2]
-    hkv = k.shape[1]
+    b, hq, n_q = q.shape[:3]
     sc = _Scores(q, k, causal=causal, scale=scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                  block_mask=block_mask)
     block_n = sc.key_block(block_n)
-    # (B, Hkv, G, Nq, D) against (B, Hkv, 1, Nk, D): heads sharing a k/v head
-    # broadcast against it without copies
-    qg = q.to(acc_t).reshape(b, hkv, hq // hkv, n_q, d)
+    qg = sc.grouped(q)  # (B, Hkv, G, Nq, D) against (B, Hkv, 1, Nk, D)
     m = torch.full(qg.shape[:-1], float("-inf"), dtype=acc_t, device=q.device)
     l = torch.zeros_like(m)
     o = torch.zeros(qg.shape[:-1] + (v.shape[-1],), dtype=acc_t, device=q.device)
-    for start in range(0, n_k, block_n):
-        stop = min(start + block_n, n_k)
-        if not sc.block_visible(start, stop):
-            continue
-        kj = k[:, :, start:stop].to(acc_t).unsqueeze(2)
-        vj = v[:, :, start:stop].to(acc_t).unsqueeze(2)
-        s, _ = sc.finish(sc.raw(qg, kj), start, stop)
-        hidden = sc.hidden(start, stop)
+    for start, stop in sc.visible_blocks(block_n):
+        _, vj, s, _, hidden = sc.load(qg, k, v, start, stop)
         if hidden is not None:
             s = s.masked_fill(hidden, float("-inf"))
         m, l, o = online_softmax_step(m, l, o, s, vj)
@@ -302,8 +314,7 @@ def tiled_attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, d
     sc = _Scores(q, k, causal=causal, scale=scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                  block_mask=block_mask)
     block_n = sc.key_block(block_n)
-    qg = q.to(acc_t).reshape(b, hkv, g, n_q, d)
-    dog = do.to(acc_t).reshape(b, hkv, g, n_q, do.shape[-1])
+    qg, dog = sc.grouped(q), sc.grouped(do)
     delta = (do.to(acc_t) * o.to(acc_t)).sum(dim=-1)
     if dlse is not None:
         delta = delta - dlse.to(acc_t)
@@ -314,15 +325,9 @@ def tiled_attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, d
     dq = torch.zeros_like(qg)
     dk = torch.zeros((b, hkv, n_k, d), dtype=acc_t, device=q.device)
     dv = torch.zeros((b, hkv, n_k, v.shape[-1]), dtype=acc_t, device=q.device)
-    for start in range(0, n_k, block_n):
-        stop = min(start + block_n, n_k)
-        if not sc.block_visible(start, stop):
-            continue
-        kj = k[:, :, start:stop].to(acc_t).unsqueeze(2)
-        vj = v[:, :, start:stop].to(acc_t).unsqueeze(2)
-        s, t = sc.finish(sc.raw(qg, kj), start, stop)
+    for start, stop in sc.visible_blocks(block_n):
+        kj, vj, s, t, hidden = sc.load(qg, k, v, start, stop)
         p = torch.exp(s - lse_g[..., None])
-        hidden = sc.hidden(start, stop)
         if hidden is not None:
             p = p.masked_fill(hidden, 0.0)
         dv[:, :, start:stop] = torch.matmul(p.transpose(-2, -1), dog).sum(dim=2)
@@ -338,6 +343,14 @@ def tiled_attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, d
 def _seq_view(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """Rows [start, stop) of a packed (total, H, D) tensor as a (1, H, n, D) view."""
     return x[start:stop].transpose(0, 1).unsqueeze(0)
+
+
+def _sequences(cu_seqlens_q, cu_seqlens_k):
+    """(b, q0, q1, k0, k1) of every packed sequence with rows and keys; the
+    others keep their zero output and gradients (and lse -inf)."""
+    for b, ((q0, q1), (k0, k1)) in enumerate(zip(_segments(cu_seqlens_q), _segments(cu_seqlens_k))):
+        if q1 > q0 and k1 > k0:
+            yield b, q0, q1, k0, k1
 
 
 def _seq_slopes(alibi_slopes, b):
@@ -356,9 +369,7 @@ def tiled_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False,
     out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float64 if acc_t == torch.float64
                      else torch.float32, device=q.device)
-    for b, ((q0, q1), (k0, k1)) in enumerate(zip(_segments(cu_seqlens_q), _segments(cu_seqlens_k))):
-        if q1 == q0 or k1 == k0:
-            continue  # no rows, or rows that see nothing: out 0, lse -inf
+    for b, q0, q1, k0, k1 in _sequences(cu_seqlens_q, cu_seqlens_k):
         o_b, lse_b = tiled_attention(_seq_view(q, q0, q1), _seq_view(k, k0, k1), _seq_view(v, k0, k1),
                                      causal=causal, scale=scale, block_n=block_n, return_lse=True,
                                      window=window, softcap=softcap, alibi_slopes=_seq_slopes(alibi_slopes, b))
@@ -373,9 +384,7 @@ def tiled_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     lse and dlse are (Hq, total_q)."""
     scale = _default_scale(q, scale)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for b, ((q0, q1), (k0, k1)) in enumerate(zip(_segments(cu_seqlens_q), _segments(cu_seqlens_k))):
-        if q1 == q0 or k1 == k0:
-            continue
+    for b, q0, q1, k0, k1 in _sequences(cu_seqlens_q, cu_seqlens_k):
         dl = None if dlse is None else dlse[:, q0:q1][None]
         g = tiled_attention_backward(_seq_view(do, q0, q1), _seq_view(q, q0, q1), _seq_view(k, k0, k1),
                                      _seq_view(v, k0, k1), _seq_view(o, q0, q1), lse[:, q0:q1][None],

@@ -140,15 +140,24 @@ def _gluon_ok() -> bool:
     return True
 
 
-def tma_addressable(t: torch.Tensor) -> bool:
-    """Whether the copy engine can address ``t`` as a whole: unit stride on
-    the last dim, 16-byte aligned base and strides (dims of size 1 are never
-    stepped over)."""
+def tma_addressable(t: torch.Tensor, n_dims: int | None = None) -> bool:
+    """Whether the copy engine can address ``t`` through a tensor descriptor
+    whose strides are ``launch.runtime.tma_strides(t, n_dims)``: unit stride
+    on the last dim, a 16-byte aligned base, and 16-byte aligned strides on
+    every other dim, except the first ``n_dims`` dims where they have size 1
+    (never stepped over; tma_strides gives those a 16-byte stride) or 0.
+
+    The one rule for both kinds of descriptor: the Hopper forward's rewrite
+    every dim but the last (``n_dims`` None: ``t.dim() - 1``); the portable
+    kernels' rewrite the leading dims but not the row dim
+    (``launch.runtime.use_tma`` passes ``t.dim() - 2``), whose stride they
+    always step over, so a size-1 row dim still needs an aligned stride."""
     if t.stride(-1) != 1 or t.data_ptr() % 16:
         return False
+    n_dims = t.dim() - 1 if n_dims is None else n_dims
     elem = t.element_size()
-    for size, stride in zip(t.shape[:-1], t.stride()[:-1]):
-        if size > 1 and (stride * elem) % 16:
+    for i, (size, stride) in enumerate(zip(t.shape[:-1], t.stride()[:-1])):
+        if (stride * elem) % 16 and (size > 1 or i >= n_dims):
             return False
     return True
 

@@ -9,8 +9,10 @@ low precision, plus a tiny floor:
 Infinities must sit where the reference has them (lse of rows that see no key
 is -inf); a NaN where the reference has none always fails.
 
-The named cases of the dense tests live here too (``Case``, ``run_case``,
-``assert_case``), so that every test folder builds them one way.
+The named cases of the tests live here too, so that every test folder builds
+them one way: dense batches (``Case``, ``run_case``, ``assert_case``), the
+variants on dense batches (``VariantCase``, ``assert_variant_case``) and
+packed sequences (``VarlenCase``, ``assert_varlen_case``).
 """
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ import os
 import zlib
 
 import torch
+
+from .block_mask import BLOCK_K, BLOCK_Q, block_mask_from_fn
+from .reference import (alibi_bias, block_mask_dense, causal_mask, standard_attention, varlen_alibi_bias, varlen_mask,
+                        window_mask)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # TILEATTN_TEST_SEED shifts every case's seed (fresh inputs for a repeated run)
@@ -91,6 +97,30 @@ class Case:
                 f"{'causal' if self.causal else 'full'}-{DT_NAME[self.dtype]}-{self.layout}")
 
 
+def variant_id_parts(window, softcap, alibi) -> list[str]:
+    """The id parts of a case's window, softcap and ALiBi (none where off)."""
+    parts = []
+    if window is not None:
+        parts.append(f"win{window[0]}_{window[1]}")
+    if softcap is not None:
+        parts.append(f"cap{softcap:g}")
+    if alibi:
+        parts.append(f"alibi-{alibi}")
+    return parts
+
+
+def seed_case(case_id: str) -> None:
+    """Seed torch from a case's id (and TILEATTN_TEST_SEED)."""
+    torch.manual_seed(zlib.crc32(case_id.encode()) + SEED_OFFSET)
+
+
+def forbidden(message: str = "a kernel was launched for bad input"):
+    """A stand-in for a function that must not run: it raises AssertionError."""
+    def call(*args, **kwargs):
+        raise AssertionError(message)
+    return call
+
+
 def make_tensor(b, h, n, d, dtype, layout, scale=1.0, device=None):
     device = DEVICE if device is None else device
     if layout == "bnhd":
@@ -100,15 +130,33 @@ def make_tensor(b, h, n, d, dtype, layout, scale=1.0, device=None):
     return x.detach().requires_grad_()
 
 
+def output_loss(out, lse, do, dlse=None):
+    """sum(out * do) + sum(lse * dlse): a loss whose gradients reach every
+    output (rows that see no key have lse = -inf and are left out)."""
+    loss = (out.to(do.dtype) * do).sum()
+    if dlse is None:
+        return loss
+    return loss + (torch.where(torch.isinf(lse), torch.zeros_like(lse), lse) * dlse.to(lse.dtype)).sum()
+
+
+def _references(ref, q, k, v, do):
+    """``ref(q, k, v, do)`` in the inputs' precision, and in float64 on the
+    PyTorch path."""
+    import tileattn
+    lowp = ref(q, k, v, do)
+    with tileattn.use_backend("torch"):
+        ref64 = ref(*(t.detach().double().requires_grad_() for t in (q, k, v)), do.double())
+    return lowp, ref64
+
+
 def run_case(c: Case, input_scale=1.0, with_lse_grad=True, device=None, deterministic=None):
     """Forward + backward of tileattn (with ``deterministic`` passed on),
     standard attention in c.dtype and in float64."""
     import functools
 
     import tileattn
-    from tileattn.reference import standard_attention
     device = DEVICE if device is None else device
-    torch.manual_seed(zlib.crc32(c.id.encode()) + SEED_OFFSET)
+    seed_case(c.id)
     q = make_tensor(c.b, c.hq, c.nq, c.d, c.dtype, c.layout, input_scale, device)
     k = make_tensor(c.b, c.hkv, c.nk, c.d, c.dtype, c.layout, input_scale, device)
     v = make_tensor(c.b, c.hkv, c.nk, c.d, c.dtype, c.layout, device=device)
@@ -117,19 +165,11 @@ def run_case(c: Case, input_scale=1.0, with_lse_grad=True, device=None, determin
 
     def fwd_bwd(fn, qq, kk, vv, g):
         out, lse = fn(qq, kk, vv, causal=c.causal, return_lse=True)
-        loss = (out.to(g.dtype) * g).sum()
-        if dlse is not None:
-            # rows that see no key have lse = -inf: leave them out of the loss
-            loss = loss + (torch.where(torch.isinf(lse), torch.zeros_like(lse), lse) * dlse.to(lse.dtype)).sum()
-        grads = torch.autograd.grad(loss, (qq, kk, vv))
+        grads = torch.autograd.grad(output_loss(out, lse, g, dlse), (qq, kk, vv))
         return (out, lse) + grads
 
     mine = fwd_bwd(functools.partial(tileattn.attention, deterministic=deterministic), q, k, v, do)
-    lowp = fwd_bwd(standard_attention, q, k, v, do)
-    with tileattn.use_backend("torch"):
-        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-        ref = fwd_bwd(standard_attention, q64, k64, v64, do.double())
-    return mine, lowp, ref
+    return (mine,) + _references(functools.partial(fwd_bwd, standard_attention), q, k, v, do)
 
 
 def assert_case(c: Case, logit_floor=False, **kw):
@@ -148,3 +188,207 @@ def assert_case(c: Case, logit_floor=False, **kw):
         if smax is not None:
             floor = 4 * 2.0**-24 * smax * float(r64[torch.isfinite(r64)].abs().max())
         check_accuracy(f"{c.id} {name}", got, r64, rlp, c.dtype, floor=floor)
+
+
+def assert_compiled_matches(fn, inputs, **compile_kwargs):
+    """``torch.compile(fn, fullgraph=True)`` gives the loss and the gradients
+    (w.r.t. ``inputs``) that ``fn`` run eagerly gives, within 1e-5."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, **compile_kwargs)
+    loss = compiled(*inputs)
+    grads = torch.autograd.grad(loss, inputs)
+    ref_loss = fn(*inputs)
+    ref_grads = torch.autograd.grad(ref_loss, inputs)
+    assert torch.allclose(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        assert torch.allclose(g, r, rtol=1e-5, atol=1e-5)
+
+
+def _check_outputs(case_id, mine, ref64, lowp, dtype):
+    for name, got, r64, rlp in zip(("out", "lse", "dq", "dk", "dv"), mine, ref64, lowp):
+        check_accuracy(f"{case_id} {name}", got, r64, rlp, dtype)
+
+
+# ---------------------------------------------------------------------------
+# Named cases of the variants: window, softcap, ALiBi, block-sparse layouts
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class VariantCase:
+    b: int
+    hq: int
+    hkv: int
+    nq: int
+    nk: int
+    d: int
+    dtype: torch.dtype
+    causal: bool = False
+    window: tuple | None = None
+    softcap: float | None = None
+    alibi: str | None = None      # "h": slopes (Hq,); "bh": slopes (B, Hq)
+    blocks: str | None = None     # "rand-B1": random (B, 1, ...) layout, "rand-1H", "rand-BH", "band"
+    block_density: float = 0.5
+
+    @property
+    def id(self) -> str:
+        parts = [f"B{self.b}-H{self.hq}x{self.hkv}-Nq{self.nq}-Nk{self.nk}-D{self.d}-{DT_NAME[self.dtype]}"]
+        if self.causal:
+            parts.append("causal")
+        parts += variant_id_parts(self.window, self.softcap, self.alibi)
+        if self.blocks:
+            parts.append(f"blocks-{self.blocks}" + (f"{self.block_density:g}" if self.blocks.startswith("rand")
+                                                    else ""))
+        return "-".join(parts)
+
+
+def variant_layout(c: VariantCase):
+    """The block layout of a case (None without block sparsity)."""
+    nqb, nkb = -(-c.nq // BLOCK_Q), -(-c.nk // BLOCK_K)
+    if c.blocks is None:
+        return None
+    if c.blocks == "band":
+        # keys within 150 positions before the aligned diagonal
+        diag = c.nk - c.nq
+        return block_mask_from_fn(lambda b, h, i, j: (j <= i + diag) & (j >= i + diag - 150), None, c.hq,
+                                  c.nq, c.nk, device=DEVICE).mask
+    shape = {"rand-B1": (c.b, 1, nqb, nkb), "rand-1H": (1, c.hq, nqb, nkb), "rand-BH": (c.b, c.hq, nqb, nkb)}
+    return torch.rand(shape[c.blocks], device=DEVICE) < c.block_density
+
+
+def variant_inputs(c: VariantCase, device=DEVICE):
+    """q, k, v, the output and lse gradients, the ALiBi slopes and the block
+    layout of a case (slopes and layout None where off)."""
+    seed_case(c.id)
+    q = torch.randn(c.b, c.hq, c.nq, c.d, device=device).to(c.dtype).requires_grad_()
+    k = torch.randn(c.b, c.hkv, c.nk, c.d, device=device).to(c.dtype).requires_grad_()
+    v = torch.randn(c.b, c.hkv, c.nk, c.d, device=device).to(c.dtype).requires_grad_()
+    do = torch.randn(c.b, c.hq, c.nq, c.d, device=device).to(c.dtype)
+    dlse = torch.randn(c.b, c.hq, c.nq, device=device)
+    slopes = None
+    if c.alibi == "h":
+        slopes = torch.rand(c.hq, device=device) * 0.5 + 0.01
+    elif c.alibi == "bh":
+        slopes = torch.rand(c.b, c.hq, device=device) * 0.5 + 0.01
+    return q, k, v, do, dlse, slopes, variant_layout(c)
+
+
+def variant_mask(c: VariantCase, layout):
+    """Hidden pairs of a case, written out token by token."""
+    hidden = torch.zeros(c.nq, c.nk, dtype=torch.bool, device=DEVICE)
+    if c.causal:
+        hidden |= causal_mask(c.nq, c.nk, DEVICE)
+    if c.window is not None:
+        hidden |= window_mask(c.nq, c.nk, c.window, DEVICE)
+    if layout is not None:
+        hidden = hidden | block_mask_dense(layout, c.nq, c.nk)
+    return hidden
+
+
+def run_variant_case(c: VariantCase, deterministic=None):
+    """Forward + backward of tileattn, of standard attention with the mask and
+    bias written out in c.dtype, and of the same in float64."""
+    import tileattn
+    q, k, v, do, dlse, slopes, layout = variant_inputs(c)
+    out, lse = tileattn.attention(q, k, v, causal=c.causal, window=c.window, softcap=c.softcap,
+                                  alibi_slopes=slopes, block_mask=layout, return_lse=True,
+                                  deterministic=deterministic)
+    mine = (out, lse) + torch.autograd.grad(output_loss(out, lse, do, dlse), (q, k, v))
+    mask = variant_mask(c, layout)
+
+    def ref(qq, kk, vv, g):
+        bias = None if slopes is None else alibi_bias(slopes.to(qq.dtype), c.nq, c.nk)
+        o, l = standard_attention(qq, kk, vv, softcap=c.softcap, mask=mask, bias=bias, return_lse=True)
+        return (o, l) + torch.autograd.grad(output_loss(o, l, g, dlse), (qq, kk, vv))
+
+    return (mine,) + _references(ref, q, k, v, do)
+
+
+def assert_variant_case(c: VariantCase, deterministic=None):
+    mine, lowp, ref64 = run_variant_case(c, deterministic)
+    assert mine[0].shape == (c.b, c.hq, c.nq, c.d) and mine[0].dtype == c.dtype
+    assert mine[1].shape == (c.b, c.hq, c.nq) and mine[1].dtype == torch.float32
+    _check_outputs(c.id, mine, ref64, lowp, c.dtype)
+
+
+# ---------------------------------------------------------------------------
+# Named cases of packed sequences (attention_varlen)
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class VarlenCase:
+    lens_q: tuple
+    lens_k: tuple | None   # None: same as lens_q
+    hq: int
+    hkv: int
+    d: int
+    dtype: torch.dtype
+    causal: bool = False
+    window: tuple | None = None
+    softcap: float | None = None
+    alibi: str | None = None
+    layout: str = "packed"  # "strided": q/k/v slices of a wider buffer
+
+    @property
+    def lk(self):
+        return self.lens_q if self.lens_k is None else self.lens_k
+
+    @property
+    def id(self) -> str:
+        lq = "_".join(map(str, self.lens_q))
+        parts = [f"q{lq}" + ("" if self.lens_k is None else "-k" + "_".join(map(str, self.lens_k))),
+                 f"H{self.hq}x{self.hkv}-D{self.d}-{DT_NAME[self.dtype]}"]
+        if self.causal:
+            parts.append("causal")
+        parts += variant_id_parts(self.window, self.softcap, self.alibi)
+        if self.layout != "packed":
+            parts.append(self.layout)
+        return "-".join(parts)
+
+
+def cu_seqlens(lens, device=DEVICE):
+    """The int32 offsets [0, l0, l0 + l1, ...] of packed sequences."""
+    return torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device=device)
+
+
+def _packed(total, h, d, dtype, layout):
+    if layout == "strided":  # every other head of a buffer with twice the heads
+        return torch.randn(total, 2 * h, d, device=DEVICE).to(dtype)[:, ::2].requires_grad_()
+    return torch.randn(total, h, d, device=DEVICE).to(dtype).requires_grad_()
+
+
+def run_varlen_case(c: VarlenCase, deterministic=None):
+    """Forward + backward of ``attention_varlen``, of standard attention over
+    the packed tokens with the mask and bias written out in c.dtype, and of
+    the same in float64."""
+    import tileattn
+    seed_case(c.id)
+    tq, tk = sum(c.lens_q), sum(c.lk)
+    q = _packed(tq, c.hq, c.d, c.dtype, c.layout)
+    k = _packed(tk, c.hkv, c.d, c.dtype, c.layout)
+    v = _packed(tk, c.hkv, c.d, c.dtype, c.layout)
+    do = torch.randn(tq, c.hq, c.d, device=DEVICE).to(c.dtype)
+    dlse = torch.randn(c.hq, tq, device=DEVICE)
+    nb = len(c.lens_q)
+    slopes = {None: None, "h": torch.rand(c.hq, device=DEVICE) * 0.5 + 0.01,
+              "bh": torch.rand(nb, c.hq, device=DEVICE) * 0.5 + 0.01}[c.alibi]
+    cu_q, cu_k = cu_seqlens(c.lens_q), cu_seqlens(c.lk)
+    out, lse = tileattn.attention_varlen(q, k, v, cu_q, cu_k, max(c.lens_q), max(c.lk), causal=c.causal,
+                                         window=c.window, softcap=c.softcap, alibi_slopes=slopes, return_lse=True,
+                                         deterministic=deterministic)
+    mine = (out, lse) + torch.autograd.grad(output_loss(out, lse, do, dlse), (q, k, v))
+    mask = varlen_mask(cu_q, cu_k, causal=c.causal, window=c.window, device=DEVICE)
+
+    def ref(qq, kk, vv, g):
+        bias = None if slopes is None else varlen_alibi_bias(slopes.to(qq.dtype), cu_q, cu_k)[None]
+        o, l = standard_attention(qq.transpose(0, 1)[None], kk.transpose(0, 1)[None], vv.transpose(0, 1)[None],
+                                  softcap=c.softcap, mask=mask, bias=bias, return_lse=True)
+        o, l = o[0].transpose(0, 1), l[0]
+        return (o, l) + torch.autograd.grad(output_loss(o, l, g, dlse), (qq, kk, vv))
+
+    return (mine,) + _references(ref, q, k, v, do)
+
+
+def assert_varlen_case(c: VarlenCase, deterministic=None):
+    mine, lowp, ref64 = run_varlen_case(c, deterministic)
+    tq = sum(c.lens_q)
+    assert mine[0].shape == (tq, c.hq, c.d) and mine[1].shape == (c.hq, tq)
+    assert mine[0].dtype == c.dtype and mine[1].dtype == torch.float32
+    _check_outputs(c.id, mine, ref64, lowp, c.dtype)

@@ -1,8 +1,8 @@
 """The two backwards, ``deterministic=True`` (dK/dV kernel + dQ kernel) and
 ``deterministic=False`` (one kernel that also adds dQ into a float32
 accumulator with atomics, then a convert kernel): gradients against the
-float64 reference under the accuracy rule, through the case helpers of
-test_attention and test_variants; which backward the default picks; that
+float64 reference under the accuracy rule, through the case builders of
+``tileattn.testing``; which backward the default picks; that
 the deterministic one is the old launch sequence; bad values of the flag."""
 import json
 import os
@@ -16,13 +16,9 @@ import triton
 
 import tileattn
 from tileattn import configs, launch
-
 from tileattn import testing as dense
-from conftest import DEVICE, INTERPRETED
 
-# the variant case builders live beside their tests
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "variants"))
-import test_variants as var  # noqa: E402
+from conftest import DEVICE, INTERPRETED
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 BACKWARDS = {"deterministic": True, "atomic": False}
@@ -45,19 +41,19 @@ DENSE = {
 }
 
 VARIANTS = {
-    "window": var.Case(1, 4, 2, 100, 100, 32, F16, window=(16, 16)),
-    "window-masked-rows": var.Case(1, 2, 2, 100, 40, 16, F32, causal=True, window=(0, 0)),
-    "softcap": var.Case(1, 4, 2, 83, 96, 32, F16, softcap=5.0),
-    "alibi": var.Case(2, 2, 1, 70, 70, 32, F32, alibi="bh", causal=True),
-    "all-three": var.Case(2, 2, 2, 90, 60, 32, F16, alibi="h", causal=True, window=(30, -1), softcap=4.0),
-    "blocks": var.Case(1, 2, 1, 200, 160, 16, F16, blocks="rand-1H", block_density=0.6),
-    "blocks-causal": var.Case(1, 1, 1, 160, 200, 16, BF16, blocks="rand-BH", block_density=0.7, causal=True),
+    "window": dense.VariantCase(1, 4, 2, 100, 100, 32, F16, window=(16, 16)),
+    "window-masked-rows": dense.VariantCase(1, 2, 2, 100, 40, 16, F32, causal=True, window=(0, 0)),
+    "softcap": dense.VariantCase(1, 4, 2, 83, 96, 32, F16, softcap=5.0),
+    "alibi": dense.VariantCase(2, 2, 1, 70, 70, 32, F32, alibi="bh", causal=True),
+    "all-three": dense.VariantCase(2, 2, 2, 90, 60, 32, F16, alibi="h", causal=True, window=(30, -1), softcap=4.0),
+    "blocks": dense.VariantCase(1, 2, 1, 200, 160, 16, F16, blocks="rand-1H", block_density=0.6),
+    "blocks-causal": dense.VariantCase(1, 1, 1, 160, 200, 16, BF16, blocks="rand-BH", block_density=0.7, causal=True),
 }
 
 VARLEN = {
-    "varlen": var.VarlenCase((17, 1, 0, 40, 33), None, 2, 1, 32, F16),
-    "varlen-nq-ne-nk": var.VarlenCase((5, 40, 1, 50), (9, 31, 0, 70), 2, 1, 40, F32, causal=True),
-    "varlen-empty": var.VarlenCase((0, 0, 45), (3, 0, 20), 2, 2, 32, F16, causal=True),
+    "varlen": dense.VarlenCase((17, 1, 0, 40, 33), None, 2, 1, 32, F16),
+    "varlen-nq-ne-nk": dense.VarlenCase((5, 40, 1, 50), (9, 31, 0, 70), 2, 1, 40, F32, causal=True),
+    "varlen-empty": dense.VarlenCase((0, 0, 45), (3, 0, 20), 2, 2, 32, F16, causal=True),
 }
 
 
@@ -73,12 +69,12 @@ def test_large_logits(deterministic):
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_variants(name, deterministic):
-    var.assert_case(VARIANTS[name], deterministic=deterministic)
+    dense.assert_variant_case(VARIANTS[name], deterministic=deterministic)
 
 
 @pytest.mark.parametrize("name", sorted(VARLEN))
 def test_varlen(name, deterministic):
-    var.assert_varlen(VARLEN[name], deterministic=deterministic)
+    dense.assert_varlen_case(VARLEN[name], deterministic=deterministic)
 
 
 def test_atomic_pointer_path(pointer_path):
@@ -88,7 +84,7 @@ def test_atomic_pointer_path(pointer_path):
 
 
 def test_atomic_pointer_path_varlen(pointer_path):
-    var.assert_varlen(VARLEN["varlen-empty"], deterministic=False)
+    dense.assert_varlen_case(VARLEN["varlen-empty"], deterministic=False)
 
 
 # ---------------------------------------------------------------------------
@@ -245,7 +241,7 @@ BAD = {"int": 1, "str": "yes", "tensor": torch.tensor(True), "float": 0.0}
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_bad_flag(name, path, monkeypatch):
     for fn in ("attn_fwd", "attn_bwd"):
-        monkeypatch.setattr(launch, fn, var._no_launch)
+        monkeypatch.setattr(launch, fn, dense.forbidden())
     q = torch.randn(1, 2, 8, 16, device=DEVICE)
     cu = torch.tensor([0, 8], dtype=torch.int32, device=DEVICE)
     with pytest.raises(TypeError, match="deterministic must be a bool or None, got"):

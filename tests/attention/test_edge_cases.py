@@ -124,3 +124,26 @@ def test_tiled_reference_matches_standard():
             out, lse = tiled_attention(q, k, v, causal=causal, block_n=block, return_lse=True)
             assert (out - ref).abs().max() < 1e-12
             assert (lse - ref_lse).abs().max() < 1e-12
+
+
+def test_tma_rule_for_a_size1_row_dim(kernels):
+    """One rule (dispatch.tma_addressable) for both kinds of descriptor: a
+    (1, H, 1, D) query whose row stride is not 16-byte aligned is addressable
+    by the Hopper descriptors (they give size-1 dims, the row dim included, a
+    16-byte stride) but not by the portable kernels' (their row stride stays),
+    so those take the pointer path, and the result is right."""
+    from tileattn import dispatch
+    from tileattn.launch import runtime
+    torch.manual_seed(31)
+    buf = torch.randn(96, device=DEVICE).to(torch.float16)
+    q = buf.as_strided((1, 2, 1, 16), (96, 24, 3, 1))       # row stride 6 bytes, head stride 48
+    aligned = buf.as_strided((1, 2, 1, 16), (96, 24, 8, 1))
+    assert dispatch.tma_addressable(q) and all(s * 2 % 16 == 0 for s in runtime.tma_strides(q, 3)[:-1])
+    assert not dispatch.tma_addressable(q, q.dim() - 2)
+    assert not runtime.use_tma(q)
+    assert runtime.use_tma(aligned) == runtime.use_tma(q.contiguous())  # only the row stride decided
+    k = torch.randn(1, 2, 40, 16, device=DEVICE).to(torch.float16)
+    v = torch.randn(1, 2, 40, 16, device=DEVICE).to(torch.float16)
+    out = tileattn.attention(q, k, v)
+    ref = standard_attention(q.double(), k.double(), v.double())
+    assert (out.double() - ref).abs().max() < 2e-3

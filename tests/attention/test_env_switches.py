@@ -25,9 +25,9 @@ def test_env_reads_what_os_environ_holds(value, monkeypatch):
 
 def test_switches_follow_the_environment(monkeypatch):
     monkeypatch.setenv("TILEATTN_AUTOTUNE", "0")
-    assert not runtime._autotune_enabled()
+    assert not runtime.autotune_enabled()
     monkeypatch.setenv("TILEATTN_AUTOTUNE", "1")
-    assert runtime._autotune_enabled()
+    assert runtime.autotune_enabled()
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
     assert not runtime._direct_enabled()
     monkeypatch.setenv("TRITON_INTERPRET", "0")

@@ -5,6 +5,7 @@ import torch
 
 import tileattn
 from tileattn import launch
+from tileattn.testing import forbidden
 
 from conftest import DEVICE, HAS_CUDA
 
@@ -39,12 +40,8 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bad_input_raises_before_launch(name, path, monkeypatch):
     make, kwargs, exc, msg = CASES[name]
-
-    def no_launch(*a, **k):
-        raise AssertionError("a kernel was launched for bad input")
-
-    monkeypatch.setattr(launch, "attn_fwd", no_launch)
-    monkeypatch.setattr(tileattn.cpu, "attention_fwd", no_launch)
+    monkeypatch.setattr(launch, "attn_fwd", forbidden())
+    monkeypatch.setattr(tileattn.cpu, "attention_fwd", forbidden())
     with pytest.raises(exc, match=msg):
         tileattn.attention(*make(), **kwargs)
 

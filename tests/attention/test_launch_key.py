@@ -1,4 +1,4 @@
-"""The direct-launch cache (runtime._run) keys calls by its own reading of
+"""The direct-launch cache (runtime.run) keys calls by its own reading of
 Triton's specialisation rules.  A key at least as fine as Triton's is safe
 (a miss takes the regular path); a coarser one would launch a kernel compiled
 for other arguments.  These cases compare the two on the installed Triton."""
@@ -95,10 +95,10 @@ class _FakeDriver:
 
 def _record(tensors, values):
     compiled = _FakeCompiled()
-    runtime._begin_record()
-    runtime._record((compiled, (3, 2, 1), values))
-    runtime._end_record(("test",), tensors)
-    return compiled, runtime._PLANS.pop(("test",), None)
+    runtime.begin_record()
+    runtime.record((compiled, (3, 2, 1), values))
+    runtime.end_record(("test",), tensors)
+    return compiled, runtime.PLANS.pop(("test",), None)
 
 
 def test_plan_fills_this_calls_tensors_and_holds_none(monkeypatch):
@@ -106,7 +106,7 @@ def test_plan_fills_this_calls_tensors_and_holds_none(monkeypatch):
     import weakref
     monkeypatch.setattr(runtime.triton.runtime.driver, "_active", _FakeDriver())
     q, o = torch.randn(2, 4, 128, 64), torch.empty(2, 4, 128, 64)
-    desc = runtime._descriptor(q)
+    desc = runtime.descriptor(q)
     desc.block_shape = [1, 1, 64, 64]
     compiled, plan = _record({"q": q, "o": o}, [desc, o, 7, 0.5, None, True])
     assert plan is not None and len(plan) == 1
@@ -116,7 +116,7 @@ def test_plan_fills_this_calls_tensors_and_holds_none(monkeypatch):
     gc.collect()
     assert alive() is None
     q2, o2 = torch.randn(2, 4, 128, 64), torch.empty(2, 4, 128, 64)
-    runtime._replay(plan, {"q": q2, "o": o2})
+    runtime.replay(plan, {"q": q2, "o": o2})
     (grid, stream, values), = compiled.calls
     assert grid == (3, 2, 1) and stream == 1234
     assert isinstance(values[0], TensorDescriptor) and values[0].base is q2
@@ -132,8 +132,8 @@ def test_no_plan_when_a_launch_cannot_be_replayed(case):
     elif case == "aliased-names":      # q is k: a later call of the key need not alias them
         _, plan = _record({"q": q, "k": q, "o": o}, [q, q, o])
     else:                              # a launch that went through Triton's own path
-        runtime._begin_record()
-        runtime._record(None)
-        runtime._end_record(("test",), {"q": q})
-        plan = runtime._PLANS.pop(("test",), None)
+        runtime.begin_record()
+        runtime.record(None)
+        runtime.end_record(("test",), {"q": q})
+        plan = runtime.PLANS.pop(("test",), None)
     assert plan is None

@@ -1,5 +1,4 @@
 """CLI of the cost model and the HTML report (rendered in headless Chromium)."""
-import argparse
 import json
 import os
 import shutil
@@ -14,16 +13,8 @@ from tileattn.cost import commands
 SHAPE = ["--batch", "2", "--heads", "4", "--seqlen", "1024", "--head-dim", "64"]
 
 
-def run(argv):
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command", required=True)
-    commands.register(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
 def test_io_table(capsys):
-    assert run(["io", "--hw", "nvidia-a100-80gb-sxm4", *SHAPE, "--causal"]) == 0
+    assert commands.main(["io", "--hw", "nvidia-a100-80gb-sxm4", *SHAPE, "--causal"]) == 0
     out = capsys.readouterr().out
     assert "HBM bytes fwd" in out and "ridge" in out
 
@@ -31,26 +22,26 @@ def test_io_table(capsys):
 def test_io_json_seed_example(capsys):
     argv = ["io", "--hw", "nvidia-a100-80gb-sxm4", "--batch", "8", "--heads", "32", "--seqlen", "16384",
             "--head-dim", "128", "--dtype", "bf16", "--json"]
-    assert run(argv) == 0
+    assert commands.main(argv) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["standard"]["memory"]["peak_extra_bytes"] == 256 * 2 ** 30
     assert d["standard"]["prediction"]["fwd"]["bound"] == "memory"
 
 
 def test_unknown_hardware_exit_2(capsys):
-    assert run(["io", "--hw", "gpu-9000", *SHAPE]) == 2
+    assert commands.main(["io", "--hw", "gpu-9000", *SHAPE]) == 2
     err = capsys.readouterr().err
     assert "gpu-9000" in err and "nvidia-h200" in err and "Traceback" not in err
 
 
 def test_bad_size_exit_2(capsys):
-    assert run(["io", "--hw", "nvidia-h200", "--batch", "-3"]) == 2
+    assert commands.main(["io", "--hw", "nvidia-h200", "--batch", "-3"]) == 2
     assert "batch" in capsys.readouterr().err
 
 
 def test_bad_dtype_is_argparse_error(capsys):
     with pytest.raises(SystemExit) as exc:
-        run(["io", "--dtype", "fp64"])
+        commands.main(["io", "--dtype", "fp64"])
     assert exc.value.code == 2
     assert "bf16" in capsys.readouterr().err
 
@@ -58,7 +49,7 @@ def test_bad_dtype_is_argparse_error(capsys):
 def test_help_has_example(capsys):
     for cmd in ("io", "roofline", "report", "calibrate"):
         with pytest.raises(SystemExit):
-            run([cmd, "--help"])
+            commands.main([cmd, "--help"])
         assert "example" in capsys.readouterr().out
 
 
@@ -66,7 +57,7 @@ def test_calibrate_without_gpu_exit_3(tmp_path, capsys):
     import torch
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the no-GPU path is not reachable")
-    assert run(["calibrate", "-o", str(tmp_path / "x.json")]) == 3
+    assert commands.main(["calibrate", "-o", str(tmp_path / "x.json")]) == 3
     assert "no GPU" in capsys.readouterr().err
 
 
@@ -76,7 +67,7 @@ def test_roofline_png_with_measured_overlay(tmp_path):
                                            "impl": "tiled", "mode": "fwd", "measured_read_bytes": 3e7,
                                            "measured_write_bytes": 1e7, "time_ms": 0.05}]}))
     out = tmp_path / "r.png"
-    assert run(["roofline", "--hw", "nvidia-h200", *SHAPE, "-o", str(out), "--measured", str(meas)]) == 0
+    assert commands.main(["roofline", "--hw", "nvidia-h200", *SHAPE, "-o", str(out), "--measured", str(meas)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
@@ -94,7 +85,7 @@ SECTION_IDS = ("problem", "identity", "bytes", "tiling", "roofline", "scaling", 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "report.html"
-    assert run(["report", "--hw", "nvidia-h200", "--batch", "8", "--heads", "32", "--seqlen", "16384",
+    assert commands.main(["report", "--hw", "nvidia-h200", "--batch", "8", "--heads", "32", "--seqlen", "16384",
                 "--head-dim", "128", "-o", str(out)]) == 0
     return out
 

@@ -1,6 +1,5 @@
 """The block-sparse term of the cost model: FlashAttention Prop. 4 (bytes
 Theta(N d + s N^2 d^2 / M)), FLOPs scaled by density, ``tileattn io --density``."""
-import argparse
 import json
 
 import pytest
@@ -51,25 +50,17 @@ def test_bad_density(bad):
         sparse.block_sparse_traffic(SHAPE, bad)
 
 
-def _run(argv):
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command", required=True)
-    commands.register(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
 def test_io_density_cli(capsys):
     argv = ["io", "--batch", "2", "--heads", "4", "--seqlen", "4096", "--head-dim", "64", "--density", "0.25"]
-    assert _run(argv) == 0
+    assert commands.main(argv) == 0
     assert "block-sparse tiled kernels, density s = 0.25" in capsys.readouterr().out
-    assert _run(argv + ["--json"]) == 0
+    assert commands.main(argv + ["--json"]) == 0
     d = json.loads(capsys.readouterr().out)["block_sparse"]
     fwd = d["phases"][0]
     assert d["density"] == 0.25 and fwd["sparse_flops"] == pytest.approx(0.25 * fwd["dense_flops"])
     assert fwd["sparse_time_s"] < fwd["dense_time_s"]
     with pytest.raises(SystemExit):
-        _run(argv[:-1] + ["0"])
+        commands.main(argv[:-1] + ["0"])
     assert "must be in (0, 1]" in capsys.readouterr().err
 
 

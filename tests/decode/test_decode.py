@@ -26,7 +26,7 @@ import tileattn
 from tileattn import configs, reference_decode
 from tileattn.launch import decode as launch_decode, runtime, tuning
 from tileattn.reference import standard_attention
-from tileattn.testing import FLOOR, check_accuracy
+from tileattn.testing import FLOOR, check_accuracy, forbidden, variant_id_parts
 
 from conftest import DEVICE, DT_NAME as DT, HAS_CUDA, INTERPRETED, SEED_OFFSET
 
@@ -58,12 +58,7 @@ class Case:
         parts = [f"B{self.b}", f"H{self.hq}x{self.hkv}", f"Nq{self.nq}", f"D{self.d}", DT[self.dtype],
                  "L" + "-".join(map(str, self.seqlens)), f"new{self.n_new}",
                  f"page{self.page}" if self.page else "contig", "causal" if self.causal else "full"]
-        if self.window is not None:
-            parts.append(f"win{self.window[0]}_{self.window[1]}")
-        if self.softcap is not None:
-            parts.append(f"cap{self.softcap:g}")
-        if self.alibi:
-            parts.append(f"alibi-{self.alibi}")
+        parts += variant_id_parts(self.window, self.softcap, self.alibi)
         parts += [f"split{self.splits}", self.layout]
         return "-".join(parts)
 
@@ -297,11 +292,20 @@ def _bf16_upcast_in_interpreter(monkeypatch):
 # ---------------------------------------------------------------------------
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 
+# cases that the code-path tests run again (test_pointer_path, test_64bit_page_offsets)
+CONTIG_APPEND3 = Case(8, 2, 3, 40, F16, (33, 64), n_new=3, splits=3)
+PAGED16 = Case(8, 2, 1, 32, F16, (0, 16, 45), n_new=1, page=16, splits=2)
+PAGED32_BNHD = Case(4, 4, 1, 64, F32, (31, 70, 2), n_new=2, page=32, layout="bnhd")
+MIXED_CONTIG = Case(8, 2, 1, 32, F16, (21, 50), n_new=1, layout="mixed", splits=2)
+MIXED_PAGED = Case(8, 2, 2, 32, F16, (40, 3), n_new=2, page=16, layout="mixed")
+EVERY_VARIANT_PAGED = Case(4, 1, 2, 32, F32, (50, 19), n_new=2, window=(20, -1), softcap=2.0, alibi="heads", page=16,
+                           splits=3)
+
 BASIC = [
     # contiguous caches
     Case(4, 4, 1, 32, F16, (0, 5, 37), n_new=1),
     Case(8, 2, 1, 64, F32, (17, 0, 70), splits=2),
-    Case(8, 2, 3, 40, F16, (33, 64), n_new=3, splits=3),
+    CONTIG_APPEND3,
     Case(4, 1, 2, 16, F32, (1, 50), n_new=2, layout="bnhd", splits=0),
     Case(8, 2, 1, 64, BF16, (40, 9), n_new=1, splits=2),
     Case(16, 1, 5, 32, F16, (20, 3), n_new=5, splits=2),        # 80 packed rows: two query blocks
@@ -309,14 +313,14 @@ BASIC = [
     Case(4, 2, 1, 32, F16, (0, 0), splits=2),                    # an empty cache: out 0, lse -inf
     Case(4, 2, 2, 32, F32, (30, 12), n_new=2, causal=False),
     # paged caches, shuffled block tables
-    Case(8, 2, 1, 32, F16, (0, 16, 45), n_new=1, page=16, splits=2),
-    Case(4, 4, 1, 64, F32, (31, 70, 2), n_new=2, page=32, layout="bnhd"),
+    PAGED16,
+    PAGED32_BNHD,
     Case(8, 2, 3, 48, F16, (29, 60), n_new=3, page=16, splits=0),
     Case(8, 2, 1, 32, BF16, (50, 7), n_new=1, page=32, splits=3),
     Case(4, 1, 2, 32, F32, (64, 0), page=16, causal=False, splits=4),
     # k_cache and v_cache with different strides (V's tiles cannot reuse K's row offsets)
-    Case(8, 2, 1, 32, F16, (21, 50), n_new=1, layout="mixed", splits=2),
-    Case(8, 2, 2, 32, F16, (40, 3), n_new=2, page=16, layout="mixed"),
+    MIXED_CONTIG,
+    MIXED_PAGED,
 ]
 
 VARIANTS = [
@@ -329,7 +333,7 @@ VARIANTS = [
     Case(8, 2, 2, 32, F16, (37, 18), n_new=2, softcap=3.0, page=16),
     Case(8, 2, 1, 32, F32, (60, 20), n_new=1, alibi="heads", splits=2),
     Case(4, 2, 3, 32, F16, (26, 41), n_new=1, causal=False, alibi="batch", page=32),
-    Case(4, 1, 2, 32, F32, (50, 19), n_new=2, window=(20, -1), softcap=2.0, alibi="heads", page=16, splits=3),
+    EVERY_VARIANT_PAGED,
     Case(8, 2, 1, 32, BF16, (35, 13), n_new=1, window=(8, -1), softcap=2.5, alibi="batch", splits=2),
 ]
 
@@ -532,7 +536,7 @@ def test_split_heuristic_is_used(kernels, monkeypatch):
     c = Case(4, 1, 1, 32, F16, (520,), n_new=1, splits=0)
     assert_case(c)
     # one program per split, 524 keys of capacity (at most 2 splits of >= 256 keys)
-    n_sms = launch_decode._device_sms(torch.device(DEVICE))
+    n_sms = runtime.sm_count(torch.device(DEVICE))
     assert seen == [real(1, 524, n_sms)]
     if INTERPRETED:
         assert seen == [1]  # the interpreter counts as one SM: one program fills it
@@ -541,22 +545,13 @@ def test_split_heuristic_is_used(kernels, monkeypatch):
 # ---------------------------------------------------------------------------
 # code paths
 # ---------------------------------------------------------------------------
-@pytest.fixture
-def pointer_path():
-    """The portable path (per-thread addresses) where tensor descriptors would run."""
-    runtime.FORCE_POINTER_PATH = True
-    with tileattn.use_backend("triton"):
-        yield
-    runtime.FORCE_POINTER_PATH = False
-
-
-@pytest.mark.parametrize("case", [BASIC[2], BASIC[9], BASIC[10], BASIC[-2], BASIC[-1], VARIANTS[9]],
-                         ids=lambda c: c.id)
+@pytest.mark.parametrize("case", [CONTIG_APPEND3, PAGED16, PAGED32_BNHD, MIXED_CONTIG, MIXED_PAGED,
+                                  EVERY_VARIANT_PAGED], ids=lambda c: c.id)
 def test_pointer_path(case, pointer_path):
     assert_case(case, input_scale=2.0 if case.softcap else 1.0)
 
 
-@pytest.mark.parametrize("case", [BASIC[9], BASIC[-1]], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", [PAGED16, MIXED_PAGED], ids=lambda c: c.id)
 def test_64bit_page_offsets(case, pointer_path, monkeypatch):
     """Gathered rows of a cache too large for 32-bit offsets (made to look so)
     take the 64-bit page offsets."""
@@ -853,9 +848,7 @@ BAD = {
 def test_bad_input_raises_before_launch(name, path, monkeypatch):
     make, exc, msg = BAD[name]
 
-    def no_launch(*a, **k):
-        raise AssertionError("a kernel was launched (or the cache written) for bad input")
-
+    no_launch = forbidden("a kernel was launched (or the cache written) for bad input")
     for mod, fn in ((launch_decode, "append_kv"), (launch_decode, "kvcache_attention"),
                     (reference_decode, "append_kv_"), (reference_decode, "kvcache_attention")):
         monkeypatch.setattr(mod, fn, no_launch)
@@ -886,9 +879,7 @@ def test_bad_input_raises_after_valid_calls_of_similar_shape(name, path, monkeyp
         assert decode._call_key(q, kc, vc, seq, good.get("k_new"), good.get("v_new"), good.get("block_table"),
                                 True, None, None, None, None, 0, False, True) in decode._VALIDATED
 
-    def no_launch(*a, **k):
-        raise AssertionError("a kernel was launched (or the cache written) for bad input")
-
+    no_launch = forbidden("a kernel was launched (or the cache written) for bad input")
     for mod, fn in ((launch_decode, "kvcache_attention"), (reference_decode, "append_kv_"),
                     (reference_decode, "kvcache_attention")):
         monkeypatch.setattr(mod, fn, no_launch)
@@ -1055,7 +1046,7 @@ def test_gpu_decode_config_choice(env, monkeypatch):
                               "contig-auto-append", "page16-2splits-append"])
 def test_gpu_decode_plans_match_regular_launches(page, splits, alibi, append, monkeypatch):
     """From the second call of a shape on, a decoding step replays a launch
-    plan (runtime._PLANS, keyed by the validated call): bitwise the result of
+    plan (runtime.PLANS, keyed by the validated call): bitwise the result of
     regular launches, with fresh cache contents and lengths each step; with
     ``append`` the plan holds the append too, and the caches after each step
     are bitwise those of regular launches."""
@@ -1090,16 +1081,16 @@ def test_gpu_decode_plans_match_regular_launches(page, splits, alibi, append, mo
     want = [tileattn.attention_with_kvcache(*a, **kw, return_lse=True) for a, kw in steps]
     want_caches = [(a[1].clone(), a[2].clone()) for a, _ in steps]
     monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "1")
-    runtime._PLANS.clear()
+    runtime.PLANS.clear()
     replayed = []
     for i, (a, kw) in enumerate(steps):
         a = fresh[i]
-        planned = len(runtime._PLANS)
+        planned = len(runtime.PLANS)
         out, lse = tileattn.attention_with_kvcache(*a, **kw, return_lse=True)
-        replayed.append(planned > 0 and len(runtime._PLANS) == planned)
+        replayed.append(planned > 0 and len(runtime.PLANS) == planned)
         assert torch.equal(out, want[i][0]) and torch.equal(lse, want[i][1]), f"step {i}"
         assert torch.equal(a[1], want_caches[i][0]) and torch.equal(a[2], want_caches[i][1]), f"step {i} cache"
-    assert any(key[0] == "decode-call" for key in runtime._PLANS), "no plan was recorded"
+    assert any(key[0] == "decode-call" for key in runtime.PLANS), "no plan was recorded"
     assert all(replayed[1:]), f"steps after the first recorded again: {replayed}"
 
 

@@ -35,7 +35,7 @@ from tileattn.distributed import (LAYOUTS, RingCommunicationError, RingProfile, 
                                   shard_sequence, unshard_sequence)
 from tileattn.distributed.ring import _merge_
 from tileattn.reference import standard_attention
-from tileattn.testing import FLOOR, check_accuracy, max_error
+from tileattn.testing import FLOOR, check_accuracy, forbidden, max_error
 
 DT = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
 LAUNCH_DEADLINE_S = 120     # a whole batch of cases; only reached if something hangs
@@ -531,11 +531,7 @@ BAD_CALLS = {
 def test_bad_arguments_raise_naming_them(name, single_rank_group, monkeypatch):
     make, kwargs, exc, match = BAD_CALLS[name]
     import tileattn.distributed.ring as ring_mod
-
-    def no_compute(*a, **k):
-        raise AssertionError("computed on bad input")
-
-    monkeypatch.setattr(ring_mod, "_block_forward", no_compute)
+    monkeypatch.setattr(ring_mod, "_block_forward", forbidden("computed on bad input"))
     with pytest.raises(exc, match=match):
         ring_attention(*make(), **kwargs)
 

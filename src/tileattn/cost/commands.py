@@ -151,7 +151,9 @@ def _measured_for(args, comp: Comparison) -> list:
     return measured_points(load_measured(args.measured), comp.shape)
 
 
-def cmd_roofline(args) -> int:
+def _draw(args, draw, what: str, note_unmatched: bool) -> int:
+    """Model the shape, read --measured and write args.output with
+    ``draw(comparison, output, measured)``."""
     comp, rc = _setup(args)
     if comp is None:
         return rc
@@ -159,32 +161,32 @@ def cmd_roofline(args) -> int:
         measured = _measured_for(args, comp)
     except ValueError as exc:
         return _err(str(exc))
-    if args.measured and not measured:
+    if note_unmatched and args.measured and not measured:
         print(f"note: no row of {args.measured} matches this shape; plotting the model only", file=sys.stderr)
     try:
-        from .roofline import plot_roofline
-        plot_roofline(comp, args.output, measured=measured)
+        draw(comp, args.output, measured)
     except ImportError:
-        return _err("the roofline plot needs matplotlib: pip install 'tileattn[cli]'")
+        return _err(f"{what} needs matplotlib: pip install 'tileattn[cli]'")
     print(f"wrote {args.output}")
     return EXIT_OK
+
+
+def _plot_roofline(comp, output, measured):
+    from .roofline import plot_roofline
+    plot_roofline(comp, output, measured=measured)
+
+
+def _write_report(comp, output, measured):
+    from .report import write_report
+    write_report(comp, output, measured=measured)
+
+
+def cmd_roofline(args) -> int:
+    return _draw(args, _plot_roofline, "the roofline plot", note_unmatched=True)
 
 
 def cmd_report(args) -> int:
-    comp, rc = _setup(args)
-    if comp is None:
-        return rc
-    try:
-        measured = _measured_for(args, comp)
-    except ValueError as exc:
-        return _err(str(exc))
-    try:
-        from .report import write_report
-        write_report(comp, args.output, measured=measured)
-    except ImportError:
-        return _err("the report needs matplotlib: pip install 'tileattn[cli]'")
-    print(f"wrote {args.output}")
-    return EXIT_OK
+    return _draw(args, _write_report, "the report", note_unmatched=False)
 
 
 def cmd_calibrate(args) -> int:
@@ -207,6 +209,13 @@ def cmd_calibrate(args) -> int:
 # ---------------------------------------------------------------------------
 # registration
 # ---------------------------------------------------------------------------
+def _add_drawing_args(p, output: str, output_help: str, func) -> None:
+    _add_shape_args(p)
+    p.add_argument("-o", "--output", default=output, help=output_help)
+    p.add_argument("--measured", default=None, help="results JSON of benchmarks/measure_bytes.py to overlay")
+    p.set_defaults(func=func)
+
+
 def register(subparsers) -> None:
     """Add ``io``, ``roofline``, ``report`` and ``calibrate`` to an argparse subparsers object."""
     p = subparsers.add_parser(
@@ -229,10 +238,7 @@ def register(subparsers) -> None:
         epilog="example:\n  tileattn roofline --hw nvidia-h200 --batch 64 --heads 16 --seqlen 1024 --head-dim 64 "
                "-o roofline.png\n  tileattn roofline --hw nvidia-h200 ... --measured "
                "src/tileattn/cost/data/measured_h200.json")
-    _add_shape_args(p)
-    p.add_argument("-o", "--output", default="roofline.png", help="PNG to write")
-    p.add_argument("--measured", default=None, help="results JSON of benchmarks/measure_bytes.py to overlay")
-    p.set_defaults(func=cmd_roofline)
+    _add_drawing_args(p, "roofline.png", "PNG to write", cmd_roofline)
 
     p = subparsers.add_parser(
         "report", formatter_class=_Fmt, help="self-contained HTML report for one hardware and shape",
@@ -241,10 +247,7 @@ def register(subparsers) -> None:
                     "Every number is computed for the given hardware and shape.",
         epilog="example:\n  tileattn report --hw nvidia-h200 --batch 8 --heads 32 --seqlen 16384 --head-dim 128 "
                "-o report.html")
-    _add_shape_args(p)
-    p.add_argument("-o", "--output", default="report.html", help="HTML file to write")
-    p.add_argument("--measured", default=None, help="results JSON of benchmarks/measure_bytes.py to overlay")
-    p.set_defaults(func=cmd_report)
+    _add_drawing_args(p, "report.html", "HTML file to write", cmd_report)
 
     p = subparsers.add_parser(
         "calibrate", formatter_class=_Fmt, help="measure this GPU's copy bandwidth and bf16 matmul rate",

@@ -19,8 +19,8 @@ from ..kernels.bwd import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_convert_kernel, _
 from ..kernels.fwd import _attn_fwd_kernel
 from ..sinks import sink_grad, with_sinks
 from ..validation import fold_causal
-from .runtime import (LOG2E, _abandon_record, _aligned, _begin_record, _descriptor, _dot_precision, _empty,
-                      _empty_like, _end_record, _plan_key, _replay, _smem_limit, _strides4, _tensor, use_tma)
+from .runtime import (LOG2E, abandon_record, aligned, base_tensor, begin_record, descriptor, dot_precision, end_record,
+                      output_f32, output_like, replay, smem_limit, strides4, use_tma)
 from . import hopper, runtime, tuning
 
 # Which tile height (meta-parameter) each descriptor argument is read with.
@@ -58,9 +58,9 @@ def _prune(kind: str):
     def prune(cfgs, named_args, **kwargs):
         args = {**named_args, **kwargs}
         head_dim = args["HEAD_DIM"]
-        q = _tensor(args["Q"])
+        q = base_tensor(args["Q"])
         elem = q.element_size()
-        limit = _smem_limit(q.device)
+        limit = smem_limit(q.device)
         allowed = {c.name for c in configs.fitting(configs.candidates(kind, head_dim), head_dim, elem, limit,
                                                    kind=kind)}
         kept = [c for c in cfgs if _name(c) in allowed]
@@ -106,17 +106,17 @@ def _tuned(kind: str):
 def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter_cfg: KernelConfig, **args):
     """Run ``kernel`` with a forced config, the interpreter's single config, the
     table's first fitting config (autotuning off), or autotuning (``tuning.py``)."""
-    q = _tensor(args["Q"])
+    q = base_tensor(args["Q"])
     sparse = args.get("BLOCK_SPARSE")
 
     def first_fit():
         # the atomic backward is never autotuned: the autotuner's trial launches
         # would each add their dQ into the same accumulator
-        if runtime._autotune_enabled() and kind != "dkdv_atomic":
+        if runtime.autotune_enabled() and kind != "dkdv_atomic":
             return None
         head_dim = args["HEAD_DIM"]
         fits = configs.fitting(configs.candidates(kind, head_dim), head_dim, q.element_size(),
-                               _smem_limit(q.device), kind=kind)
+                               smem_limit(q.device), kind=kind)
         if sparse:
             fits = [c for c in fits if _tiles_divide_mask(c.block_m, c.block_n)] or fits
         return fits[0]
@@ -208,31 +208,31 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     hkv, n_k = k.shape[1], k.shape[2]
     plan_key = None
     if not variants and sinks is None and config is None and q.is_cuda:
-        plan_key = _plan_key("fwd", (q, k, v), bool(causal), float(scale))
-        plan = runtime._PLANS.get(plan_key) if plan_key is not None else None
+        plan_key = runtime.plan_key("fwd", (q, k, v), bool(causal), float(scale))
+        plan = runtime.PLANS.get(plan_key) if plan_key is not None else None
         if plan is not None:
-            o, lse = _empty_like(q), _empty((b, hq, n_q), q.device)
-            if _aligned(o, lse):
-                _replay(plan, {"q": q, "k": k, "v": v, "o": o, "lse": lse})
+            o, lse = output_like(q), output_f32((b, hq, n_q), q.device)
+            if aligned(o, lse):
+                replay(plan, {"q": q, "k": k, "v": v, "o": o, "lse": lse})
                 return o, lse
             plan_key = None
     var = _Variants(q, k, causal, scale, **variants)
-    o = _empty_like(q)
-    lse = _empty((b, hq, n_q), q.device)
+    o = output_like(q)
+    lse = output_f32((b, hq, n_q), q.device)
     if n_q == 0 or b == 0 or var.batch == 0:
         return o, lse
     if n_k == 0:  # nothing to attend to: every row is empty (or its sink alone)
         lse.fill_(float("-inf"))
         return (o.zero_(), lse) if sinks is None else with_sinks(o.zero_(), lse, sinks)
     if plan_key is not None:
-        _begin_record()
+        begin_record()
     try:
         _attn_fwd_launch(q, k, v, o, lse, var, scale, config, sinks)
     except BaseException:
-        _abandon_record()
+        abandon_record()
         raise
     if plan_key is not None:
-        _end_record(plan_key, {"q": q, "k": k, "v": v, "o": o, "lse": lse})
+        end_record(plan_key, {"q": q, "k": k, "v": v, "o": o, "lse": lse})
     return o, lse
 
 
@@ -244,15 +244,15 @@ def _attn_fwd_launch(q, k, v, o, lse, var, scale, config, sinks=None):
         return (triton.cdiv(var.len_q, meta["BLOCK_M"]), hq, var.batch)
 
     tma = use_tma(q, k, v, o)
-    tiles = (lambda t: _descriptor(t)) if tma else (lambda t: t)
+    tiles = (lambda t: descriptor(t)) if tma else (lambda t: t)
     _launch("fwd", _attn_fwd_kernel, grid, config, configs.INTERPRETER_FWD,
             Q=tiles(q), K=tiles(k), V=tiles(v), O=o if var.varlen else tiles(o), LSE=lse,
-            **_strides4(q, "q"), **_strides4(k, "k"), **_strides4(v, "v"), **_strides4(o, "o"),
+            **strides4(q, "q"), **strides4(k, "k"), **strides4(v, "v"), **strides4(o, "o"),
             stride_lb=lse.stride(0), stride_lh=lse.stride(1),
             GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
             N_Q_BUCKET=_bucket(var.len_q), N_K_BUCKET=_bucket(var.len_k),
             HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=var.causal,
-            DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma, **var.kernel_args("fwd"),
+            DOT_PRECISION=dot_precision(q.dtype), USE_TMA=tma, **var.kernel_args("fwd"),
             **({} if sinks is None else dict(SINKS=sinks.float().contiguous(), HAS_SINKS=True)))
 
 
@@ -278,21 +278,21 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
         return _with_sink_grad(_hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config), sinks, lse)
     plan_key = None
     if not variants and config is None and q.is_cuda:
-        plan_key = _plan_key("bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), deterministic)
-        plan = runtime._PLANS.get(plan_key) if plan_key is not None else None
+        plan_key = runtime.plan_key("bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), deterministic)
+        plan = runtime.PLANS.get(plan_key) if plan_key is not None else None
         if plan is not None:
-            dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
-            delta, lse2 = _empty((b, hq, n_q), q.device), _empty((b, hq, n_q), q.device)
+            dq, dk, dv = output_like(q), output_like(k), output_like(v)
+            delta, lse2 = output_f32((b, hq, n_q), q.device), output_f32((b, hq, n_q), q.device)
             tensors = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse, "dlse": dlse,
                        "dq": dq, "dk": dk, "dv": dv, "delta": delta, "lse2": lse2}
             if not deterministic:
                 tensors["dq_acc"] = _dq_accumulator(q)
-            if _aligned(dq, dk, dv, delta, lse2):
-                _replay(plan, tensors)
+            if aligned(dq, dk, dv, delta, lse2):
+                replay(plan, tensors)
                 return _with_sink_grad((dq, dk, dv, delta), sinks, lse)
             plan_key = None
     var = _Variants(q, k, causal, scale, **variants)
-    dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
+    dq, dk, dv = output_like(q), output_like(k), output_like(v)
     if b == 0 or n_k == 0 or n_q == 0 or var.batch == 0:
         zeros = (dq.zero_(), dk.zero_(), dv.zero_())
         if sinks is None:
@@ -301,15 +301,15 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
             return zeros + (torch.zeros_like(sinks),)
         # no key: every row's softmax is the sink alone, out 0 and delta = -dlse
         return _with_sink_grad(zeros + (torch.zeros_like(lse) if dlse is None else -dlse.float(),), sinks, lse)
-    delta = _empty((b, hq, n_q), q.device)
-    lse2 = _empty((b, hq, n_q), q.device)
+    delta = output_f32((b, hq, n_q), q.device)
+    lse2 = output_f32((b, hq, n_q), q.device)
     dq_acc = None if deterministic else _dq_accumulator(q)
     if plan_key is not None:
-        _begin_record()
+        begin_record()
     try:
         _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc)
     except BaseException:
-        _abandon_record()
+        abandon_record()
         raise
     if plan_key is not None:
         tensors = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv,
@@ -318,7 +318,7 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
             tensors["dlse"] = dlse
         if dq_acc is not None:
             tensors["dq_acc"] = dq_acc
-        _end_record(plan_key, tensors)
+        end_record(plan_key, tensors)
     return _with_sink_grad((dq, dk, dv, delta), sinks, lse)
 
 
@@ -335,8 +335,8 @@ def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config):
     """The atomic-dQ backward with the Hopper dK/dV kernel (Gluon) between
     the portable preprocess and convert kernels."""
     b, hq, n_q, d = q.shape
-    dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
-    delta, lse2 = _empty((b, hq, n_q), q.device), _empty((b, hq, n_q), q.device)
+    dq, dk, dv = output_like(q), output_like(k), output_like(v)
+    delta, lse2 = output_f32((b, hq, n_q), q.device), output_f32((b, hq, n_q), q.device)
     dq_acc = _dq_accumulator(q)
     _bwd_preprocess(do, o, lse, dlse, delta, lse2)
     hopper.attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, config)
@@ -350,9 +350,9 @@ def _bwd_preprocess(do, o, lse, dlse, delta, lse2):
     pre_block = configs.INTERPRETER_BWD.block_m if interpreter_active() else 64
     has_dlse = dlse is not None
     lse = lse.contiguous()
-    runtime._run(_attn_bwd_preprocess_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
+    runtime.run(_attn_bwd_preprocess_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
         O=o, DO=do, LSE=lse, DLSE=dlse.contiguous() if has_dlse else lse, DELTA=delta, LSE2=lse2,
-        **_strides4(o, "o"), **_strides4(do, "do"),
+        **strides4(o, "o"), **strides4(do, "do"),
         N_HEADS=hq, N_Q=n_q, HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block,
         HAS_DLSE=has_dlse))
 
@@ -360,8 +360,8 @@ def _bwd_preprocess(do, o, lse, dlse, delta, lse2):
 def _dq_convert(dq_acc, dq, scale):
     b, hq, n_q, d = dq.shape
     pre_block = configs.INTERPRETER_BWD.block_m if interpreter_active() else 64
-    runtime._run(_attn_bwd_dq_convert_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
-        DQ_ACC=dq_acc, DQ=dq, **_strides4(dq_acc, "dqa"), **_strides4(dq, "dq"), N_Q=n_q, sm_scale=scale,
+    runtime.run(_attn_bwd_dq_convert_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
+        DQ_ACC=dq_acc, DQ=dq, **strides4(dq_acc, "dqa"), **strides4(dq, "dq"), N_Q=n_q, sm_scale=scale,
         HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block))
 
 
@@ -375,14 +375,14 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
     _bwd_preprocess(do, o, lse, dlse, delta, lse2)
 
     tma = use_tma(q, k, v, do, dq, dk, dv)
-    tiles = (lambda t: _descriptor(t)) if tma else (lambda t: t)
+    tiles = (lambda t: descriptor(t)) if tma else (lambda t: t)
     common = dict(Q=tiles(q), K=tiles(k), V=tiles(v), DO=tiles(do), LSE2=lse2, DELTA=delta,
-                  **_strides4(q, "q"), **_strides4(k, "k"), **_strides4(v, "v"), **_strides4(do, "do"),
+                  **strides4(q, "q"), **strides4(k, "k"), **strides4(v, "v"), **strides4(do, "do"),
                   N_HEADS=hq, GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k,
                   sm_scale=scale, qk_scale=scale * LOG2E,
                   N_Q_BUCKET=_bucket(var.len_q), N_K_BUCKET=_bucket(var.len_k),
                   HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=var.causal,
-                  DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma)
+                  DOT_PRECISION=dot_precision(q.dtype), USE_TMA=tma)
     # packed sequences store through pointers, clipped at each sequence's end
     out_tiles = (lambda t: t) if var.varlen else tiles
 
@@ -394,16 +394,16 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
 
     if dq_acc is None:
         _launch("dkdv", _attn_bwd_dkdv_kernel, grid_kv, per_kind.get("dkdv"), configs.INTERPRETER_BWD,
-                DK=out_tiles(dk), DV=out_tiles(dv), **_strides4(dk, "dk"), **_strides4(dv, "dv"), **common,
+                DK=out_tiles(dk), DV=out_tiles(dv), **strides4(dk, "dk"), **strides4(dv, "dv"), **common,
                 **var.kernel_args("dkdv"))
         _launch("dq", _attn_bwd_dq_kernel, grid_q, per_kind.get("dq"), configs.INTERPRETER_BWD,
-                DQ=out_tiles(dq), **_strides4(dq, "dq"), **common, **var.kernel_args("dq"))
+                DQ=out_tiles(dq), **strides4(dq, "dq"), **common, **var.kernel_args("dq"))
         return
     # the copy engine's bulk reduce clips at the tensor's edges only, so
     # packed sequences (and the interpreter, which lacks it) add by pointer
     dq_tma = tma and not var.varlen and not interpreter_active()
     _launch("dkdv_atomic", _attn_bwd_dkdv_kernel, grid_kv, per_kind.get("dkdv_atomic"), configs.INTERPRETER_BWD,
-            DK=out_tiles(dk), DV=out_tiles(dv), **_strides4(dk, "dk"), **_strides4(dv, "dv"), **common,
-            **var.kernel_args("dkdv"), DQ_ACC=_descriptor(dq_acc) if dq_tma else dq_acc,
-            **_strides4(dq_acc, "dqa"), ATOMIC_DQ=True, DQ_TMA=dq_tma)
+            DK=out_tiles(dk), DV=out_tiles(dv), **strides4(dk, "dk"), **strides4(dv, "dv"), **common,
+            **var.kernel_args("dkdv"), DQ_ACC=descriptor(dq_acc) if dq_tma else dq_acc,
+            **strides4(dq_acc, "dqa"), ATOMIC_DQ=True, DQ_TMA=dq_tma)
     _dq_convert(dq_acc, dq, scale)

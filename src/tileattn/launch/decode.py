@@ -53,7 +53,6 @@ key range is divided between the splits in the kernel by its own length.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -64,7 +63,7 @@ from .._env import env
 from ..configs import DecodeConfig
 from ..kernels.decode import _append_kv_kernel, _decode_combine_kernel, _decode_partial_kernel
 from . import runtime, tuning
-from .runtime import LOG2E, _descriptor, _dot_precision, _smem_limit, _strides4
+from .runtime import LOG2E, descriptor, dot_precision, output_f32, output_like, smem_limit, strides4
 
 PROGRAMS_PER_SM = 2
 # leading split (choose_lead; docs/perf-notes.md, v7)
@@ -78,9 +77,6 @@ MAX_SPLITS = 64
 _EFFICIENCY_SLACK = 0.95
 ONE_WAVE = 0.9
 
-
-# query rows packed per program: group size x Nq, padded to >= 16 for tl.dot
-MAX_BLOCK_M = 64
 # combine: splits loaded at once (a chunk), at most this many rows per program,
 # and (rows x chunk) <= _COMBINE_ELEMS (a load is rows x chunk x head dim floats)
 _COMBINE_SPLITS = 16
@@ -88,11 +84,6 @@ _COMBINE_ROWS = 16
 _COMBINE_ELEMS = 64
 # append: new rows per program
 _APPEND_ROWS = 16
-
-
-def pipeline_buffers(num_stages: int, paged: bool) -> int:
-    """K/V tiles buffered by the pipeliner (see configs.DECODE_CONFIGS)."""
-    return max(1, (num_stages - 1) // 2 if paged else num_stages - 1)
 
 
 def decode_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int,
@@ -105,7 +96,7 @@ def decode_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int
     instead (sm_90 compiles, triton 3.6: at most 1 KB above the compiler's
     figure)."""
     d = configs.block_d(head_dim)
-    buffers = pipeline_buffers(num_stages, paged)
+    buffers = configs.decode_pipeline_buffers(num_stages, paged)
     tiles = 2 * buffers + (1 if descriptors and not one_loop(descriptors, paged) else 0)
     pages = 4 * buffers * block_n if paged and not descriptors else 0
     return elem_bytes * (d * (block_m + tiles * block_n) + block_m * block_n) + pages + 1024
@@ -123,11 +114,6 @@ def one_loop(descriptors: bool, paged: bool) -> bool:
     by descriptor an edge tile must be zeroed in registers (the rows past the
     length are in the page), so those two keep three loops."""
     return descriptors != paged
-
-
-def block_m_for(group_size: int, n_q: int) -> int:
-    rows = group_size * n_q
-    return min(MAX_BLOCK_M, max(16, 1 << (rows - 1).bit_length()))
 
 
 def choose_num_splits(programs_per_split: int, capacity: int, num_sms: int,
@@ -177,20 +163,9 @@ def choose_lead(programs_per_split: int, capacity: int, num_sms: int, descriptor
     return 0
 
 
-@functools.lru_cache(maxsize=None)
-def num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _device_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    return 1  # the interpreter runs programs one after another
-
-
 def _prune(configs_in, named_args, **kwargs):
     args = {**named_args, **kwargs}
-    limit = _smem_limit(args["Q"].device)
+    limit = smem_limit(args["Q"].device)
     elem = args["K"].element_size()
     keep = [c for c in configs_in
             if _usable(_LAYOUT_OF[c], args["BLOCK_M"], args["HEAD_DIM"], elem, args["PAGE_SIZE"],
@@ -246,7 +221,7 @@ def decode_autotune_enabled(block_m: int, elem_bytes: int) -> bool:
     first fitting config can spill registers (sm_90 compiles: up to ~1 KB a
     thread for head dim 256 with 64 packed rows, tens of KB in float32), and
     timing the candidates is worth its first-call cost."""
-    if not runtime._autotune_enabled():
+    if not runtime.autotune_enabled():
         return False
     switch = env("TILEATTN_DECODE_AUTOTUNE", "")
     if switch in ("0", "1"):
@@ -256,16 +231,9 @@ def decode_autotune_enabled(block_m: int, elem_bytes: int) -> bool:
 
 def _first_fitting(block_m: int, head_dim: int, elem: int, page_size: int, device: torch.device,
                    descriptors: bool) -> DecodeConfig:
-    limit = _smem_limit(device)
+    limit = smem_limit(device)
     return next((c for c in configs.DECODE_CONFIGS if _usable(c, block_m, head_dim, elem, page_size, descriptors, limit)),
                 configs.DECODE_CONFIGS[-1])
-
-
-def _empty(shape, dtype, device, like=None) -> torch.Tensor:
-    out = torch.empty_like(like) if like is not None else torch.empty(shape, dtype=dtype, device=device)
-    if runtime.POISON_OUTPUTS:
-        out.fill_(float("nan"))
-    return out
 
 
 def _max_offset(t: torch.Tensor) -> int:
@@ -281,10 +249,10 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capaci
     paged = block_table is not None
     bt = block_table if paged else cache_seqlens
     grid = (triton.cdiv(n_new, _APPEND_ROWS), hkv, b)
-    runtime._run(_append_kv_kernel, grid, {}, dict(
+    runtime.run(_append_kv_kernel, grid, {}, dict(
         K_NEW=k_new, V_NEW=v_new, K=k_cache, V=v_cache, SEQLENS=cache_seqlens, BLOCK_TABLE=bt,
-        **_strides4(k_new, "kn"), **_strides4(v_new, "vn"),
-        **_strides4(k_cache, "k"), **_strides4(v_cache, "v"),
+        **strides4(k_new, "kn"), **strides4(v_new, "vn"),
+        **strides4(k_cache, "k"), **strides4(v_cache, "v"),
         stride_tb=bt.stride(0) if paged else 0, stride_tn=bt.stride(1) if paged else 0,
         N_NEW=n_new, CAPACITY=capacity, NUM_PAGES=k_cache.shape[0] if paged else 1,
         HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_T=_APPEND_ROWS,
@@ -308,7 +276,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     b, hq, n_q, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
-    block_m = block_m_for(group, n_q)
+    block_m = configs.decode_block_m(group, n_q)
     if k_new is not None and (k_new.shape[0] == 0 or k_new.shape[2] == 0):
         k_new = v_new = None   # nothing to append
     # a launch plan (runtime.py) for repeated calls of one shape: a decoding
@@ -318,27 +286,27 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     if config is None and q.is_cuda and b > 0 and n_q > 0:
         autotuned = decode_autotune_enabled(block_m, k_cache.element_size())
         if call_key is not None:
-            plan_key = runtime._plan_key("decode-call", (), call_key, lead_permille, autotuned)
+            plan_key = runtime.plan_key("decode-call", (), call_key, lead_permille, autotuned)
         else:
-            plan_key = runtime._plan_key("decode", (q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes,
+            plan_key = runtime.plan_key("decode", (q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes,
                                                    k_new, v_new),
                                         int(n_new), int(capacity), float(scale), tuple(window), softcap,
                                         num_splits, lead_permille, autotuned)
-        plan = runtime._PLANS.get(plan_key) if plan_key is not None else None
+        plan = runtime.PLANS.get(plan_key) if plan_key is not None else None
         splits = _PLAN_SPLITS.get(plan_key) if plan is not None else None
         if splits is not None:   # (a plan without its split count is recorded again below)
-            out, lse = _empty(None, None, None, like=q), _empty((b, hq, n_q), torch.float32, q.device)
+            out, lse = output_like(q), output_f32((b, hq, n_q), q.device)
             tensors = _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse,
                                       k_new, v_new)
             if splits > 1:
-                tensors["o_part"] = _empty((b, hq, n_q, splits, d), torch.float32, q.device)
-                tensors["l_part"] = _empty((b, hq, n_q, splits), torch.float32, q.device)
-            if runtime._aligned(*(tensors[k] for k in _DECODE_OUTPUTS if k in tensors)):
-                runtime._replay(plan, tensors)
+                tensors["o_part"] = output_f32((b, hq, n_q, splits, d), q.device)
+                tensors["l_part"] = output_f32((b, hq, n_q, splits), q.device)
+            if runtime.aligned(*(tensors[k] for k in _DECODE_OUTPUTS if k in tensors)):
+                runtime.replay(plan, tensors)
                 return out, lse
             plan_key = None
     if plan_key is not None:
-        runtime._begin_record()
+        runtime.begin_record()
     try:
         out, lse = _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new,
                                        n_new=n_new, capacity=capacity, scale=scale,
@@ -346,7 +314,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
                                        num_splits=num_splits, lead_permille=lead_permille, config=config,
                                        block_m=block_m, plan_key=plan_key)
     except BaseException:
-        runtime._abandon_record()
+        runtime.abandon_record()
         raise
     return out, lse
 
@@ -360,7 +328,7 @@ def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, 
     group = hq // hkv
     m_blocks = triton.cdiv(group * n_q, block_m)
     if num_splits == 0:
-        num_splits, lead = choose_splits(b * hkv * m_blocks, capacity, _device_sms(q.device),
+        num_splits, lead = choose_splits(b * hkv * m_blocks, capacity, runtime.sm_count(q.device),
                                          descriptor_tiles(k_cache, v_cache, block_table is not None))
         lead_permille = lead if lead_permille is None else lead_permille
     lead_permille = lead_permille or 0
@@ -368,8 +336,8 @@ def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, 
         raise ValueError(f"a leading split needs num_splits >= 2, got {num_splits}")
     if k_new is not None:
         append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity)
-    out = _empty(None, None, None, like=q)
-    lse = _empty((b, hq, n_q), torch.float32, q.device)
+    out = output_like(q)
+    lse = output_f32((b, hq, n_q), q.device)
     if b == 0 or n_q == 0:
         return out, lse
     o_part, l_part = _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
@@ -382,9 +350,9 @@ def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, 
                                   k_new, v_new)
         if num_splits > 1:
             tensors.update(o_part=o_part, l_part=l_part)
-        runtime._end_record(plan_key, tensors)
-        if plan_key in runtime._PLANS:
-            if len(_PLAN_SPLITS) >= runtime._PLANS_MAX:
+        runtime.end_record(plan_key, tensors)
+        if plan_key in runtime.PLANS:
+            if len(_PLAN_SPLITS) >= runtime.PLANS_MAX:
                 _PLAN_SPLITS.clear()
             _PLAN_SPLITS[plan_key] = num_splits
     return out, lse
@@ -433,18 +401,18 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
                          stride_os=0, stride_od=out.stride(3))
         l_strides = dict(stride_lb=lse.stride(0), stride_lh=lse.stride(1), stride_ln=lse.stride(2), stride_ls=0)
     else:
-        o_part = _empty((b, hq, n_q, num_splits, d), torch.float32, q.device)
-        l_part = _empty((b, hq, n_q, num_splits), torch.float32, q.device)
+        o_part = output_f32((b, hq, n_q, num_splits, d), q.device)
+        l_part = output_f32((b, hq, n_q, num_splits), q.device)
         o_strides = dict(zip(("stride_ob", "stride_oh", "stride_on", "stride_os", "stride_od"), o_part.stride()))
         l_strides = dict(zip(("stride_lb", "stride_lh", "stride_ln", "stride_ls"), l_part.stride()))
 
     left, right = window
     args = dict(
         Q=q, K=k_cache, V=v_cache,
-        K_DESC=_descriptor(k_cache) if tma else k_cache, V_DESC=_descriptor(v_cache) if tma else v_cache,
+        K_DESC=descriptor(k_cache) if tma else k_cache, V_DESC=descriptor(v_cache) if tma else v_cache,
         SEQLENS=cache_seqlens, BLOCK_TABLE=block_table if paged else cache_seqlens,
         SLOPES=alibi_slopes if alibi_slopes is not None else lse, O=o_part, LSE=l_part,
-        **_strides4(q, "q"), **_strides4(k_cache, "k"), **_strides4(v_cache, "v"),
+        **strides4(q, "q"), **strides4(k_cache, "k"), **strides4(v_cache, "v"),
         stride_tb=block_table.stride(0) if paged else 0, stride_tn=block_table.stride(1) if paged else 0,
         stride_sb=(alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0),
         stride_sh=(alibi_slopes.stride(-1) if alibi_slopes is not None else 0),
@@ -459,7 +427,7 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
         PAGE_SIZE=page_size,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
         HAS_ALIBI=alibi_slopes is not None,
-        DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=tma,
+        DOT_PRECISION=dot_precision(q.dtype), USE_TMA=tma,
         SAME_KV_STRIDES=k_cache.stride() == v_cache.stride(),
         OFFSETS_32=_max_offset(k_cache) < 2 ** 31 and _max_offset(v_cache) < 2 ** 31,
         ONE_LOOP=one_loop(tma, paged),
@@ -491,8 +459,8 @@ def combine_splits(o_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor
     block_r = max(1, min(_COMBINE_ROWS, _COMBINE_ELEMS // block_s))
     combine = dict(
         O_PART=o_part, LSE_PART=l_part, O=out, LSE=lse,
-        **_strides4(out, "o"),
+        **strides4(out, "o"),
         stride_lb=lse.stride(0), stride_lh=lse.stride(1), stride_ln=lse.stride(2),
         N_ROWS=n_rows, N_HEADS=hq, N_Q=n_q, NUM_SPLITS=num_splits,
         HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_R=block_r, BLOCK_S=block_s)
-    runtime._run(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),), {}, combine)
+    runtime.run(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),), {}, combine)

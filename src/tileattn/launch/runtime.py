@@ -18,6 +18,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._env import env, interpreter_active
+from ..dispatch import tma_addressable
 
 LOG2E = 1.4426950408889634
 
@@ -36,9 +37,10 @@ def _has_tma(device_index: int) -> bool:
 
 def use_tma(*tensors: torch.Tensor) -> bool:
     """Whether the kernels load tiles through tensor descriptors (the Hopper
-    copy engine; also runs under the interpreter).  Needs unit stride on the
-    head dim and 16-byte aligned base and strides; otherwise the portable
-    pointer path runs."""
+    copy engine; also runs under the interpreter).  Needs every tensor
+    ``dispatch.tma_addressable`` with the row dim's stride kept (unit stride
+    on the head dim, 16-byte aligned base and strides); otherwise the
+    portable pointer path runs."""
     if FORCE_POINTER_PATH:
         return False
     if not interpreter_active():
@@ -48,15 +50,8 @@ def use_tma(*tensors: torch.Tensor) -> bool:
         # rejected descriptor loads (triton 3.6, sm_90): keep fp32 on pointers
         if tensors[0].dtype == torch.float32:
             return False
-    for t in tensors:
-        if t.stride(-1) != 1 or t.data_ptr() % 16:
-            return False
-        elem, shape, strides, last = t.element_size(), t.shape, t.stride(), t.dim() - 2
-        for i in range(last + 1):
-            # dims of size 1 are never stepped over (the row stride always is)
-            if (strides[i] * elem) % 16 and (shape[i] > 1 or i == last):
-                return False
-    return True
+    # the descriptors' strides are tma_strides(t, t.dim() - 2): the row stride stays
+    return all(tma_addressable(t, t.dim() - 2) for t in tensors)
 
 
 def _descriptor_defaults() -> dict | None:
@@ -90,7 +85,7 @@ def tma_strides(t: torch.Tensor, n_dims: int) -> list:
     return strides
 
 
-def _descriptor(t: torch.Tensor) -> TensorDescriptor:
+def descriptor(t: torch.Tensor) -> TensorDescriptor:
     """A host-built descriptor over a whole (B, H, N, D) tensor.  Its box
     (1, 1, rows, BLOCK_D) is set per launch by :func:`_set_boxes`, once the
     config (and so the tile height) is known.  ``use_tma`` has checked the
@@ -104,25 +99,29 @@ def _descriptor(t: torch.Tensor) -> TensorDescriptor:
     return desc
 
 
-def _tensor(x):
+def base_tensor(x):
+    """The tensor behind a kernel argument (a descriptor's base, or ``x``)."""
     return x.base if isinstance(x, TensorDescriptor) else x
 
 
-def _empty_like(t: torch.Tensor, dtype=None) -> torch.Tensor:
+def output_like(t: torch.Tensor, dtype=None) -> torch.Tensor:
+    """``torch.empty_like(t, dtype=dtype)`` for a kernel output (NaN under POISON_OUTPUTS)."""
     out = torch.empty_like(t, dtype=dtype)
     if POISON_OUTPUTS:
         out.fill_(float("nan"))
     return out
 
 
-def _empty(shape, device) -> torch.Tensor:
+def output_f32(shape, device) -> torch.Tensor:
+    """A new float32 kernel output (NaN under POISON_OUTPUTS)."""
     out = torch.empty(shape, device=device, dtype=torch.float32)
     if POISON_OUTPUTS:
         out.fill_(float("nan"))
     return out
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
+def dot_precision(dtype: torch.dtype) -> str:
+    """The kernels' DOT_PRECISION for inputs of ``dtype``."""
     # float32 inputs get full fp32 products (tf32 would lose ~3 decimal digits
     # and break the accuracy contract); 16-bit inputs ignore this setting.
     return "ieee" if dtype == torch.float32 else "tf32"
@@ -137,29 +136,45 @@ def _smem_per_block(device_index: int) -> int:
         return 96 * 1024
 
 
-def _smem_limit(device: torch.device) -> int:
+def smem_limit(device: torch.device) -> int:
     """Shared memory per block on ``device`` (queried once per device)."""
     return _smem_per_block(device.index or 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (queried once per device); 1
+    off CUDA (the interpreter runs programs one after another)."""
+    if device.type == "cuda":
+        return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return 1
 
 
 _STRIDE_NAMES: dict = {}
 
 
-def _strides4(t: torch.Tensor, prefix: str) -> dict:
+def strides4(t: torch.Tensor, prefix: str) -> dict:
+    """A 4-d tensor's strides as the kernels' keyword arguments stride_<prefix>{b,h,n,d}."""
     names = _STRIDE_NAMES.get(prefix)
     if names is None:
         names = _STRIDE_NAMES[prefix] = tuple(f"stride_{prefix}{s}" for s in "bhnd")
     return dict(zip(names, t.stride()))
 
 
-def _aligned(*tensors) -> bool:
+def aligned(*tensors) -> bool:
+    """Whether every tensor's data starts 16-byte aligned."""
     for t in tensors:
         if t.data_ptr() % 16:
             return False
     return True
 
 
-def _autotune_enabled() -> bool:
+def autotune_enabled() -> bool:
+    """Whether configs are timed (autotuned) rather than taken first-fit."""
     # TILEATTN_AUTOTUNE=0: take the first config of the table that fits (the
     # tuned choice for the H200) instead of timing the candidates
     return env("TILEATTN_AUTOTUNE", "1") != "0"
@@ -221,10 +236,10 @@ def _spec(v, constexpr: bool):
     raise TypeError  # anything else: the regular path
 
 
-def _run(kernel, grid: tuple, options: dict, args: dict) -> None:
+def run(kernel, grid: tuple, options: dict, args: dict) -> None:
     """``kernel[grid](**args, **options)``, through the direct-launch cache."""
     if not _direct_enabled() or interpreter_active():
-        _record(None)
+        record(None)
         kernel[grid](**args, **options)
         return
     driver = triton.runtime.driver.active
@@ -237,7 +252,7 @@ def _run(kernel, grid: tuple, options: dict, args: dict) -> None:
                *[values[i] for i in constexprs], *[_spec(values[i], False) for i in runtime_args])
         compiled = _DIRECT.get(key)
     except TypeError:   # an argument of a type the key does not know, or unhashable
-        _record(None)
+        record(None)
         kernel[grid](**args, **options)
         return
     if compiled is None:
@@ -246,11 +261,11 @@ def _run(kernel, grid: tuple, options: dict, args: dict) -> None:
             if len(_DIRECT) >= _DIRECT_MAX:
                 _DIRECT.clear()
             _DIRECT[key] = compiled
-            _record((compiled, grid, values))
+            record((compiled, grid, values))
         else:
-            _record(None)
+            record(None)
         return
-    _record((compiled, grid, values))
+    record((compiled, grid, values))
     stream = driver.get_current_stream(device)
     runtime = triton.knobs.runtime
     compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
@@ -271,12 +286,12 @@ def _run(kernel, grid: tuple, options: dict, args: dict) -> None:
 # kernels with its own tensors filled in.  A plan never holds a tensor (only
 # descriptor fields without their base), so it keeps no memory alive.
 # ---------------------------------------------------------------------------
-_PLANS: dict = {}
-_PLANS_MAX = 1024
+PLANS: dict = {}
+PLANS_MAX = 1024
 _RECORDING = threading.local()
 
 
-def _record(entry) -> None:
+def record(entry) -> None:
     """Note one launch (compiled kernel, grid, argument values), or None for a
     launch that did not go through a compiled kernel (no plan then)."""
     launches = getattr(_RECORDING, "launches", None)
@@ -292,12 +307,12 @@ class _PlannedLaunch:
     slots: tuple               # (position, tensor name, descriptor fields or None)
 
 
-def _plan_key(kind: str, tensors: tuple, *scalars):
+def plan_key(kind: str, tensors: tuple, *scalars):
     """The key of a plan, or None when plans are off."""
     if not _direct_enabled() or interpreter_active():
         return None
     key = [kind, triton.runtime.driver.active.get_current_device(), triton.knobs.runtime.debug,
-           FORCE_POINTER_PATH, POISON_OUTPUTS, _autotune_enabled(), *scalars]
+           FORCE_POINTER_PATH, POISON_OUTPUTS, autotune_enabled(), *scalars]
     for t in tensors:
         if t is None:
             key.append(None)
@@ -306,12 +321,13 @@ def _plan_key(kind: str, tensors: tuple, *scalars):
     return tuple(key)
 
 
-def _begin_record():
+def begin_record():
+    """Start recording this thread's launches for :func:`end_record`."""
     _RECORDING.launches = []
 
 
-def _end_record(key, tensors: dict) -> None:
-    """Turn the launches recorded since :func:`_begin_record` into the plan of
+def end_record(key, tensors: dict) -> None:
+    """Turn the launches recorded since :func:`begin_record` into the plan of
     ``key``.  No plan when a launch did not go through a compiled kernel, an
     argument is a tensor that is not one of ``tensors``, or two names of
     ``tensors`` are one object (a later call need not alias them)."""
@@ -337,16 +353,17 @@ def _end_record(key, tensors: dict) -> None:
             template[i] = None
             slots.append((i, name, fields))
         plan.append(_PlannedLaunch(compiled, grid, tuple(template), tuple(slots)))
-    if len(_PLANS) >= _PLANS_MAX:
-        _PLANS.clear()
-    _PLANS[key] = tuple(plan)
+    if len(PLANS) >= PLANS_MAX:
+        PLANS.clear()
+    PLANS[key] = tuple(plan)
 
 
-def _abandon_record() -> None:
+def abandon_record() -> None:
+    """Stop recording without making a plan."""
     _RECORDING.launches = None
 
 
-def _replay(plan, tensors: dict) -> None:
+def replay(plan, tensors: dict) -> None:
     """Launch a plan's kernels with this call's tensors."""
     driver = triton.runtime.driver.active
     stream = driver.get_current_stream(driver.get_current_device())

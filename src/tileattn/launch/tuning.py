@@ -55,7 +55,7 @@ def launch(kind: str, kernel, grid, args: dict, *, config, interpreter_config, f
     else:
         chosen = _CHOICES.get((kind, *key))
         if chosen is None:
-            runtime._record(None)
+            runtime.record(None)
             tuned = autotuner(kind, build_autotuner)
             tuned[grid](**args)
             best = tuned.best_config
@@ -65,4 +65,4 @@ def launch(kind: str, kernel, grid, args: dict, *, config, interpreter_config, f
         meta, options = chosen
     full = {**args, **meta}
     set_boxes(full)
-    runtime._run(kernel, grid(meta) if callable(grid) else grid, options, full)
+    runtime.run(kernel, grid(meta) if callable(grid) else grid, options, full)
