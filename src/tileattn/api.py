@@ -59,8 +59,8 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
             last bits from run to run; dk and dv stay reproducible).  None
             (default): the faster one for the call -- False where the
             Hopper backward runs it (a plain fp16/bf16 call at d = 64 or 128
-            on a compute capability 9.0 GPU: 0.86-0.95x cuDNN there, against
-            0.70-0.87x for the deterministic kernels, docs/perf-notes.md
+            on a compute capability 9.0 GPU: 0.86-0.96x cuDNN there, against
+            0.69-0.88x for the deterministic kernels, docs/perf-notes.md
             v12), True everywhere else (where the portable atomic kernel is
             the slower one) and whenever ``torch.use_deterministic_algorithms``
             is on.  The pure-PyTorch path ignores it (it is deterministic).
