@@ -148,8 +148,10 @@ def _block_forward(q, k, v, plan: BlockPlan, scale: float):
 def _block_backward(dout, q, k, v, out, lse, dlse, plan: BlockPlan, scale: float):
     rows = slice(plan.q_start, plan.q_stop)
     keys = slice(plan.k_start, plan.k_stop)
+    # (dq, dk, dv): the fourth output, the sinks' gradient, is empty here (the
+    # sinks are folded in after the ranks' results are merged)
     return ops.attention_bwd(dout[:, :, rows], q[:, :, rows], k[:, :, keys], v[:, :, keys], out[:, :, rows],
-                             lse[:, :, rows], None if dlse is None else dlse[:, :, rows], plan.causal, scale)
+                             lse[:, :, rows], None if dlse is None else dlse[:, :, rows], plan.causal, scale)[:3]
 
 
 def _merge_(out_acc, lse_acc, out_blk, lse_blk) -> None:
