@@ -42,6 +42,11 @@ def block_d(head_dim: int) -> int:
 _SMEM_OVERHEAD = 2048
 
 
+# the smallest key tile any config may use (tl.dot's smallest operand side):
+# buffers with one slot per key block are sized by it
+MIN_BLOCK_N = 16
+
+
 def fwd_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
     """Shared memory of a forward program: the Q tile plus K and V tiles
     buffered ``num_stages`` deep (P feeds the second matmul from registers).

@@ -18,8 +18,10 @@ lets the kernels' backward add dQ with float32 atomics (see
 backward; the pure-PyTorch path ignores it (it is deterministic anyway).
 Last, on the dense ops, ``sinks`` (Hq,) or None: the kernels start every
 row from its head's sink, and ``attention_bwd`` returns the sinks' gradient
-as a fourth output (empty without sinks), from the backward's
-delta = rowsum(dO o O) - dlse and the saved lse (:func:`sink_grad`).
+as a fourth output (empty without sinks): the dK/dV kernel gathers
+sum_ij p_sink_i P_ij dP_ij from its float32 tiles (``launch.attention``);
+the PyTorch path uses delta = rowsum(dO o O) - dlse with O recomputed in
+float32 for 16-bit inputs (:func:`tileattn.sinks.sink_grad`).
 
 The eager fast path.  A ``torch.library`` custom op is what
 ``torch.compile``, fake tensors and ``opcheck`` need, but in plain eager
@@ -116,7 +118,14 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     dq, dk, dv = cpu.attention_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, block_n=_TORCH_BLOCK_N, **kw)
     dsinks = q.new_empty(0, dtype=torch.float32)
     if sinks is not None:
-        delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1)
+        out_hi = out
+        if out.dtype in (torch.float16, torch.bfloat16):
+            # rowsum(dO o O) from the rounded output loses digits the sinks'
+            # gradient needs (it sums them over every row): O again in float32
+            out32, lse32 = cpu.attention_fwd(q.float(), k.float(), v.float(), causal, scale, block_n=_TORCH_BLOCK_N,
+                                             **kw)
+            out_hi, _ = with_sinks(out32, lse32, sinks)
+        delta = (dout.to(lse.dtype) * out_hi.to(lse.dtype)).sum(-1)
         dsinks = sink_grad(sinks, lse, delta if dlse is None else delta - dlse.to(lse.dtype))
     return _in_layout(q, dq), _in_layout(k, dk), _in_layout(v, dv), dsinks
 

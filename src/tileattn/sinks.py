@@ -9,8 +9,9 @@ delta = rowsum(dO o O) - dlse and the lse:
   call whose kernel does not start its rows from the sink itself
   (decoding, packed sequences, ring attention, the CPU path); autograd
   differentiates it where gradients are wanted;
-* :func:`sink_grad` is the sinks' gradient where the kernels did (the dense
-  ops' backward).
+* :func:`sink_grad` is the sinks' gradient from a per-row delta (the
+  dense ops' PyTorch path; the kernels gather the same sum from their P and
+  dP tiles, ``launch.attention._sink_grad``).
 """
 from __future__ import annotations
 

@@ -74,18 +74,22 @@ def _attn_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _dkdv_stage(dk, dv, k, v, q_head, do_head, dq_head, lse2_ptrs, delta_ptrs, offs_n, stage, span, var,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+def _dkdv_stage(dk, dv, sink_acc, k, v, q_head, do_head, dq_head, lse2_ptrs, delta_ptrs, offs_n, stage, span, var,
+                sink2, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                 MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                 IS_CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, BLOCK_SPARSE: tl.constexpr,
-                MASK_BLOCK_Q: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
+                MASK_BLOCK_Q: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
+                HAS_SINKS: tl.constexpr):
     """One stage of the query walk of a key block: query tiles [lo, hi) in
     steps of BLOCK_M or, with BLOCK_SPARSE, the entries [lo, hi) of the
     stage's sub-tile list.  ``q_head``/``do_head``/``dq_head``: where the Q
     and dO tiles come from and dQ's share goes (``common.load_rows``);
     ``span``: (N_Q, N_K, first query row, end of the queries) of this
-    sequence; ``var``: the scale and the variants' runtime parameters."""
+    sequence; ``var``: the scale and the variants' runtime parameters.
+    With ``HAS_SINKS``, ``sink_acc`` gathers sum_ij p_sink_i P_ij dP_ij over
+    the stage's tiles (``sink2``: the head's sink in log2 units): the sinks'
+    gradient from P and dP in float32, not from the rounded output."""
     N_Q, N_K, q_row0, q_end = span
     qk_scale, win_left, win_right, softcap_scale, softcap_log2, alibi_log2 = var
     # packed: only the masked stages reach past the sequence's last row
@@ -113,6 +117,9 @@ def _dkdv_stage(dk, dv, k, v, q_head, do_head, dq_head, lse2_ptrs, delta_ptrs, o
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         delta = tl.load(delta_ptrs + offs_m, mask=m_ok, other=0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        if HAS_SINKS:
+            # rows past N_Q have lse2 = +inf: their sink probability is 0
+            sink_acc += tl.sum(tl.sum(p_t * dp_t, axis=0) * tl.math.exp2(sink2 - lse2), axis=0)
         ds_t = p_t * (dp_t - delta[None, :])
         if HAS_SOFTCAP:
             ds_t = ds_t * (1.0 - t_t * t_t)
@@ -123,7 +130,7 @@ def _dkdv_stage(dk, dv, k, v, q_head, do_head, dq_head, lse2_ptrs, delta_ptrs, o
             # the softmax scale once); rows past the sequence / N_Q are never added
             dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION)
             add_rows(dq_head, q_row0 + start_m, dq, q_end, BLOCK_M, HEAD_DIM, BLOCK_D, DQ_TMA)
-    return dk, dv
+    return dk, dv, sink_acc
 
 
 @triton.jit
@@ -155,6 +162,9 @@ def _attn_bwd_dkdv_kernel(
     # (B, Hq, N_Q, D) accumulator (a tensor descriptor with DQ_TMA)
     DQ_ACC=None, stride_dqab=None, stride_dqah=None, stride_dqan=None, stride_dqad=None,
     ATOMIC_DQ: tl.constexpr = False, DQ_TMA: tl.constexpr = False,
+    # HAS_SINKS: SINKS (Hq,) float32; SINK_PART[pid_n, b, h] gets this
+    # program's sum_ij p_sink_i P_ij dP_ij for query head h (dense batches)
+    SINKS=None, SINK_PART=None, HAS_SINKS: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     off_hk = tl.program_id(1)
@@ -206,14 +216,22 @@ def _attn_bwd_dkdv_kernel(
             stages = sparse_stages(BS_FULL_NUM, BS_FULL_IDX, BS_PART_NUM, BS_PART_IDX,
                                    (stride_bs_nb, stride_bs_nh, stride_bs_ib, stride_bs_ih, stride_bs_ir),
                                    off_b, off_h, start_n // MASK_BLOCK_K, MASK_BLOCK_Q // BLOCK_M)
+        sink_acc = 0.0
+        sink2 = 0.0
+        if HAS_SINKS:
+            sink2 = tl.load(SINKS + off_h) * LOG2E
         for i in tl.static_range(3):
             if HAS_STAGE[i]:
-                dk, dv = _dkdv_stage(
-                    dk, dv, k, v, q_head, do_head, dq_head, LSE2 + row0, DELTA + row0, offs_n, stages[i], span, var,
+                dk, dv, sink_acc = _dkdv_stage(
+                    dk, dv, sink_acc, k, v, q_head, do_head, dq_head, LSE2 + row0, DELTA + row0, offs_n, stages[i],
+                    span, var, sink2,
                     HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, MASKED=STAGE_MASKED[i],
                     DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL, IS_VARLEN=IS_VARLEN,
                     HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-                    BLOCK_SPARSE=BLOCK_SPARSE, MASK_BLOCK_Q=MASK_BLOCK_Q, ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA)
+                    BLOCK_SPARSE=BLOCK_SPARSE, MASK_BLOCK_Q=MASK_BLOCK_Q, ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA,
+                    HAS_SINKS=HAS_SINKS)
+        if HAS_SINKS:
+            tl.store(SINK_PART + (pid_n.to(tl.int64) * tl.num_programs(2) + off_b) * N_HEADS + off_h, sink_acc)
 
     dk = dk * sm_scale
     # packed gradients are stored through pointers, clipped at the sequence's end

@@ -17,7 +17,7 @@ from ..configs import HopperBwdConfig, HopperFwdConfig, KernelConfig
 from ..kernels.bwd import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_convert_kernel, _attn_bwd_dq_kernel,
                            _attn_bwd_preprocess_kernel)
 from ..kernels.fwd import _attn_fwd_kernel
-from ..sinks import sink_grad, with_sinks
+from ..sinks import with_sinks
 from ..validation import fold_causal
 from .runtime import (LOG2E, abandon_record, aligned, base_tensor, begin_record, descriptor, dot_precision, end_record,
                       output_f32, output_like, replay, smem_limit, strides4, use_tma)
@@ -273,11 +273,13 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     deterministic = bool(deterministic)
-    if (not deterministic and not variants and (config is None or isinstance(config, HopperBwdConfig))
+    # the Hopper kernel does not yet gather the sinks' gradient (see _sink_parts)
+    if (not deterministic and not variants and sinks is None
+            and (config is None or isinstance(config, HopperBwdConfig))
             and dispatch.hopper_bwd_eligible(q, k, v, do)):
-        return _with_sink_grad(_hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config), sinks, lse)
+        return _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config)[:3]
     plan_key = None
-    if not variants and config is None and q.is_cuda:
+    if not variants and sinks is None and config is None and q.is_cuda:
         plan_key = runtime.plan_key("bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), deterministic)
         plan = runtime.PLANS.get(plan_key) if plan_key is not None else None
         if plan is not None:
@@ -289,7 +291,7 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
                 tensors["dq_acc"] = _dq_accumulator(q)
             if aligned(dq, dk, dv, delta, lse2):
                 replay(plan, tensors)
-                return _with_sink_grad((dq, dk, dv, delta), sinks, lse)
+                return dq, dk, dv
             plan_key = None
     var = _Variants(q, k, causal, scale, **variants)
     dq, dk, dv = output_like(q), output_like(k), output_like(v)
@@ -297,17 +299,21 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
         zeros = (dq.zero_(), dk.zero_(), dv.zero_())
         if sinks is None:
             return zeros
-        if n_q == 0 or b == 0:
-            return zeros + (torch.zeros_like(sinks),)
-        # no key: every row's softmax is the sink alone, out 0 and delta = -dlse
-        return _with_sink_grad(zeros + (torch.zeros_like(lse) if dlse is None else -dlse.float(),), sinks, lse)
+        # no key: every row's softmax is the sink alone (P = 0, out 0), only dlse reaches the sinks
+        return zeros + (_sink_grad(sinks, lse, dlse, None),)
     delta = output_f32((b, hq, n_q), q.device)
     lse2 = output_f32((b, hq, n_q), q.device)
     dq_acc = None if deterministic else _dq_accumulator(q)
+    sink_parts = None
+    if sinks is not None:
+        # one slot per (key block, batch, query head) for the smallest key tile
+        sink_parts = torch.zeros((triton.cdiv(n_k, configs.MIN_BLOCK_N), b, hq), device=q.device,
+                                 dtype=torch.float32)
     if plan_key is not None:
         begin_record()
     try:
-        _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc)
+        _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc,
+                         None if sinks is None else (sinks.float().contiguous(), sink_parts))
     except BaseException:
         abandon_record()
         raise
@@ -319,16 +325,22 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
         if dq_acc is not None:
             tensors["dq_acc"] = dq_acc
         end_record(plan_key, tensors)
-    return _with_sink_grad((dq, dk, dv, delta), sinks, lse)
-
-
-def _with_sink_grad(grads, sinks, lse):
-    """(dq, dk, dv) from (dq, dk, dv, delta), with the sinks' gradient after
-    them when there are sinks."""
-    dq, dk, dv, delta = grads
     if sinks is None:
         return dq, dk, dv
-    return dq, dk, dv, sink_grad(sinks, lse, delta)
+    return dq, dk, dv, _sink_grad(sinks, lse, dlse, sink_parts)
+
+
+def _sink_grad(sinks, lse, dlse, sink_parts):
+    """d sink_h = -sum_i p_sink_i (sum_j P_ij dP_ij - dlse_i), p_sink_i =
+    exp(sink_h - lse_i): the dK/dV kernel gathers the first term from P and
+    dP in float32 (``sink_parts``, None when no key was visited); the
+    rounded output would lose digits there (``tileattn.sinks.sink_grad``)."""
+    grad = torch.zeros(sinks.shape, device=sinks.device, dtype=torch.float32)
+    if sink_parts is not None:
+        grad -= sink_parts.sum(dim=(0, 1))
+    if dlse is not None:
+        grad += (torch.exp(sinks.float()[None, :, None] - lse.float()) * dlse.float()).sum(dim=(0, 2))
+    return grad.to(sinks.dtype)
 
 
 def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config):
@@ -365,10 +377,13 @@ def _dq_convert(dq_acc, dq, scale):
         HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block))
 
 
-def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc=None):
+def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc=None,
+                     sinks=None):
     """The backward's launches; with ``dq_acc`` (a zeroed float32 tensor
     shaped like q) the atomic path: the dK/dV kernel adds dQ into it and
-    the convert kernel writes dq from it."""
+    the convert kernel writes dq from it.  ``sinks``: (the sinks, a zeroed
+    float32 (key blocks, B, Hq) buffer) for the dK/dV kernel's share of their
+    gradient."""
     per_kind = config if isinstance(config, dict) else {"dkdv": config, "dq": config, "dkdv_atomic": config}
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
@@ -385,6 +400,7 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
                   DOT_PRECISION=dot_precision(q.dtype), USE_TMA=tma)
     # packed sequences store through pointers, clipped at each sequence's end
     out_tiles = (lambda t: t) if var.varlen else tiles
+    sink_args = {} if sinks is None else dict(SINKS=sinks[0], SINK_PART=sinks[1], HAS_SINKS=True)
 
     def grid_kv(meta):
         return (triton.cdiv(var.len_k, meta["BLOCK_N"]), hkv, var.batch)
@@ -395,7 +411,7 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
     if dq_acc is None:
         _launch("dkdv", _attn_bwd_dkdv_kernel, grid_kv, per_kind.get("dkdv"), configs.INTERPRETER_BWD,
                 DK=out_tiles(dk), DV=out_tiles(dv), **strides4(dk, "dk"), **strides4(dv, "dv"), **common,
-                **var.kernel_args("dkdv"))
+                **var.kernel_args("dkdv"), **sink_args)
         _launch("dq", _attn_bwd_dq_kernel, grid_q, per_kind.get("dq"), configs.INTERPRETER_BWD,
                 DQ=out_tiles(dq), **strides4(dq, "dq"), **common, **var.kernel_args("dq"))
         return
@@ -405,5 +421,5 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
     _launch("dkdv_atomic", _attn_bwd_dkdv_kernel, grid_kv, per_kind.get("dkdv_atomic"), configs.INTERPRETER_BWD,
             DK=out_tiles(dk), DV=out_tiles(dv), **strides4(dk, "dk"), **strides4(dv, "dv"), **common,
             **var.kernel_args("dkdv"), DQ_ACC=descriptor(dq_acc) if dq_tma else dq_acc,
-            **strides4(dq_acc, "dqa"), ATOMIC_DQ=True, DQ_TMA=dq_tma)
+            **strides4(dq_acc, "dqa"), ATOMIC_DQ=True, DQ_TMA=dq_tma, **sink_args)
     _dq_convert(dq_acc, dq, scale)
