@@ -392,3 +392,33 @@ def assert_varlen_case(c: VarlenCase, deterministic=None):
     assert mine[0].shape == (tq, c.hq, c.d) and mine[1].shape == (c.hq, tq)
     assert mine[0].dtype == c.dtype and mine[1].dtype == torch.float32
     _check_outputs(c.id, mine, ref64, lowp, c.dtype)
+
+
+# ---------------------------------------------------------------------------
+# Shapes of the Hopper kernels' tests (forward and backward share them)
+# ---------------------------------------------------------------------------
+HOPPER_CASES = {
+    # name: (b, hq, hkv, n_q, n_k, d)
+    "square-1000": (2, 4, 4, 1000, 1000, 128),
+    "odd-1": (1, 2, 2, 1, 1, 128),
+    "odd-17x129": (1, 2, 2, 17, 129, 64),
+    "odd-333": (2, 3, 3, 333, 333, 64),
+    "nq<nk-129x1000": (1, 4, 4, 129, 1000, 128),
+    "nq>nk-1000x129": (1, 4, 4, 1000, 129, 128),   # causal: the first rows see no key
+    "gqa4-777": (2, 8, 2, 777, 777, 128),
+    "gqa8-512": (1, 16, 2, 512, 512, 64),
+    "tiles-even-2048": (1, 2, 2, 2048, 2048, 128),
+}
+
+
+def hopper_inputs(b, hq, hkv, n_q, n_k, d, dtype, seed, layout="bhnd", logit_scale=1.0):
+    """(q, k, v, do) on the GPU; ``layout="bnhd"``: (B, N, H, D) storage
+    viewed as (B, H, N, D); q scaled by ``logit_scale``."""
+    g = torch.Generator(device="cuda").manual_seed(seed + SEED_OFFSET)
+
+    def make(h, n):
+        if layout == "bnhd":
+            return torch.randn(b, n, h, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+        return torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=g)
+    return make(hq, n_q) * logit_scale, make(hkv, n_k), make(hkv, n_k), make(hq, n_q)
+

@@ -9,6 +9,7 @@ the accuracy rule, with each config forced, odd lengths, Nq != Nk, fully
 masked rows, large logits, GQA, strided layouts and a gradient into lse;
 and the dispatcher takes it for plain non-deterministic calls only.
 """
+import contextlib
 import dataclasses
 import json
 import os
@@ -23,9 +24,9 @@ from tileattn import configs, dispatch, launch
 from tileattn.configs import HopperBwdConfig
 from tileattn.launch import hopper as launch_hopper
 from tileattn.reference import standard_attention
-from tileattn.testing import check_accuracy
+from tileattn.testing import HOPPER_CASES, check_accuracy, hopper_inputs
 
-from conftest import HAS_CUDA, SEED_OFFSET
+from conftest import HAS_CUDA
 
 ON_HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a compute capability 9.0 GPU")
@@ -68,14 +69,23 @@ def test_compiles_for_sm90(reports, head_dim, cfg, causal):
     assert rep["shared"] <= 227 * 1024, "more shared memory than a Hopper block may have"
 
 
-def _inputs(b, hq, hkv, n_q, n_k, d, dtype, seed, layout="bhnd", logit_scale=1.0):
-    g = torch.Generator(device="cuda").manual_seed(seed + SEED_OFFSET)
+_inputs = hopper_inputs
 
-    def make(h, n):
-        if layout == "bnhd":   # (B, N, H, D) storage viewed as (B, H, N, D)
-            return torch.randn(b, n, h, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
-        return torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=g)
-    return make(hq, n_q) * logit_scale, make(hkv, n_k), make(hkv, n_k), make(hq, n_q)
+
+@contextlib.contextmanager
+def _hopper_calls():
+    """A list that gets an entry per launch of the Hopper backward kernel."""
+    calls = []
+    real = launch_hopper.attn_bwd_dkdv
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    launch_hopper.attn_bwd_dkdv = spy
+    try:
+        yield calls
+    finally:
+        launch_hopper.attn_bwd_dkdv = real
 
 
 def _reference_grads(q, k, v, do, causal, dlse=None):
@@ -97,17 +107,8 @@ def _check(name, q, k, v, do, causal, cfg=None, dlse=None):
     scale = q.shape[-1] ** -0.5
     cfg = cfg or launch_hopper.bwd_config_for(q.shape[-1])
     out, lse = launch.attn_fwd(q, k, v, causal, scale)
-    calls = []
-    real = launch_hopper.attn_bwd_dkdv
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-    launch_hopper.attn_bwd_dkdv = spy
-    try:
+    with _hopper_calls() as calls:
         got = launch.attn_bwd(do, q, k, v, out, lse, causal, scale, dlse=dlse, config=cfg, deterministic=False)
-    finally:
-        launch_hopper.attn_bwd_dkdv = real
     assert calls, "the Hopper backward did not run"
     ref, low = _reference_grads(q, k, v, do, causal, dlse)
     for part, g, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
@@ -115,18 +116,7 @@ def _check(name, q, k, v, do, causal, cfg=None, dlse=None):
         check_accuracy(f"{name} {part}", g, r, lo, q.dtype)
 
 
-CASES = {
-    # name: (b, hq, hkv, n_q, n_k, d)
-    "square-1000": (2, 4, 4, 1000, 1000, 128),
-    "odd-1": (1, 2, 2, 1, 1, 128),
-    "odd-17x129": (1, 2, 2, 17, 129, 64),
-    "odd-333": (2, 3, 3, 333, 333, 64),
-    "nq<nk-129x1000": (1, 4, 4, 129, 1000, 128),
-    "nq>nk-1000x129": (1, 4, 4, 1000, 129, 128),   # causal: the first rows see no key
-    "gqa4-777": (2, 8, 2, 777, 777, 128),
-    "gqa8-512": (1, 16, 2, 512, 512, 64),
-    "tiles-even-2048": (1, 2, 2, 2048, 2048, 128),
-}
+CASES = HOPPER_CASES
 
 
 @needs_hopper
@@ -157,25 +147,16 @@ def test_large_logits_strided_and_dlse(causal):
 @needs_hopper
 def test_dispatch_nondeterministic_plain_only():
     q, k, v, do = _inputs(1, 4, 2, 1024, 1024, 128, torch.bfloat16, seed=3)
-    calls = []
-    real = launch_hopper.attn_bwd_dkdv
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-    launch_hopper.attn_bwd_dkdv = spy
-    try:
-        leaves = [t.requires_grad_() for t in (q, k, v)]
-        out = tileattn.attention(*leaves, causal=True, deterministic=False)
-        out.backward(do)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    with _hopper_calls() as calls:
+        tileattn.attention(*leaves, causal=True, deterministic=False).backward(do)
         assert calls, "a plain non-deterministic bf16 d=128 backward did not take the Hopper kernel"
         calls.clear()
         for kw in (dict(deterministic=True), dict(deterministic=False, window=(64, 0)),
-                   dict(deterministic=False, softcap=20.0)):
+                   dict(deterministic=False, softcap=20.0),
+                   dict(deterministic=False, sinks=torch.zeros(4, device="cuda"))):
             tileattn.attention(*leaves, causal=True, **kw).backward(do)
-        assert not calls, "a deterministic call or a variant took the Hopper backward"
-    finally:
-        launch_hopper.attn_bwd_dkdv = real
+        assert not calls, "a deterministic call, a variant or sinks took the Hopper backward"
 
 
 @pytest.fixture
@@ -201,17 +182,8 @@ def test_default_is_deterministic_off_the_hopper_path(case):
 def test_default_takes_hopper_unless_torch_deterministic(switch, torch_deterministic):
     q, k, v, do = _inputs(1, 4, 2, 1024, 1024, 128, torch.bfloat16, seed=4)
     torch_deterministic(switch)
-    calls = []
-    real = launch_hopper.attn_bwd_dkdv
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-    launch_hopper.attn_bwd_dkdv = spy
-    try:
-        leaves = [t.requires_grad_() for t in (q, k, v)]
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    with _hopper_calls() as calls:
         tileattn.attention(*leaves, causal=True).backward(do)
-        assert bool(calls) is (not switch), \
-            "deterministic=None: the Hopper backward unless torch.use_deterministic_algorithms is on"
-    finally:
-        launch_hopper.attn_bwd_dkdv = real
+    assert bool(calls) is (not switch), \
+        "deterministic=None: the Hopper backward unless torch.use_deterministic_algorithms is on"

@@ -21,9 +21,9 @@ from tileattn import configs, dispatch, launch
 from tileattn.launch import hopper as launch_hopper, runtime
 from tileattn.configs import HopperFwdConfig
 from tileattn.reference import standard_attention
-from tileattn.testing import check_accuracy
+from tileattn.testing import HOPPER_CASES, check_accuracy, hopper_inputs
 
-from conftest import HAS_CUDA, SEED_OFFSET
+from conftest import HAS_CUDA
 
 ON_HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a compute capability 9.0 GPU")
@@ -89,15 +89,8 @@ def test_default_dispatch_by_size(head_dim, causal, n_k, want):
     assert dispatch.hopper_fwd_preferred(head_dim, causal, n_k) is want
 
 
-def _inputs(b, hq, hkv, n_q, n_k, d, dtype, seed, layout="bhnd", logit_scale=1.0):
-    g = torch.Generator(device="cuda").manual_seed(seed + SEED_OFFSET)
-
-    def make(h, n):
-        if layout == "bnhd":   # (B, N, H, D) storage viewed as (B, H, N, D)
-            return torch.randn(b, n, h, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
-        return torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=g)
-    q = make(hq, n_q) * logit_scale
-    return q, make(hkv, n_k), make(hkv, n_k)
+def _inputs(*args, **kwargs):
+    return hopper_inputs(*args, **kwargs)[:3]   # (q, k, v): the forward takes no dO
 
 
 def _check(name, q, k, v, causal, cfg=None):
@@ -112,18 +105,7 @@ def _check(name, q, k, v, causal, cfg=None):
     assert out.stride() == q.stride() or q.is_contiguous() is False
 
 
-CASES = {
-    # name: (b, hq, hkv, n_q, n_k, d)
-    "square-1000": (2, 4, 4, 1000, 1000, 128),
-    "odd-1": (1, 2, 2, 1, 1, 128),
-    "odd-17x129": (1, 2, 2, 17, 129, 64),
-    "odd-333": (2, 3, 3, 333, 333, 64),
-    "nq<nk-129x1000": (1, 4, 4, 129, 1000, 128),
-    "nq>nk-1000x129": (1, 4, 4, 1000, 129, 128),   # causal: the first rows see no key
-    "gqa4-777": (2, 8, 2, 777, 777, 128),
-    "gqa8-512": (1, 16, 2, 512, 512, 64),
-    "tiles-even-2048": (1, 2, 2, 2048, 2048, 128),
-}
+CASES = HOPPER_CASES
 
 
 @needs_hopper

@@ -82,13 +82,16 @@ def _ids(*shape, seed):
     return torch.randint(3, VOCAB, shape, generator=g).to(DEVICE)
 
 
+def _logits(models, ids, **kw):
+    """(tileattn float32, eager float64, eager float32) logits."""
+    with torch.no_grad():
+        return tuple(models[key](ids, **kw).logits for key in
+                     (("tileattn", torch.float32), ("eager", torch.float64), ("eager", torch.float32)))
+
+
 def test_logits_match_eager(models, attention_calls):
     ids = _ids(2, 21, seed=_seed("logits"))
-    with torch.no_grad():
-        got = models["tileattn", torch.float32](ids).logits
-        ref = models["eager", torch.float64](ids).logits
-        low = models["eager", torch.float32](ids).logits
-    check_accuracy("gpt-oss logits", got, ref, low, torch.float32)
+    check_accuracy("gpt-oss logits", *_logits(models, ids), torch.float32)
     # layer 0 slides (window W: keys i - W < j <= i), layer 1 attends to all; both with their sinks
     assert ((2, 4, 21, 16), (2, 2, 21, 16), (WINDOW - 1, 0), True) in attention_calls
     assert ((2, 4, 21, 16), (2, 2, 21, 16), None, True) in attention_calls
@@ -96,11 +99,7 @@ def test_logits_match_eager(models, attention_calls):
 
 def test_logits_on_kernels(models, kernels, attention_calls):
     ids = _ids(1, 19, seed=_seed("kernels"))
-    with torch.no_grad():
-        got = models["tileattn", torch.float32](ids).logits
-        ref = models["eager", torch.float64](ids).logits
-        low = models["eager", torch.float32](ids).logits
-    check_accuracy("gpt-oss logits (kernels)", got, ref, low, torch.float32)
+    check_accuracy("gpt-oss logits (kernels)", *_logits(models, ids), torch.float32)
     assert attention_calls
 
 
@@ -109,11 +108,8 @@ def test_padded_batch_falls_back_with_sinks(models):
     mask = torch.ones(2, 13, dtype=torch.long, device=DEVICE)
     mask[0, :4] = 0
     tileattn.sdpa.reset_fallback_warnings()
-    with torch.no_grad(), pytest.warns(TileattnFallbackWarning, match="explicit mask"):
-        got = models["tileattn", torch.float32](ids, attention_mask=mask).logits
-    with torch.no_grad():
-        ref = models["eager", torch.float64](ids, attention_mask=mask).logits
-        low = models["eager", torch.float32](ids, attention_mask=mask).logits
+    with pytest.warns(TileattnFallbackWarning, match="explicit mask"):
+        got, ref, low = _logits(models, ids, attention_mask=mask)
     keep = mask.bool()
     check_accuracy("gpt-oss padded logits", got[keep], ref[keep], low[keep], torch.float32)
 
