@@ -91,7 +91,8 @@ def _peak_ratio(fn, q, k, v, do, causal) -> float:
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated() - sum(t.numel() * t.element_size() for t in leaves) - do.numel() * do.element_size()
+    held = sum(t.numel() * t.element_size() for t in leaves) + do.numel() * do.element_size()
+    base = torch.cuda.memory_allocated() - held
     torch.cuda.reset_peak_memory_stats()
     torch.autograd.grad(fn(*leaves, causal), leaves, do)
     torch.cuda.synchronize()

@@ -1,12 +1,16 @@
-"""Launcher of the Hopper forward kernel (Gluon, ``kernels/fwd_hopper.py``),
-and its sm_90a compile report (compiled without a GPU).
+"""Launchers of the Hopper kernels (Gluon): the forward (``kernels/fwd_hopper.py``)
+and the backward's dK/dV kernel with the float32 dQ sum
+(``kernels/bwd_hopper.py``), and their sm_90a compile reports (compiled
+without a GPU).
 
-Which calls run it is ``dispatch.hopper_fwd_eligible``'s decision (a CUDA
-device of compute capability 9.0, fp16 or bf16, a head dim the kernel is
-built for, no variant, tensors the copy engine can address); everything else
-runs the portable Triton kernels.  Gluon is imported on first use, so a CPU
-install never imports it.  ``TILEATTN_HOPPER_FWD=0`` (or
-``dispatch.HOPPER_FWD = False``) turns the path off.
+Which calls run them is ``dispatch.hopper_fwd_eligible`` /
+``hopper_bwd_eligible``'s decision (a CUDA device of compute capability 9.0,
+fp16 or bf16, a head dim the kernel is built for, no variant, tensors the
+copy engine can address; the backward only for ``deterministic=False`` and
+no sinks); everything else runs the portable Triton kernels.  Gluon is
+imported on first use, so a CPU install never imports it.
+``TILEATTN_HOPPER_FWD=0`` / ``TILEATTN_HOPPER_BWD=0`` (or
+``dispatch.HOPPER_FWD`` / ``HOPPER_BWD = False``) turn the paths off.
 """
 from __future__ import annotations
 
