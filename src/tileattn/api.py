@@ -81,8 +81,8 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
     mask = val.check_block_mask(block_mask, q, b, hq, n_q, k.shape[2])
     sinks = val.check_sinks(sinks, q, hq)
     plain = (left, right, cap, slopes, mask) == (-1, -1, 0.0, None, None)
-    if det is None:   # with sinks the Hopper backward does not run yet (launch.attention._sink_grad)
-        det = dispatch.default_deterministic(q, k, v, plain and sinks is None)
+    if det is None:
+        det = dispatch.default_deterministic(q, k, v, plain)
     if dispatch.eager_applies(q, k, v):
         # same launchers, without the custom-op dispatch (host time; see ops.py)
         out, lse = ops.eager_attention(q, k, v, causal, scale,

@@ -11,6 +11,7 @@ and the dispatcher takes it for plain non-deterministic calls only.
 """
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -34,7 +35,9 @@ needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a 
 FORCED = [(d, c) for d, c in configs.HOPPER_BWD.items()] + [
     (128, HopperBwdConfig(num_stages=3)), (128, HopperBwdConfig(dk_from_smem=True)),
     (64, HopperBwdConfig(dk_from_smem=False))]
-COMPILED = [(d, c, causal) for d, c in FORCED for causal in (False, True)]
+# (head dim, config, causal, sinks): every forced config, and the table's with sinks
+COMPILED = ([(d, c, causal, False) for d, c in FORCED for causal in (False, True)]
+            + [(d, c, True, True) for d, c in configs.HOPPER_BWD.items()])
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +48,21 @@ def reports():
     code = (
         "import json, sys; from tileattn.configs import HopperBwdConfig; from tileattn.launch import hopper\n"
         "cases = json.loads(sys.argv[1])\n"
-        "print(json.dumps([hopper.compile_bwd_report(d, HopperBwdConfig(**c), causal) for d, c, causal in cases]))")
-    arg = json.dumps([(d, dataclasses.asdict(c), causal) for d, c, causal in COMPILED])
+        "print(json.dumps([hopper.compile_bwd_report(d, HopperBwdConfig(**c), causal, sinks=sinks)\n"
+        "                  for d, c, causal, sinks in cases]))")
+    arg = json.dumps([(d, dataclasses.asdict(c), causal, sinks) for d, c, causal, sinks in COMPILED])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {(d, c.name, causal): r for (d, c, causal), r in zip(COMPILED, json.loads(proc.stdout.splitlines()[-1]))}
+    return {(d, c.name, causal, sinks): r
+            for (d, c, causal, sinks), r in zip(COMPILED, json.loads(proc.stdout.splitlines()[-1]))}
 
 
-@pytest.mark.parametrize("head_dim,cfg,causal", COMPILED,
-                         ids=[f"d{d}-{c.name}-{'causal' if causal else 'full'}" for d, c, causal in COMPILED])
-def test_compiles_for_sm90(reports, head_dim, cfg, causal):
-    rep = reports[(head_dim, cfg.name, causal)]
+@pytest.mark.parametrize("head_dim,cfg,causal,sinks", COMPILED,
+                         ids=[f"d{d}-{c.name}-{'causal' if causal else 'full'}{'-sinks' if sinks else ''}"
+                              for d, c, causal, sinks in COMPILED])
+def test_compiles_for_sm90(reports, head_dim, cfg, causal, sinks):
+    rep = reports[(head_dim, cfg.name, causal, sinks)]
     # per query tile: S^T, dP^T, dV, dK over D in steps of 16, dQ over the program's keys
     assert rep["wgmma"] > 0, "no warpgroup MMA in the PTX"
     assert rep["tma"] and rep["reduce"], "no TMA copy, or no bulk reduce for dQ, in the PTX"
@@ -65,7 +71,8 @@ def test_compiles_for_sm90(reports, head_dim, cfg, causal):
     tile = 2 * cfg.block_n * head_dim * 2            # the program's K (or V)
     ring = cfg.num_stages * cfg.block_m * head_dim * 2   # Q (or dO) slots
     expect = 2 * tile + 2 * ring + 2 * (2 * cfg.block_n * cfg.block_m * 2) + 2 * cfg.block_m * head_dim // 2 * 4
-    assert expect <= rep["shared"] <= expect + 1024, f"shared memory {rep['shared']}, expected {expect} + barriers"
+    slack = 3072 if sinks else 1024   # barriers; with sinks also the scratch of the sum's reduction
+    assert expect <= rep["shared"] <= expect + slack, f"shared memory {rep['shared']}, expected {expect} + barriers"
     assert rep["shared"] <= 227 * 1024, "more shared memory than a Hopper block may have"
 
 
@@ -153,10 +160,33 @@ def test_dispatch_nondeterministic_plain_only():
         assert calls, "a plain non-deterministic bf16 d=128 backward did not take the Hopper kernel"
         calls.clear()
         for kw in (dict(deterministic=True), dict(deterministic=False, window=(64, 0)),
-                   dict(deterministic=False, softcap=20.0),
-                   dict(deterministic=False, sinks=torch.zeros(4, device="cuda"))):
+                   dict(deterministic=False, softcap=20.0)):
             tileattn.attention(*leaves, causal=True, **kw).backward(do)
-        assert not calls, "a deterministic call, a variant or sinks took the Hopper backward"
+        assert not calls, "a deterministic call or a variant took the Hopper backward"
+
+
+@needs_hopper
+@pytest.mark.parametrize("head_dim,causal", [(64, True), (64, False), (128, True)],
+                         ids=["d64-causal", "d64-full", "d128-causal"])
+def test_sinks_gradient_on_the_hopper_kernel(head_dim, causal):
+    """gpt-oss's shape family (GQA 8, d = 64) and d = 128: dq, dk, dv and the
+    sinks' gradient (gathered by the kernel from P and dP) against float64."""
+    q, k, v, do = _inputs(1, 16, 2, 700, 700, head_dim, torch.bfloat16, seed=21)
+    sinks = torch.linspace(-3.0, 3.0, 16, device="cuda")
+    dlse = torch.randn(1, 16, 700, device="cuda")
+
+    def grads(qq, kk, vv, ss, dd, impl):
+        leaves = [t.detach().requires_grad_() for t in (qq, kk, vv, ss)]
+        out, lse = impl(*leaves[:3], causal=causal, sinks=leaves[3], return_lse=True)
+        loss = (out.to(dd.dtype) * dd).sum() + (lse.to(dlse.dtype) * dlse.to(lse.dtype)).sum()
+        return torch.autograd.grad(loss, leaves)
+    with _hopper_calls() as calls:
+        got = grads(q, k, v, sinks, do, functools.partial(tileattn.attention, deterministic=False))
+    assert calls, "the Hopper backward did not run"
+    ref = grads(q.double(), k.double(), v.double(), sinks.double(), do.double(), standard_attention)
+    low = grads(q, k, v, sinks, do, standard_attention)
+    for part, g, r, lo in zip(("dq", "dk", "dv", "dsinks"), got, ref, low):
+        check_accuracy(f"sinks d{head_dim} {part}", g, r, lo, q.dtype)
 
 
 @pytest.fixture

@@ -24,6 +24,10 @@ Three partitions share the CTA:
     halves, then the copy engine adds them into the float32 sum (a bulk
     tensor reduce; rows past N are clipped).
 
+With ``HAS_SINKS`` each warpgroup also gathers sum_ij p_sink_i P_ij dP_ij
+of its keys per query head into ``SINK_PART`` (the sinks' gradient, from
+float32 tiles rather than the rounded output).
+
 Rows past N_Q read as zeros with lse₂ = +inf, so their P is 0; keys past N_K
 read as zeros, so their dS meets a zero K row in dQ, and their dK/dV rows are
 not stored.  Only the causal diagonal needs a mask.  The preprocess and the
@@ -40,6 +44,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
+
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
 
 @builtin
@@ -116,8 +122,9 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                        q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                        stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                        off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr):
+                       SINKS, SINK_PART, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                       NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
+                       HAS_SINKS: gl.constexpr):
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     # Sᵀ/dPᵀ: BLOCK_N keys x BLOCK_M queries; dK/dV: BLOCK_N keys x D; dQ: BLOCK_M x D/2
@@ -139,6 +146,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     k_cols = k_all.slice(WG * HALF_D, HALF_D, dim=1)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    sink_acc = 0.0
     for t in range(GROUP_SIZE * n_m):
         g = t // n_m
         m = m_lo + (t - g * n_m) * BLOCK_M
@@ -169,6 +177,16 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         delta = gl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do2, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=[dpt])
+        if HAS_SINKS:
+            # the sinks' gradient needs sum_ij p_sink_i P_ij dP_ij in float32 (rows
+            # past N_Q: lse2 = +inf, sink probability 0); one slot per warpgroup
+            # of keys, query head, batch element, written after the head's last tile
+            p_sink = gl.exp2(gl.load(SINKS + hq) * LOG2E - lse2)
+            sink_acc += gl.sum(gl.sum(pt * dpt, axis=0) * p_sink, axis=0)
+            if t - g * n_m == n_m - 1:
+                slot = (gl.program_id(0) * 2 + WG).to(gl.int64) * gl.num_programs(2) + off_b
+                gl.store(SINK_PART + slot * N_HEADS + hq, sink_acc)
+                sink_acc = 0.0
         ds16 = (pt * (dpt - delta[None, :])).to(dtype)
         # dSᵀ to shared memory for dQ (both halves); with DK_FROM_SMEM dK += dSᵀ Q
         # reads this warpgroup's half from there too, so no registers are held
@@ -206,9 +224,10 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
 @gluon.jit
 def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LSE2, DELTA,
                             stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                            GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
+                            GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, SINKS, SINK_PART,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                            IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, DK_FROM_SMEM: gl.constexpr):
+                            IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
+                            HAS_SINKS: gl.constexpr):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup."""
     # causal: the first key blocks see the most query tiles, run them first
     pid_n = gl.program_id(0)
@@ -248,12 +267,14 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                               do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM)),
+                              SINKS, SINK_PART, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
+                              HAS_SINKS)),
         (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                               do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM)),
+                              SINKS, SINK_PART, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
+                              HAS_SINKS)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                            q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
                            BLOCK_M, NUM_STAGES)),

@@ -273,11 +273,9 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     deterministic = bool(deterministic)
-    # the Hopper kernel does not yet gather the sinks' gradient (see _sink_parts)
-    if (not deterministic and not variants and sinks is None
-            and (config is None or isinstance(config, HopperBwdConfig))
+    if (not deterministic and not variants and (config is None or isinstance(config, HopperBwdConfig))
             and dispatch.hopper_bwd_eligible(q, k, v, do)):
-        return _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config)[:3]
+        return _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks)
     plan_key = None
     if not variants and sinks is None and config is None and q.is_cuda:
         plan_key = runtime.plan_key("bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), deterministic)
@@ -304,11 +302,7 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     delta = output_f32((b, hq, n_q), q.device)
     lse2 = output_f32((b, hq, n_q), q.device)
     dq_acc = None if deterministic else _dq_accumulator(q)
-    sink_parts = None
-    if sinks is not None:
-        # one slot per (key block, batch, query head) for the smallest key tile
-        sink_parts = torch.zeros((triton.cdiv(n_k, configs.MIN_BLOCK_N), b, hq), device=q.device,
-                                 dtype=torch.float32)
+    sink_parts = _sink_parts(sinks, n_k, b, hq)
     if plan_key is not None:
         begin_record()
     try:
@@ -343,17 +337,31 @@ def _sink_grad(sinks, lse, dlse, sink_parts):
     return grad.to(sinks.dtype)
 
 
-def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config):
+def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None):
     """The atomic-dQ backward with the Hopper dK/dV kernel (Gluon) between
-    the portable preprocess and convert kernels."""
+    the portable preprocess and convert kernels; (dq, dk, dv), and the sinks'
+    gradient after them when there are sinks."""
     b, hq, n_q, d = q.shape
     dq, dk, dv = output_like(q), output_like(k), output_like(v)
     delta, lse2 = output_f32((b, hq, n_q), q.device), output_f32((b, hq, n_q), q.device)
     dq_acc = _dq_accumulator(q)
+    parts = _sink_parts(sinks, k.shape[2], b, hq)
     _bwd_preprocess(do, o, lse, dlse, delta, lse2)
-    hopper.attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, config)
+    hopper.attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, config,
+                         None if sinks is None else (sinks.float().contiguous(), parts))
     _dq_convert(dq_acc, dq, scale)
-    return dq, dk, dv, delta
+    if sinks is None:
+        return dq, dk, dv
+    return dq, dk, dv, _sink_grad(sinks, lse, dlse, parts)
+
+
+def _sink_parts(sinks, n_k, b, hq):
+    """A zeroed float32 buffer, one slot per (key block, batch, query head)
+    for the smallest key tile, for the dK/dV kernels' sink sums (None
+    without sinks)."""
+    if sinks is None:
+        return None
+    return torch.zeros((triton.cdiv(n_k, configs.MIN_BLOCK_N), b, hq), device=sinks.device, dtype=torch.float32)
 
 
 def _bwd_preprocess(do, o, lse, dlse, delta, lse2):

@@ -6,8 +6,8 @@ without a GPU).
 Which calls run them is ``dispatch.hopper_fwd_eligible`` /
 ``hopper_bwd_eligible``'s decision (a CUDA device of compute capability 9.0,
 fp16 or bf16, a head dim the kernel is built for, no variant, tensors the
-copy engine can address; the backward only for ``deterministic=False`` and
-no sinks); everything else runs the portable Triton kernels.  Gluon is
+copy engine can address; the backward only for ``deterministic=False``);
+everything else runs the portable Triton kernels.  Gluon is
 imported on first use, so a CPU install never imports it.
 ``TILEATTN_HOPPER_FWD=0`` / ``TILEATTN_HOPPER_BWD=0`` (or
 ``dispatch.HOPPER_FWD`` / ``HOPPER_BWD = False``) turn the paths off.
@@ -111,7 +111,7 @@ def _dq_descriptor(dq_acc: torch.Tensor, rows: int, cols: int):
                             gl.NVMMASharedLayout.get_default_for(block, gl.float32))
 
 
-def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg):
+def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, sinks=None):
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     return dict(
@@ -121,6 +121,8 @@ def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg):
         stride_dkb=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
         stride_dvb=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
         GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
+        SINKS=delta if sinks is None else sinks[0], SINK_PART=delta if sinks is None else sinks[1],
+        HAS_SINKS=sinks is not None,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal), NUM_STAGES=cfg.num_stages,
         DK_FROM_SMEM=cfg.dk_from_smem)
 
@@ -130,20 +132,22 @@ def bwd_config_for(head_dim: int) -> HopperBwdConfig:
 
 
 def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale: float,
-                  config: HopperBwdConfig | None = None):
+                  config: HopperBwdConfig | None = None, sinks=None):
     """dK, dV (written) and the float32 dQ sum (added into ``dq_acc``) on the
     Hopper backward kernel.  ``lse2``/``delta`` come from the portable
-    preprocess kernel; the portable convert kernel turns ``dq_acc`` into dq."""
+    preprocess kernel; the portable convert kernel turns ``dq_acc`` into dq.
+    ``sinks``: (float32 sinks (Hq,), a zeroed float32 buffer with at least
+    2 * ceil(N_K / (2 * block_n)) x B x Hq slots) for the sinks' gradient sums."""
     from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     cfg = config or bwd_config_for(d)
     grid = (triton.cdiv(n_k, 2 * cfg.block_n), hkv, b)
-    _attn_bwd_hopper_kernel[grid](**_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg),
+    _attn_bwd_hopper_kernel[grid](**_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, sinks),
                                   num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
 
 
-def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16"):
+def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False):
     """:func:`compile_sm90` for the backward kernel."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -152,8 +156,9 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
     t = torch.empty(1, 2, 256, head_dim, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
     f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
     lse = torch.empty(1, 2, 256)
-    args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg)
-    const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM"}
+    args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg,
+                     (torch.empty(2), torch.empty(8)) if sinks else None)
+    const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "HAS_SINKS"}
     sig = {}
     for name in kernel.arg_names:
         value = args[name]
@@ -174,10 +179,11 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
                           options=dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg))
 
 
-def compile_bwd_report(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16") -> dict:
+def compile_bwd_report(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16",
+                       sinks: bool = False) -> dict:
     """:func:`compile_report` for the backward kernel, with the count of
     the copy engine's bulk reduces (dQ)."""
-    compiled = compile_bwd_sm90(head_dim, cfg, causal, dtype)
+    compiled = compile_bwd_sm90(head_dim, cfg, causal, dtype, sinks)
     ptx = compiled.asm["ptx"]
     return {"shared": int(compiled.metadata.shared), "wgmma": ptx.count("wgmma.mma_async"),
             "tma": "cp.async.bulk.tensor" in ptx, "reduce": ptx.count("cp.reduce.async.bulk.tensor"),
