@@ -8,10 +8,15 @@ Forward providers: SDPA cuDNN and SDPA flash, the portable Triton kernel,
 and either the Hopper kernel (forced) beside tileattn's default dispatch or,
 with ``--configs``, each Hopper config.  Backward providers (the time of
 ``torch.autograd.grad`` through a graph built once): tileattn with the
-atomic-dQ backward, with the deterministic one, and SDPA cuDNN.
+atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
+``--configs`` also each Hopper backward config, forced.  ``--sinks``:
+tileattn's default call with and without attention sinks, beside cuDNN.
+``--memory`` (backward): each provider's forward+backward peak over the
+tensors a training step must hold.
 
     python benchmarks/vs_cudnn.py [--mode fwd|bwd] [--head-dim 64 128] [--seqlen 2048 ...]
-                                  [--dtype bf16] [--rounds 3] [--configs] [--json out.json]
+                                  [--dtype bf16] [--rounds 3] [--configs | --sinks] [--memory]
+                                  [--json out.json]
 """
 from __future__ import annotations
 
@@ -59,6 +64,19 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
         cfg = HopperFwdConfig(**kw)
         out[cfg.name] = hopper(cfg)
     return out
+
+
+def with_sinks_providers(mode: str) -> dict:
+    """tileattn's default call beside the same call with attention sinks
+    (one random logit per head): what the sinks cost."""
+    def plain(q, k, v, causal):
+        return tileattn.attention(q, k, v, causal=causal)
+
+    def sinks(q, k, v, causal):
+        logits = torch.linspace(-2.0, 2.0, q.shape[1], device=q.device, requires_grad=mode == "bwd")
+        return tileattn.attention(q, k, v, causal=causal, sinks=logits)
+    return {"sdpa-cudnn": (bwd_providers() if mode == "bwd" else providers(64, False))["sdpa-cudnn"],
+            "tileattn": plain, "tileattn-sinks": sinks}
 
 
 def bwd_providers() -> dict:
@@ -114,6 +132,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default=None)
     ap.add_argument("--memory", action="store_true", help="also report the forward+backward memory peak")
+    ap.add_argument("--sinks", action="store_true", help="tileattn with and without attention sinks (their cost)")
     ap.add_argument("--mode", choices=("fwd", "bwd"), default="fwd")
     ap.add_argument("--configs", action="store_true",
                     help="time each Hopper config (forward: instead of the default; backward: beside it)")
@@ -121,7 +140,10 @@ def main():
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     rows = []
     for d in args.head_dim:
-        provs = providers(d, args.configs) if args.mode == "fwd" else bwd_providers()
+        if args.sinks:
+            provs = with_sinks_providers(args.mode)
+        else:
+            provs = providers(d, args.configs) if args.mode == "fwd" else bwd_providers()
         for causal in map(bool, args.causal):
             for n in args.seqlen:
                 b, h = max(1, 16384 // n), 2048 // d
