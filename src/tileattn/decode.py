@@ -125,9 +125,6 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     """
     args = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal, scale, window, softcap,
             alibi_slopes, num_splits, return_lse, check_indices)
-    if sinks is not None:   # checked on every call (cheap), before the cache is written
-        val.check_tensor("q", q, 4, "batch, heads, seqlen_q, head_dim")
-        sinks = val.check_sinks(sinks, q, q.shape[1])
     key = _call_key(*args)
     plan = _VALIDATED.get(key) if key is not None else None
     if plan is None:
@@ -136,6 +133,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
             if len(_VALIDATED) >= _VALIDATED_MAX:
                 _VALIDATED.clear()
             _VALIDATED[key] = plan
+    sinks = val.check_sinks(sinks, q, q.shape[1])   # on every call (cheap), before the cache is written
     paged = block_table is not None
     slopes = val.cast_alibi(alibi_slopes, q)
     if check_indices:

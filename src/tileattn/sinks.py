@@ -44,10 +44,11 @@ def with_sinks(out: Tensor, lse: Tensor, sinks: Optional[Tensor], head_dim: int 
     sink = sinks.to(lse.dtype).reshape(shape)
     lse_s = torch.logaddexp(lse, sink)
     ratio = torch.exp(lse - lse_s)
-    if out.dim() == lse.dim() + 1 and out.shape[:-1] == lse.shape:
-        scaled = out.to(ratio.dtype) * ratio[..., None]
-    else:   # packed: out (total, Hq, Dv) against lse (Hq, total)
-        scaled = out.to(ratio.dtype) * ratio.transpose(0, 1)[..., None]
+    if head_dim == 0:   # packed: out (total, Hq, Dv) against lse (Hq, total)
+        ratio_rows = ratio.transpose(0, 1)
+    else:
+        ratio_rows = ratio
+    scaled = out.to(ratio.dtype) * ratio_rows[..., None]
     return scaled.to(out.dtype), lse_s
 
 

@@ -262,6 +262,8 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
         mbarrier.init(q_empty.index(i), count=2)
         mbarrier.init(do_empty.index(i), count=2)
 
+    # the two compute partitions' argument tuples are written out: a tuple
+    # built by concatenation in the kernel loses its constexpr entries (triton 3.6)
     gl.warp_specialize([
         (_compute_partition, (0, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                               do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,

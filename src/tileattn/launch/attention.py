@@ -17,7 +17,7 @@ from ..configs import HopperBwdConfig, HopperFwdConfig, KernelConfig
 from ..kernels.bwd import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_convert_kernel, _attn_bwd_dq_kernel,
                            _attn_bwd_preprocess_kernel)
 from ..kernels.fwd import _attn_fwd_kernel
-from ..sinks import with_sinks
+from ..sinks import sink_grad, with_sinks
 from ..validation import fold_causal
 from .runtime import (LOG2E, abandon_record, aligned, base_tensor, begin_record, descriptor, dot_precision, end_record,
                       output_f32, output_like, replay, smem_limit, strides4, use_tma)
@@ -332,8 +332,8 @@ def _sink_grad(sinks, lse, dlse, sink_parts):
     grad = torch.zeros(sinks.shape, device=sinks.device, dtype=torch.float32)
     if sink_parts is not None:
         grad -= sink_parts.sum(dim=(0, 1))
-    if dlse is not None:
-        grad += (torch.exp(sinks.float()[None, :, None] - lse.float()) * dlse.float()).sum(dim=(0, 2))
+    if dlse is not None:   # sink_grad's -sum p_sink * delta with delta = -dlse
+        grad += sink_grad(sinks.float(), lse.float(), -dlse.float())
     return grad.to(sinks.dtype)
 
 
