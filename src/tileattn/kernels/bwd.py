@@ -118,8 +118,9 @@ def _dkdv_stage(dk, dv, sink_acc, k, v, q_head, do_head, dq_head, lse2_ptrs, del
         delta = tl.load(delta_ptrs + offs_m, mask=m_ok, other=0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         if HAS_SINKS:
-            # rows past N_Q have lse2 = +inf: their sink probability is 0
-            sink_acc += tl.sum(tl.sum(p_t * dp_t, axis=0) * tl.math.exp2(sink2 - lse2), axis=0)
+            # rows past N_Q have lse2 = +inf: their sink probability is 0; each
+            # key's sum over the queries stays inside a warp (summed over keys once)
+            sink_acc += tl.sum(p_t * dp_t * tl.math.exp2(sink2 - lse2)[None, :], axis=1)
         ds_t = p_t * (dp_t - delta[None, :])
         if HAS_SOFTCAP:
             ds_t = ds_t * (1.0 - t_t * t_t)
@@ -216,7 +217,7 @@ def _attn_bwd_dkdv_kernel(
             stages = sparse_stages(BS_FULL_NUM, BS_FULL_IDX, BS_PART_NUM, BS_PART_IDX,
                                    (stride_bs_nb, stride_bs_nh, stride_bs_ib, stride_bs_ih, stride_bs_ir),
                                    off_b, off_h, start_n // MASK_BLOCK_K, MASK_BLOCK_Q // BLOCK_M)
-        sink_acc = 0.0
+        sink_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         sink2 = 0.0
         if HAS_SINKS:
             sink2 = tl.load(SINKS + off_h) * LOG2E
@@ -231,7 +232,8 @@ def _attn_bwd_dkdv_kernel(
                     BLOCK_SPARSE=BLOCK_SPARSE, MASK_BLOCK_Q=MASK_BLOCK_Q, ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA,
                     HAS_SINKS=HAS_SINKS)
         if HAS_SINKS:
-            tl.store(SINK_PART + (pid_n.to(tl.int64) * tl.num_programs(2) + off_b) * N_HEADS + off_h, sink_acc)
+            slot = (pid_n.to(tl.int64) * tl.num_programs(2) + off_b) * N_HEADS + off_h
+            tl.store(SINK_PART + slot, tl.sum(sink_acc, axis=0))
 
     dk = dk * sm_scale
     # packed gradients are stored through pointers, clipped at the sequence's end

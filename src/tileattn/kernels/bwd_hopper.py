@@ -146,7 +146,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     k_cols = k_all.slice(WG * HALF_D, HALF_D, dim=1)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
-    sink_acc = 0.0
+    sink_acc = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, s_layout))  # per key, HAS_SINKS
     for t in range(GROUP_SIZE * n_m):
         g = t // n_m
         m = m_lo + (t - g * n_m) * BLOCK_M
@@ -181,12 +181,14 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
             # the sinks' gradient needs sum_ij p_sink_i P_ij dP_ij in float32 (rows
             # past N_Q: lse2 = +inf, sink probability 0); one slot per warpgroup
             # of keys, query head, batch element, written after the head's last tile
+            # each key's sum over the queries stays inside a warp; the warps'
+            # sums meet once per head
             p_sink = gl.exp2(gl.load(SINKS + hq) * LOG2E - lse2)
-            sink_acc += gl.sum(gl.sum(pt * dpt, axis=0) * p_sink, axis=0)
+            sink_acc += gl.sum(pt * dpt * p_sink[None, :], axis=1)
             if t - g * n_m == n_m - 1:
                 slot = (gl.program_id(0) * 2 + WG).to(gl.int64) * gl.num_programs(2) + off_b
-                gl.store(SINK_PART + slot * N_HEADS + hq, sink_acc)
-                sink_acc = 0.0
+                gl.store(SINK_PART + slot * N_HEADS + hq, gl.sum(sink_acc, axis=0))
+                sink_acc = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, s_layout))
         ds16 = (pt * (dpt - delta[None, :])).to(dtype)
         # dSᵀ to shared memory for dQ (both halves); with DK_FROM_SMEM dK += dSᵀ Q
         # reads this warpgroup's half from there too, so no registers are held
