@@ -1,0 +1,164 @@
+"""A V head dim Dv different from the Q/K head dim D: v (B, Hkv, Nk, Dv), the
+output (B, Hq, Nq, Dv), on the kernels and the PyTorch path, dense, packed,
+block-sparse and windowed, forward and backward under the accuracy rule
+against float64 references built from ``standard_attention``."""
+from unittest import mock
+
+import pytest
+import torch
+
+import tileattn
+from tileattn import dispatch
+from tileattn.reference import standard_attention, standard_attention_varlen
+from tileattn.testing import DEVICE, check_accuracy, cu_seqlens, forbidden, output_loss, seed_case
+
+# (D, Dv): smaller and larger V, the MLA training shape, odd widths, V of 256
+PAIRS = [(64, 32), (32, 64), (192, 128), (40, 24), (128, 256)]
+NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _inputs(case_id, b, hq, hkv, nq, nk, d, dv, dtype):
+    seed_case(case_id)
+    q = torch.randn(b, hq, nq, d, device=DEVICE).to(dtype).requires_grad_()
+    k = torch.randn(b, hkv, nk, d, device=DEVICE).to(dtype).requires_grad_()
+    v = torch.randn(b, hkv, nk, dv, device=DEVICE).to(dtype).requires_grad_()
+    do = torch.randn(b, hq, nq, dv, device=DEVICE).to(dtype)
+    dlse = torch.randn(b, hq, nq, device=DEVICE)
+    return q, k, v, do, dlse
+
+
+def _fwd_bwd(fn, q, k, v, do, dlse):
+    out, lse = fn(q, k, v)
+    return (out, lse) + torch.autograd.grad(output_loss(out, lse, do, dlse), (q, k, v))
+
+
+def _check(case_id, fn, ref, q, k, v, do, dlse, dtype):
+    """tileattn ``fn`` against ``ref`` in ``dtype`` and in float64."""
+    mine = _fwd_bwd(fn, q, k, v, do, dlse)
+    lowp = _fwd_bwd(ref, q, k, v, do, dlse)
+    hi = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref64 = _fwd_bwd(ref, *hi, do.double(), dlse)
+    assert mine[0].shape == ref64[0].shape and mine[0].dtype == dtype
+    for name, got, r64, rlp in zip(("out", "lse", "dq", "dk", "dv"), mine, ref64, lowp):
+        check_accuracy(f"{case_id} {name}", got, r64, rlp, dtype)
+
+
+def _dense(case_id, b, hq, hkv, nq, nk, d, dv, dtype, deterministic=None, **kw):
+    q, k, v, do, dlse = _inputs(case_id, b, hq, hkv, nq, nk, d, dv, dtype)
+
+    def mine(qq, kk, vv):
+        return tileattn.attention(qq, kk, vv, return_lse=True, deterministic=deterministic, **kw)
+
+    def ref(qq, kk, vv):
+        return standard_attention(qq, kk, vv, return_lse=True, **kw)
+    _check(case_id, mine, ref, q, k, v, do, dlse, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=lambda t: NAMES[t])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d,dv", PAIRS, ids=[f"d{d}-dv{dv}" for d, dv in PAIRS])
+def test_dense(path, d, dv, causal, dtype):
+    """GQA (4 query heads on 2 kv heads), Nq != Nk, odd lengths."""
+    _dense(f"dv-dense-{path}-d{d}-dv{dv}-{causal}-{NAMES[dtype]}", 2, 4, 2, 37, 53, d, dv, dtype, causal=causal)
+
+
+@pytest.mark.parametrize("d,dv", [(64, 32), (40, 24)], ids=["d64-dv32", "d40-dv24"])
+def test_fully_masked_rows(path, d, dv):
+    """Causal with Nq > Nk: the first Nq - Nk rows see no key (out 0, lse -inf)."""
+    _dense(f"dv-empty-{path}-d{d}-dv{dv}", 1, 2, 2, 45, 20, d, dv, torch.float32, causal=True)
+
+
+def test_bf16(path):
+    _dense(f"dv-bf16-{path}", 1, 4, 1, 33, 50, 192, 128, torch.bfloat16, causal=True)
+
+
+def test_atomic_backward(path):
+    """The backward that adds dQ with atomics (dQ's accumulator is D wide)."""
+    _dense(f"dv-atomic-{path}", 1, 4, 2, 40, 40, 64, 32, torch.float32, deterministic=False, causal=True)
+
+
+def test_window(path):
+    _dense(f"dv-window-{path}", 1, 2, 1, 70, 70, 32, 64, torch.float16, window=(17, 5))
+
+
+def test_block_sparse(path):
+    layout = torch.tensor([[True, False], [True, True]], device=DEVICE)[None, None]
+    _dense(f"dv-sparse-{path}", 1, 2, 2, 150, 150, 64, 32, torch.float16, block_mask=layout)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d,dv", [(64, 32), (32, 64)], ids=["d64-dv32", "d32-dv64"])
+def test_varlen(path, d, dv, causal):
+    case_id = f"dv-varlen-{path}-d{d}-dv{dv}-{causal}"
+    seed_case(case_id)
+    lens_q, lens_k = [5, 0, 33, 17], [9, 4, 20, 31]
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
+    tq, tk, hq, hkv = sum(lens_q), sum(lens_k), 4, 2
+    dtype = torch.float16
+    q = torch.randn(tq, hq, d, device=DEVICE).to(dtype).requires_grad_()
+    k = torch.randn(tk, hkv, d, device=DEVICE).to(dtype).requires_grad_()
+    v = torch.randn(tk, hkv, dv, device=DEVICE).to(dtype).requires_grad_()
+    do = torch.randn(tq, hq, dv, device=DEVICE).to(dtype)
+    dlse = torch.randn(hq, tq, device=DEVICE)
+
+    def mine(qq, kk, vv):
+        return tileattn.attention_varlen(qq, kk, vv, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                         return_lse=True)
+
+    def ref(qq, kk, vv):
+        return standard_attention_varlen(qq, kk, vv, cu_q, cu_k, causal=causal, return_lse=True)
+    _check(case_id, mine, ref, q, k, v, do, dlse, dtype)
+
+
+def test_sdpa_drop_in(path):
+    """torch's SDPA takes Dv != D (with enable_gqa); so does the drop-in, with torch's result."""
+    seed_case(f"dv-sdpa-{path}")
+    q = torch.randn(2, 4, 9, 48, device=DEVICE)
+    k = torch.randn(2, 2, 13, 48, device=DEVICE)
+    v = torch.randn(2, 2, 13, 24, device=DEVICE)
+    for causal in (False, True):
+        got = tileattn.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        assert got.shape == (2, 4, 9, 24)
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("dv", [0, 257], ids=["dv0", "dv257"])
+def test_bad_v_head_dim(dv):
+    q = torch.randn(1, 2, 8, 32, device=DEVICE)
+    k = torch.randn(1, 2, 8, 32, device=DEVICE)
+    v = torch.randn(1, 2, 8, dv, device=DEVICE)
+    with mock.patch("tileattn.launch.attn_fwd", forbidden()), mock.patch("tileattn.cpu.attention_fwd", forbidden()):
+        with pytest.raises(ValueError, match=r"last dimension of v\)"):
+            tileattn.attention(q, k, v)
+        with pytest.raises(ValueError, match=r"last dimension of v\)"):
+            cu = cu_seqlens([8])
+            tileattn.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu,
+                                      8, 8)
+
+
+def test_kvcache_refuses_separate_v_head_dim():
+    """Decoding keeps one head dim: v_cache wider or narrower than k_cache is a
+    ValueError naming v_cache, raised before the cache is written."""
+    q = torch.randn(1, 2, 1, 32, device=DEVICE)
+    k_cache = torch.zeros(1, 2, 16, 32, device=DEVICE)
+    v_cache = torch.zeros(1, 2, 16, 16, device=DEVICE)
+    k_new = torch.randn(1, 2, 1, 32, device=DEVICE)
+    v_new = torch.randn(1, 2, 1, 16, device=DEVICE)
+    seqlens = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="v_cache"):
+        tileattn.attention_with_kvcache(q, k_cache, v_cache, seqlens, k_new=k_new, v_new=v_new)
+    assert not k_cache.any() and not v_cache.any()
+
+
+def test_hopper_kernels_refuse_separate_v_head_dim():
+    """The Hopper kernels have one head dim: with Dv != D the eligibility rules
+    say no (before they look at the device), so the portable kernels run."""
+    q = torch.empty(1, 2, 64, 128, dtype=torch.bfloat16)
+    k = torch.empty(1, 2, 64, 128, dtype=torch.bfloat16)
+    v = torch.empty(1, 2, 64, 64, dtype=torch.bfloat16)
+    with mock.patch.object(dispatch, "_hopper_device", side_effect=AssertionError("looked at the device")):
+        assert not dispatch._hopper_eligible(q, k, v)
+        assert not dispatch.hopper_fwd_eligible(q, k, v)
+        assert not dispatch.hopper_bwd_eligible(q, k, v, q[..., :64])
+        assert not dispatch.hopper_bwd_eligible(q, k, v, v.new_empty(1, 2, 64, 64))
