@@ -162,3 +162,33 @@ def test_hopper_kernels_refuse_separate_v_head_dim():
         assert not dispatch.hopper_fwd_eligible(q, k, v)
         assert not dispatch.hopper_bwd_eligible(q, k, v, q[..., :64])
         assert not dispatch.hopper_bwd_eligible(q, k, v, v.new_empty(1, 2, 64, 64))
+
+
+def test_cost_model_flops():
+    """FLOPs with a V head dim: forward 2 B H pairs (D + Dv), backward 2 B H pairs (3 D + 2 Dv);
+    the default (Dv = D) keeps the 4 B H pairs D of before."""
+    from tileattn.cost.flops import attention_flops, flop_breakdown
+    from tileattn.cost.shape import AttentionShape
+    b, h, nq, nk, d, dv = 2, 3, 100, 120, 192, 128
+    pairs = nq * nk
+    assert attention_flops(b, h, nq, nk, d, head_dim_v=dv) == 2.0 * b * h * pairs * (d + dv)
+    assert attention_flops(b, h, nq, nk, d, head_dim_v=dv, mode="bwd") == 2.0 * b * h * pairs * (3 * d + 2 * dv)
+    assert attention_flops(b, h, nq, nk, d, mode="fwd_bwd") == 3.5 * 4.0 * b * h * pairs * d
+    assert attention_flops(b, h, nq, nk, d, head_dim_v=d) == attention_flops(b, h, nq, nk, d)
+    same = flop_breakdown(AttentionShape(b, h, nq, d, nk))
+    assert same == flop_breakdown(AttentionShape(b, h, nq, d, nk, head_dim_v=d))
+    narrow = flop_breakdown(AttentionShape(b, h, nq, d, nk, head_dim_v=dv))
+    assert narrow.useful_fwd == attention_flops(b, h, nq, nk, d, head_dim_v=dv)
+    assert narrow.tiled_bwd_executed < same.tiled_bwd_executed
+    with pytest.raises(ValueError, match="head_dim_v"):
+        AttentionShape(b, h, nq, d, head_dim_v=257)
+
+
+def test_config_tables_by_the_wider_head_dim():
+    from tileattn import configs
+    assert configs.candidates("fwd", 64, 256) == configs.candidates("fwd", 256)
+    assert configs.candidates("dkdv", 192, 128) == configs.candidates("dkdv", 256)
+    assert configs.candidates("dq", 64) == configs.candidates("dq", 64, 64)
+    for est in configs.SMEM_ESTIMATORS.values():
+        assert est(64, 64, 128, 2, 2) == est(64, 64, 128, 2, 2, 128)
+        assert est(64, 64, 128, 2, 2, 64) < est(64, 64, 128, 2, 2) < est(64, 64, 128, 2, 2, 256)
