@@ -407,7 +407,8 @@ def check_kvcache(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
     check_head_dim(d, "q")
     if v_cache.shape[-1] != k_cache.shape[-1]:
         raise ValueError(f"v_cache's head dim ({v_cache.shape[-1]}) must equal k_cache's ({k_cache.shape[-1]}); "
-                         f"a separate V head dim is supported by attention and attention_varlen only")
+                         f"a separate V head dim is supported by attention, attention_varlen and "
+                         f"scaled_dot_product_attention only")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")
