@@ -21,7 +21,7 @@ from triton.compiler import ASTSource
 
 from tileattn import configs
 from tileattn.launch import decode as launch_decode
-from tileattn.launch.attention import _BOX_ROWS
+from tileattn.launch.attention import _BOX_ROWS, _V_WIDTH
 from tileattn.kernels.bwd import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
 from tileattn.kernels.fwd import _attn_fwd_kernel
 
@@ -38,7 +38,8 @@ def _signature(kernel, ptr_ty, constexprs, boxes=None):
             sig[name] = "constexpr"
         elif name in boxes:
             elem = ptr_ty.lstrip("*")
-            sig[name] = f"tensordesc<{elem}[1,1,{boxes[name]},{constexprs['BLOCK_D']}]>"
+            width = constexprs["BLOCK_DV" if name in _V_WIDTH else "BLOCK_D"]
+            sig[name] = f"tensordesc<{elem}[1,1,{boxes[name]},{width}]>"
         elif name.isupper() and len(name) <= 5 and not name.startswith("N_") and name != "LSE2" or name == "LSE2":
             sig[name] = "*fp32" if name in ("LSE", "LSE2", "DELTA") else ptr_ty
         elif name in ("qk_scale", "sm_scale"):
@@ -60,11 +61,15 @@ VARIANTS = {
 }
 
 
-def compile_one(kernel, cfg, head_dim, dtype, causal, arch, use_tma=True, variants=(), atomic_dq=False):
+def compile_one(kernel, cfg, head_dim, dtype, causal, arch, use_tma=True, variants=(), atomic_dq=False,
+                head_dim_v=None):
     """``atomic_dq``: the dK/dV kernel as the non-deterministic backward
     launches it (kind "dkdv_atomic": it also adds dQ into a float32
-    accumulator, by the copy engine's bulk reduce on the TMA path)."""
-    constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim), "BLOCK_M": cfg.block_m,
+    accumulator, by the copy engine's bulk reduce on the TMA path).
+    ``head_dim_v``: V's head dim (default: ``head_dim``)."""
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim), "HEAD_DIM_V": head_dim_v,
+                  "BLOCK_DV": configs.block_d(head_dim_v), "BLOCK_M": cfg.block_m,
                   "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal and "window" not in variants,
                   "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32", "USE_TMA": use_tma}
     types = {}

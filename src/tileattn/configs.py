@@ -47,45 +47,60 @@ _SMEM_OVERHEAD = 2048
 MIN_BLOCK_N = 16
 
 
-def fwd_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
+def _widths(head_dim: int, head_dim_v: int | None) -> tuple[int, int]:
+    """The tile widths (BLOCK_D, BLOCK_DV) of Q/K and of V/O/dO (V's head
+    dim defaults to Q's)."""
+    d = block_d(head_dim)
+    return d, (d if head_dim_v is None else block_d(head_dim_v))
+
+
+def fwd_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int,
+                   head_dim_v: int | None = None) -> int:
     """Shared memory of a forward program: the Q tile plus K and V tiles
     buffered ``num_stages`` deep (P feeds the second matmul from registers).
     Matches the compiler's report for sm_90 with TMA loads within the
-    overhead term (docs/perf-notes.md, compile report)."""
-    d = block_d(head_dim)
-    return elem_bytes * d * (block_m + 2 * num_stages * block_n) + _SMEM_OVERHEAD
+    overhead term (docs/perf-notes.md, compile report).  ``head_dim_v``:
+    V's head dim where it differs from Q/K's."""
+    d, dv = _widths(head_dim, head_dim_v)
+    return elem_bytes * (d * block_m + num_stages * block_n * (d + dv)) + _SMEM_OVERHEAD
 
 
 def _bwd_program_bytes(stream_rows: int, resident_rows: int, head_dim: int, elem_bytes: int,
-                       num_stages: int) -> int:
-    return elem_bytes * block_d(head_dim) * (2 * num_stages * stream_rows + 2 * resident_rows) + _SMEM_OVERHEAD
+                       num_stages: int, head_dim_v: int | None = None) -> int:
+    # one tile of each width streamed (Q and dO, or K and V), one of each resident
+    d, dv = _widths(head_dim, head_dim_v)
+    return elem_bytes * (d + dv) * (num_stages * stream_rows + resident_rows) + _SMEM_OVERHEAD
 
 
-def dkdv_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
+def dkdv_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int,
+                    head_dim_v: int | None = None) -> int:
     """dK/dV program: K and V tiles (BLOCK_N rows) resident, Q and dO tiles
     (BLOCK_M rows) streamed ``num_stages`` deep."""
-    return _bwd_program_bytes(block_m, block_n, head_dim, elem_bytes, num_stages)
+    return _bwd_program_bytes(block_m, block_n, head_dim, elem_bytes, num_stages, head_dim_v)
 
 
-def dq_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
+def dq_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int,
+                  head_dim_v: int | None = None) -> int:
     """dQ program: Q and dO tiles (BLOCK_M rows) resident, K and V tiles
     (BLOCK_N rows) streamed ``num_stages`` deep."""
-    return _bwd_program_bytes(block_n, block_m, head_dim, elem_bytes, num_stages)
+    return _bwd_program_bytes(block_n, block_m, head_dim, elem_bytes, num_stages, head_dim_v)
 
 
-def dkdv_atomic_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
+def dkdv_atomic_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int,
+                           head_dim_v: int | None = None) -> int:
     """The dK/dV program of the atomic backward: the dK/dV program's tiles,
     plus the float32 dQ tile staged for the copy engine's bulk reduce and dS
     transposed (BLOCK_M x BLOCK_N) for the dS K matmul.  Matches the sm_90
     compile report of the TMA path exactly (the pointer path needs less)."""
-    return (dkdv_smem_bytes(block_m, block_n, head_dim, elem_bytes, num_stages)
+    return (dkdv_smem_bytes(block_m, block_n, head_dim, elem_bytes, num_stages, head_dim_v)
             + 4 * block_m * block_d(head_dim) + elem_bytes * block_m * block_n)
 
 
-def bwd_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
+def bwd_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int,
+                   head_dim_v: int | None = None) -> int:
     """The larger of the two backward programs for one config."""
-    return max(dkdv_smem_bytes(block_m, block_n, head_dim, elem_bytes, num_stages),
-               dq_smem_bytes(block_m, block_n, head_dim, elem_bytes, num_stages))
+    return max(dkdv_smem_bytes(block_m, block_n, head_dim, elem_bytes, num_stages, head_dim_v),
+               dq_smem_bytes(block_m, block_n, head_dim, elem_bytes, num_stages, head_dim_v))
 
 
 SMEM_ESTIMATORS = {"fwd": fwd_smem_bytes, "dkdv": dkdv_smem_bytes, "dkdv_atomic": dkdv_atomic_smem_bytes,
@@ -189,9 +204,10 @@ INTERPRETER_FWD = KernelConfig(32, 32, 4, 1, "interpreter: smallest tile that tl
 INTERPRETER_BWD = KernelConfig(32, 32, 4, 1, "interpreter: smallest tile that tl.dot accepts x2")
 
 
-def candidates(kind: str, head_dim: int) -> tuple[KernelConfig, ...]:
-    """The table's configs for a kernel kind ("fwd", "dkdv", "dkdv_atomic", "dq") and head dim."""
-    return TABLES[kind][_head_dim_bucket(head_dim)]
+def candidates(kind: str, head_dim: int, head_dim_v: int | None = None) -> tuple[KernelConfig, ...]:
+    """The table's configs for a kernel kind ("fwd", "dkdv", "dkdv_atomic", "dq") and head dim; with
+    a V head dim ``head_dim_v``, the table of the wider of the two."""
+    return TABLES[kind][_head_dim_bucket(max(head_dim, head_dim if head_dim_v is None else head_dim_v))]
 
 
 def fwd_candidates(head_dim: int) -> tuple[KernelConfig, ...]:
@@ -204,15 +220,19 @@ def bwd_candidates(head_dim: int) -> tuple[KernelConfig, ...]:
 
 
 def fitting(configs: Iterable[KernelConfig], head_dim: int, elem_bytes: int, smem_limit: int,
-            backward: bool = False, kind: str | None = None) -> list[KernelConfig]:
+            backward: bool = False, kind: str | None = None, head_dim_v: int | None = None) -> list[KernelConfig]:
     """The configs whose shared-memory estimate fits ``smem_limit`` bytes; if none
-    fits, the smallest one (the compiler then reports the real requirement)."""
-    est = SMEM_ESTIMATORS[kind or ("dkdv" if backward else "fwd")]
+    fits, the smallest one (the compiler then reports the real requirement).
+    ``head_dim_v``: V's head dim where it differs from ``head_dim``."""
+    kernel_est = SMEM_ESTIMATORS[kind or ("dkdv" if backward else "fwd")]
+
+    def est(c):
+        return kernel_est(c.block_m, c.block_n, head_dim, elem_bytes, c.num_stages, head_dim_v)
     configs = list(configs)
-    ok = [c for c in configs if est(c.block_m, c.block_n, head_dim, elem_bytes, c.num_stages) <= smem_limit]
+    ok = [c for c in configs if est(c) <= smem_limit]
     if ok:
         return ok
-    return [min(configs, key=lambda c: est(c.block_m, c.block_n, head_dim, elem_bytes, c.num_stages))]
+    return [min(configs, key=est)]
 
 
 def all_configs() -> list[tuple[str, int, KernelConfig]]:

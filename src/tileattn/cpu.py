@@ -9,7 +9,7 @@ implementations stand behind them.
 and its backward, the tiled C++ kernel that ``F.scaled_dot_product_attention``
 runs on the CPU) takes the calls whose meaning it shares exactly
 (``dispatch.cpu_fused_applies``): float32 CPU tensors, no variant (window, softcap,
-ALiBi, block mask), and either no mask or
+ALiBi, block mask), one head dim for q, k and v, and either no mask or
 ``causal`` with Nq == Nk, where tileattn's bottom-right alignment and torch's
 top-left one are the same mask.  Its lse is the natural-log log-sum-exp in
 float32, tileattn's convention; a dispatched call never has a row that sees
@@ -29,7 +29,8 @@ the variants, float64, bottom-right causal with Nq != Nk, packed sequences
 (``tiled_attention_varlen``), other devices.
 
 Both take the layout of ``torch.nn.functional.scaled_dot_product_attention``:
-q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D) with Hq a multiple of Hkv, and
+q (B, Hq, Nq, D), k (B, Hkv, Nk, D) and v (B, Hkv, Nk, Dv) with Hq a
+multiple of Hkv (the output is (B, Hq, Nq, Dv)), and
 bottom-right aligned causal masking (query i sees key j iff j <= i + Nk - Nq).
 The variants act on the scaled score as ``tileattn.reference`` describes.
 """
@@ -114,9 +115,15 @@ def _fused_bwd(dout, q, k, v, out, lse, causal: bool, scale: float):
     return _in_layout(q, dq), _in_layout(k, dk), _in_layout(v, dv)
 
 
+def _fused(q, k, v, causal: bool, variants: dict) -> bool:
+    # the fused kernel needs one head dim for q, k and v ("Q/K/V should have
+    # the same head size"): a separate V head dim takes the tiled path
+    return v.shape[-1] == q.shape[-1] and dispatch.cpu_fused_applies(q, k, causal, variants)
+
+
 def attention_fwd(q, k, v, causal: bool, scale: float, *, block_n: int = BLOCK_N, **variants):
     """(out, lse) of one dense call; lse is float32 (float64 for float64 inputs)."""
-    if dispatch.cpu_fused_applies(q, k, causal, variants):
+    if _fused(q, k, v, causal, variants):
         return _fused_fwd(q, k, v, causal, scale)
     return tiled_attention(q, k, v, causal=causal, scale=scale, block_n=block_n, return_lse=True, **variants)
 
@@ -126,7 +133,7 @@ def attention_bwd(dout, q, k, v, out, lse, causal: bool, scale: float, *, dlse=N
     """(dq, dk, dv) of one dense call from the forward's out and lse.  A dlse
     of zeros (what autograd hands the op when the lse was not used) adds
     nothing and does not keep a call off the fused kernel."""
-    if (dlse is None or not _nonzero(dlse)) and dispatch.cpu_fused_applies(q, k, causal, variants):
+    if (dlse is None or not _nonzero(dlse)) and _fused(q, k, v, causal, variants):
         return _fused_bwd(dout, q, k, v, out, lse, causal, scale)
     return tiled_attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale, dlse=dlse, block_n=block_n,
                                     **variants)

@@ -181,7 +181,10 @@ def hopper_fwd_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bo
 
 
 def _hopper_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """The rules the Hopper forward and backward share."""
+    """The rules the Hopper forward and backward share (among them one head
+    dim for q, k and v: the Hopper kernels have no separate V width)."""
+    if k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1]:
+        return False
     if not q.is_cuda or q.dtype not in _HOPPER_DTYPES or interpreter_active():
         return False
     if not _hopper_device(q.device.index if q.device.index is not None else torch.cuda.current_device()):

@@ -57,6 +57,14 @@ def _like(template: Tensor, values: Tensor) -> Tensor:
     return torch.empty_like(template).copy_(values)
 
 
+def _out_like(q: Tensor, v: Tensor) -> Tensor:
+    """An empty tensor shaped like the output: q's, with v's head dim (in q's
+    layout when the two head dims agree, contiguous otherwise)."""
+    if v.shape[-1] == q.shape[-1]:
+        return torch.empty_like(q)
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
 def _lse_dtype(q: Tensor) -> torch.dtype:
     # float64 inputs keep a float64 lse inside the op so their backward stays
     # float64-exact; the public API returns float32.
@@ -92,14 +100,14 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, w
         return launch.attn_fwd(q, k, v, causal, scale, sinks=sinks, **kw)
     out, lse = cpu.attention_fwd(q, k, v, causal, scale, block_n=_TORCH_BLOCK_N, **kw)
     out, lse = with_sinks(out, lse.to(_lse_dtype(q)), sinks)
-    return _in_layout(q, out), lse.contiguous()
+    return _in_layout(_out_like(q, v), out), lse.contiguous()
 
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
                         block_mask=None, deterministic=True, sinks=None):
     b, h, n, _ = q.shape
-    return torch.empty_like(q), q.new_empty((b, h, n), dtype=_lse_dtype(q))
+    return _out_like(q, v), q.new_empty((b, h, n), dtype=_lse_dtype(q))
 
 
 @torch.library.custom_op("tileattn::attention_bwd", mutates_args=())
@@ -191,16 +199,16 @@ def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, 
         out, lse = launch.attn_fwd(_as_batch(q), _as_batch(k), _as_batch(v), causal, scale,
                                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **kw)
-        return _in_layout(q, out[0].transpose(0, 1)), lse[0].contiguous()
+        return _in_layout(_out_like(q, v), out[0].transpose(0, 1)), lse[0].contiguous()
     out, lse = cpu.tiled_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale,
                                           block_n=_TORCH_BLOCK_N, return_lse=True, **kw)
-    return _like(q, out), lse.to(_lse_dtype(q)).contiguous()
+    return _like(_out_like(q, v), out), lse.to(_lse_dtype(q)).contiguous()
 
 
 @attention_varlen_fwd.register_fake
 def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                                window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, deterministic=True):
-    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=_lse_dtype(q))
+    return _out_like(q, v), q.new_empty((q.shape[1], q.shape[0]), dtype=_lse_dtype(q))
 
 
 @torch.library.custom_op("tileattn::attention_varlen_bwd", mutates_args=())

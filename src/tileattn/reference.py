@@ -215,9 +215,9 @@ def standard_attention(q, k, v, *, causal=False, scale=None, return_lse=False, w
 def standard_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None,
                               return_lse=False, window=None, softcap=None, alibi_slopes=None, sinks=None):
     """Packed sequences as one materialized problem: q (total_q, Hq, D) against
-    k, v (total_k, Hkv, D) with the block-diagonal :func:`varlen_mask` (and
-    :func:`varlen_alibi_bias`).  Returns out (total_q, Hq, D) and optionally
-    lse (Hq, total_q)."""
+    k (total_k, Hkv, D), v (total_k, Hkv, Dv) with the block-diagonal
+    :func:`varlen_mask` (and :func:`varlen_alibi_bias`).  Returns out
+    (total_q, Hq, Dv) and optionally lse (Hq, total_q)."""
     mask = varlen_mask(cu_seqlens_q, cu_seqlens_k, causal=causal, window=window, device=q.device)
     bias = None
     if alibi_slopes is not None:

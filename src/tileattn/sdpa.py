@@ -85,11 +85,10 @@ def _why_not_accelerated(query, key, value, attn_mask, dropout_p, enable_gqa) ->
         return "query, key and value with different numbers of dimensions are not accelerated"
     if query.shape[:-3] != key.shape[:-3] or key.shape[:-3] != value.shape[:-3]:
         return "broadcast batch dimensions are not accelerated"
-    d = query.shape[-1]
-    if value.shape[-1] != d:
-        return "a value head dim different from the query/key head dim is not accelerated"
-    if not 1 <= d <= validation.MAX_HEAD_DIM:
-        return f"head dim {d} is not accelerated (1..{validation.MAX_HEAD_DIM} is)"
+    # the value head dim may differ from the query/key one (the output has it)
+    for d in (query.shape[-1], value.shape[-1]):
+        if not 1 <= d <= validation.MAX_HEAD_DIM:
+            return f"head dim {d} is not accelerated (1..{validation.MAX_HEAD_DIM} is)"
     if query.shape[-2] == 0 or key.shape[-2] == 0:
         return "empty sequences are not accelerated"
     if query.dim() >= 3:

@@ -15,7 +15,8 @@ value) naming it.  The rules that hold for every entry point:
 * ``sinks``: a float32 tensor (Hq,) on q's device, one logit per query head
   (float64 too for float64 inputs); differentiable;
 * ``deterministic``: a bool, or None (the faster backward for the call);
-* head dim 1..``MAX_HEAD_DIM``; on the kernels batch and heads at most
+* head dim 1..``MAX_HEAD_DIM``, q's = k's, v's (the output's) its own in
+  1..``MAX_HEAD_DIM`` (not in ``attention_with_kvcache``); on the kernels batch and heads at most
   ``MAX_GRID_YZ`` (CUDA grid axes y and z); float64 only off the kernels.
 
 This module depends on nothing of tileattn but ``block_mask``; the caller
@@ -114,9 +115,11 @@ def check_qkv(q, k, v, causal, scale, uses_kernels: Callable) -> float:
     b, hq, n_q, d = q.shape
     if k.shape[0] != b or v.shape[0] != b:
         raise ValueError(f"batch size must agree: q has {b}, k has {k.shape[0]}, v has {v.shape[0]}")
-    if k.shape[3] != d or v.shape[3] != d:
-        raise ValueError(f"head_dim must agree: q has {d}, k has {k.shape[3]}, v has {v.shape[3]}")
-    check_head_dim(d)
+    if k.shape[3] != d:
+        raise ValueError(f"head_dim must agree: q has {d}, k has {k.shape[3]}")
+    check_head_dim(d, "q, k")
+    # v may have its own head dim Dv (the output's)
+    check_head_dim(v.shape[3], "v")
     if k.shape[2] != v.shape[2]:
         raise ValueError(f"k and v must have the same sequence length, got k {k.shape[2]} and v {v.shape[2]}")
     if k.shape[1] != v.shape[1]:
@@ -402,6 +405,10 @@ def check_kvcache(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
 
     b, hq, n_q, d = q.shape
     check_head_dim(d, "q")
+    if v_cache.shape[-1] != k_cache.shape[-1]:
+        raise ValueError(f"v_cache's head dim ({v_cache.shape[-1]}) must equal k_cache's ({k_cache.shape[-1]}); "
+                         f"a separate V head dim is supported by attention, attention_varlen and "
+                         f"scaled_dot_product_attention only")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")

@@ -12,7 +12,7 @@ from tileattn.cost import (CATALOGUE, AttentionShape, attention_flops, chosen_co
                            load_hardware_file, max_block_n, paper_block_sizes, resident_memory, standard_traffic,
                            table_configs_check, tiled_traffic, visible_pairs)
 from tileattn.cost.hardware import BASES, SCALAR_FIELDS, UnknownHardwareError
-from tileattn.cost.io import KernelConfig, parse_config_name
+from tileattn.cost.io import CacheModel, KernelConfig, parse_config_name
 from tileattn.cost import validation
 
 
@@ -126,6 +126,91 @@ def test_tiled_bytes_hand_computed_without_cache():
     row = 64 * 2
     assert t.reads("fwd") == 256 * row + 2 * 2 * 256 * row
     assert t.writes("fwd") == 256 * row + 256 * 4
+
+
+# ---- a V head dim Dv different from D -----------------------------------
+# Q, K, dQ, dK rows are D wide; V, O, dO, dV rows Dv wide (the MLA training shape: D=192, Dv=128)
+D, DV = 192, 128
+
+
+def test_standard_textbook_bytes_with_head_dim_v_hand_computed():
+    # B=H=1, N=4, fp16: S 32 bytes; Q, K 4*192*2 = 1536; V, O, dO 4*128*2 = 1024
+    s = AttentionShape(1, 1, 4, D, dtype="fp16", head_dim_v=DV)
+    t = standard_traffic(s, fusion="textbook")
+    sb, qk, vo = 32, 1536, 1024
+    # S = scale Q K^T: Q + K -> S; softmax: S -> P; O = P V: P + V -> O
+    assert t.reads("fwd") == (qk + qk) + sb + (sb + vo)
+    assert t.writes("fwd") == sb + sb + vo
+    # dP = dO V^T, dV = P^T dO, dS (reads P, dP), dQ = dS K, dK = dS^T Q
+    assert t.reads("bwd") == (vo + vo) + (sb + vo) + 2 * sb + (sb + qk) + (sb + qk)
+    assert t.writes("bwd") == sb + vo + sb + qk + qk
+    # the matmuls over D (S, dQ, dK) and over Dv (O, dP, dV): 2 * 16 pairs * width each
+    assert t.flops("fwd") == 2 * 16 * (D + DV)
+    assert t.flops("bwd") == 2 * 16 * (2 * D + 2 * DV)
+
+
+def test_standard_eager_gqa_bytes_with_head_dim_v():
+    """GQA: the copies and the group sum move K at D and V at Dv per row."""
+    s = AttentionShape(1, 4, 8, D, kv_heads=2, head_dim_v=DV)
+    t = standard_traffic(s, fusion="eager")
+    expand, = [p for p in t.passes if p.name.startswith("expand K, V")]
+    reduce, = [p for p in t.passes if p.name.startswith("sum dK, dV")]
+    own, per_q = 2 * 8 * (D + DV) * 2, 4 * 8 * (D + DV) * 2
+    assert (expand.read_bytes, expand.write_bytes) == (own, per_q)
+    assert (reduce.read_bytes, reduce.write_bytes) == (per_q, own)
+
+
+def test_tiled_bytes_with_head_dim_v_hand_computed():
+    # B=H=1, N=256, bf16, every kernel at BLOCK_M=128, BLOCK_N=64, no L2 model
+    s = AttentionShape(1, 1, 256, D, head_dim_v=DV)
+    cfg = KernelConfig(128, 64, 4, 2)
+    t = tiled_traffic(s, fwd_config=cfg, bwd_config=cfg, dq_config=cfg)
+    n, q_row, v_row, lse = 256, D * 2, DV * 2, 4
+    fwd, pre, dkdv, dq = t.passes
+    # forward: Q once, K and V once per query block (2 of them); O and lse written
+    assert fwd.read_bytes == n * q_row + 2 * n * (q_row + v_row)
+    assert fwd.write_bytes == n * v_row + n * lse
+    # preprocess: O and dO, lse -> delta, lse2
+    assert (pre.read_bytes, pre.write_bytes) == (2 * n * v_row + n * lse, 2 * n * lse)
+    # dK/dV: K, V once; Q, dO, lse2, delta once per key block (4 of them); dK, dV written
+    assert dkdv.read_bytes == n * (q_row + v_row) + 4 * n * (q_row + v_row + 2 * lse)
+    assert dkdv.write_bytes == n * (q_row + v_row)
+    # dQ: Q, dO, lse2, delta once; K and V once per query block (2); dQ written
+    assert dq.read_bytes == n * (q_row + v_row + 2 * lse) + 2 * n * (q_row + v_row)
+    assert dq.write_bytes == n * q_row
+    pairs = n * n
+    assert fwd.flops == 2 * pairs * (D + DV)                 # S, O
+    assert dkdv.flops == 2 * pairs * (2 * D + 2 * DV)        # S, dK | dP, dV
+    assert dq.flops == 2 * pairs * (2 * D + DV)              # S, dQ | dP
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d,dv", [(192, 128), (64, 256), (128, 128)], ids=["d192-dv128", "d64-dv256", "d128-dv128"])
+def test_passes_add_up_to_the_flop_breakdown_with_head_dim_v(d, dv, causal):
+    s = AttentionShape(2, 8, 1000, d, seqlen_k=1200, kv_heads=2, causal=causal, head_dim_v=dv)
+    f = flop_breakdown(s)
+    tiled = tiled_traffic(s)
+    assert tiled.flops("fwd") == pytest.approx(f.tiled_fwd_executed)
+    assert tiled.flops("bwd") == pytest.approx(f.tiled_bwd_executed)
+    std = standard_traffic(s, fusion="textbook")
+    assert std.flops("fwd") == pytest.approx(f.standard_fwd_executed)
+    assert std.flops("bwd") == pytest.approx(f.standard_bwd_executed)
+
+
+def test_head_dim_v_equal_to_head_dim_changes_nothing():
+    one = AttentionShape(2, 8, 1024, 128, kv_heads=2, causal=True)
+    both = AttentionShape(2, 8, 1024, 128, kv_heads=2, causal=True, head_dim_v=128)
+    cache = CacheModel(50e6, 132, 228 * 1024)
+    assert tiled_traffic(one, cache=cache) == tiled_traffic(both, cache=cache)
+    assert standard_traffic(one) == standard_traffic(both)
+
+
+def test_narrower_v_moves_fewer_bytes():
+    wide = AttentionShape(1, 16, 4096, 192)
+    narrow = AttentionShape(1, 16, 4096, 192, head_dim_v=128)
+    for fn in (tiled_traffic, standard_traffic):
+        for ph in ("fwd", "bwd"):
+            assert fn(narrow).bytes(ph) < fn(wide).bytes(ph)
 
 
 def test_tiled_causal_skips_tiles():

@@ -28,6 +28,18 @@ def test_io_json_seed_example(capsys):
     assert d["standard"]["prediction"]["fwd"]["bound"] == "memory"
 
 
+def test_io_head_dim_v(capsys):
+    """--head-dim-v: V's (and the output's) head dim, in the shape and the header."""
+    argv = ["io", "--hw", "nvidia-h200", *SHAPE[:-1], "192", "--head-dim-v", "128"]
+    assert commands.main(argv + ["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert (d["shape"]["head_dim"], d["shape"]["head_dim_v"]) == (192, 128)
+    assert commands.main(argv) == 0
+    assert "d=192 dv=128" in capsys.readouterr().out
+    assert commands.main(["io", "--hw", "nvidia-h200", *SHAPE, "--head-dim-v", "257"]) == 2
+    assert "head_dim_v" in capsys.readouterr().err
+
+
 def test_unknown_hardware_exit_2(capsys):
     assert commands.main(["io", "--hw", "gpu-9000", *SHAPE]) == 2
     err = capsys.readouterr().err

@@ -35,6 +35,22 @@ def test_streamed_term_scales_with_density(causal):
     assert b[0.1].bytes("fwd") - 0.1 * slope_fwd == pytest.approx(own_fwd, rel=1e-9)
 
 
+def test_streamed_term_with_head_dim_v():
+    """D=192, Dv=128: the forward's intercept is Q read at D, O written at Dv,
+    lse; the dQ kernel's own reads are Q at D, dO at Dv, lse2 and delta; the
+    FLOPs are the density times those of the two widths."""
+    shape = io.AttentionShape(batch=1, heads=4, seqlen_q=8192, head_dim=192, head_dim_v=128)
+    b = {s: sparse.block_sparse_traffic(shape, s) for s in (0.4, 1.0)}
+    slope_fwd = (b[1.0].bytes("fwd") - b[0.4].bytes("fwd")) / 0.6
+    rows = 4 * 8192
+    assert b[0.4].bytes("fwd") - 0.4 * slope_fwd == pytest.approx(rows * (192 * 2 + 128 * 2 + io.LSE_BYTES),
+                                                                  rel=1e-9)
+    assert sparse._own_read_bytes(shape, "dq") == rows * (192 * 2 + 128 * 2 + 2 * io.LSE_BYTES)
+    assert sparse._own_read_bytes(shape, "dkdv") == 4 * 8192 * (192 + 128) * 2
+    assert sparse.block_sparse_flops(shape, 0.25, "fwd") == pytest.approx(
+        0.25 * io.attention_flops(1, 4, 8192, 8192, 192, head_dim_v=128))
+
+
 def test_sparse_flops_and_bound():
     assert sparse.block_sparse_flops(SHAPE, 0.25, "fwd_bwd") == pytest.approx(
         0.25 * io.attention_flops(2, 8, 4096, 4096, 128, mode="fwd_bwd"))

@@ -524,6 +524,8 @@ BAD_CALLS = {
     "check-type": (lambda: (_t(1, 2, 8, 4),) * 3, {"check_shards": 1}, TypeError, "check_shards must be a bool"),
     "group-type": (lambda: (_t(1, 2, 8, 4),) * 3, {"group": "world"}, TypeError, "group must be"),
     "empty": (lambda: (_t(1, 2, 0, 4),) * 3, {"layout": "contiguous"}, ValueError, "local shard is empty"),
+    "v-head-dim": (lambda: (_t(1, 2, 8, 4), _t(1, 2, 8, 4), _t(1, 2, 8, 6)), {}, ValueError,
+                   "v: ring attention needs v's head dim equal to k's"),
 }
 
 

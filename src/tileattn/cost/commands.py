@@ -37,7 +37,8 @@ def _add_shape_args(p: argparse.ArgumentParser, hw_default: str | None = "nvidia
     s.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA); default = --heads")
     s.add_argument("--seqlen", type=int, default=4096, help="query length N (and key length unless --seqlen-k)")
     s.add_argument("--seqlen-k", type=int, default=None, help="key length")
-    s.add_argument("--head-dim", type=int, default=128)
+    s.add_argument("--head-dim", type=int, default=128, help="head dim of q and k")
+    s.add_argument("--head-dim-v", type=int, default=None, help="head dim of v (and the output); default = --head-dim")
     s.add_argument("--causal", action="store_true")
     s.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16")
     s.add_argument("--fusion", choices=FUSION_LEVELS, default="eager",
@@ -56,7 +57,7 @@ def _setup(args) -> tuple[Comparison | None, int]:
         hw = _hw.get_hardware(args.hw, args.hw_file)
         shape = AttentionShape(batch=args.batch, heads=args.heads, seqlen_q=args.seqlen, head_dim=args.head_dim,
                                seqlen_k=args.seqlen_k, kv_heads=args.kv_heads, causal=args.causal,
-                               dtype=args.dtype)
+                               dtype=args.dtype, head_dim_v=args.head_dim_v)
         comp = compare(shape, hw, fusion=args.fusion, basis=args.basis, l2_reuse=not args.no_l2)
     except ValueError as exc:
         return None, _err(str(exc))
@@ -129,9 +130,9 @@ def measured_points(rows, shape: AttentionShape) -> list[dict]:
             s = row_shape(r)
         except (KeyError, ValueError):
             continue
-        if (s.batch, s.heads, s.kv_heads, s.seqlen_q, s.seqlen_k, s.head_dim, s.causal) != (
+        if (s.batch, s.heads, s.kv_heads, s.seqlen_q, s.seqlen_k, s.head_dim, s.head_dim_v, s.causal) != (
                 shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_k, shape.head_dim,
-                shape.causal):
+                shape.head_dim_v, shape.causal):
             continue
         try:
             byt = measured_bytes(r)

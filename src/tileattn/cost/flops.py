@@ -80,7 +80,8 @@ def executed_pairs(seqlen_q: int, seqlen_k: int, causal: bool, block_m: int, blo
 
 def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None = None, head_dim: int = 64, *,
                     causal: bool = False, mode: str = "fwd",
-                    block_m: int | None = None, block_n: int | None = None) -> float:
+                    block_m: int | None = None, block_n: int | None = None,
+                    head_dim_v: int | None = None) -> float:
     """Matmul FLOPs of attention -- the one place the formula lives.
 
     Forward: two matmuls (S = Q K^T and O = P V), each ``2 * D`` FLOPs per
@@ -88,6 +89,12 @@ def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None 
     visible part when causal.  Backward: the conventional ``2.5 x`` forward --
     four gradient matmuls (dV, dP, dQ, dK = 2x) plus recomputing S (0.5x).
     ``mode`` is ``"fwd"``, ``"bwd"`` or ``"fwd_bwd"`` (3.5x).
+
+    ``head_dim_v``: V's head dim Dv where it differs from D (default D).
+    The matmuls over D are S, dQ, dK (and S again in the backward), those
+    over Dv are O = P V, dP, dV: forward ``2 * B * H * pairs * (D + Dv)``,
+    backward ``2 * B * H * pairs * (3 D + 2 Dv)`` (2.5x the forward when
+    Dv = D).
 
     With ``block_m``/``block_n`` the pairs are those the tiled kernel
     *executes* (:func:`executed_pairs`) rather than the useful ones.
@@ -99,6 +106,7 @@ def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None 
     nq = _check_int("seqlen_q", seqlen_q)
     nk = nq if seqlen_k is None else _check_int("seqlen_k", seqlen_k)
     d = _check_int("head_dim", head_dim)
+    dv = d if head_dim_v is None else _check_int("head_dim_v", head_dim_v)
     if mode not in FLOP_MODES:
         raise ValueError(f"mode={mode!r} is not one of {', '.join(FLOP_MODES)}")
     if (block_m is None) != (block_n is None):
@@ -107,8 +115,9 @@ def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None 
         pairs = visible_pairs(nq, nk, causal)
     else:
         pairs = executed_pairs(nq, nk, causal, _check_int("block_m", block_m), _check_int("block_n", block_n))
-    fwd = 4.0 * b * h * pairs * d
-    return {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode] * fwd
+    fwd = 2.0 * b * h * pairs * (d + dv)
+    bwd = 2.0 * b * h * pairs * (3 * d + 2 * dv)
+    return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd}[mode]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,11 +144,12 @@ class FlopBreakdown:
         return d
 
 
-def _tile_matmul_flops(shape: AttentionShape, config: KernelConfig, kernel: str) -> float:
-    """FLOPs of one ``BM x BN x D`` matmul per executed tile of ``kernel``, over all batches and heads."""
+def _tile_matmul_flops(shape: AttentionShape, config: KernelConfig, kernel: str, over_v: bool = False) -> float:
+    """FLOPs of one ``BM x BN x D`` matmul (``BM x BN x Dv`` with ``over_v``) per executed tile of
+    ``kernel``, over all batches and heads."""
     s = shape
     pairs = executed_pairs(s.seqlen_q, s.seqlen_k, s.causal, config.block_m, config.block_n, kernel)
-    return 2.0 * s.batch * s.heads * pairs * s.head_dim
+    return 2.0 * s.batch * s.heads * pairs * (s.head_dim_v if over_v else s.head_dim)
 
 
 def flop_breakdown(shape: AttentionShape, fwd_config: KernelConfig | None = None,
@@ -156,19 +166,22 @@ def flop_breakdown(shape: AttentionShape, fwd_config: KernelConfig | None = None
     fwd_config, bwd_config, dq_config = _resolve_configs(shape, fwd_config, bwd_config, dq_config=dq_config)
     s = shape
     args = (s.batch, s.heads, s.seqlen_q, s.seqlen_k, s.head_dim)
-    useful_fwd = attention_flops(*args, causal=s.causal, mode="fwd")
-    full_fwd = attention_flops(*args, causal=False, mode="fwd")
+    dv = dict(head_dim_v=s.head_dim_v)
+    useful_fwd = attention_flops(*args, causal=s.causal, mode="fwd", **dv)
+    full_fwd = attention_flops(*args, causal=False, mode="fwd", **dv)
     tiled_fwd = attention_flops(*args, causal=s.causal, mode="fwd",
-                                block_m=fwd_config.block_m, block_n=fwd_config.block_n)
-    mm_dkdv = _tile_matmul_flops(s, bwd_config, "dkdv")   # one matmul over the dK/dV kernel's tiles
-    mm_dq = _tile_matmul_flops(s, dq_config, "dq")        # one matmul over the dQ kernel's tiles
+                                block_m=fwd_config.block_m, block_n=fwd_config.block_n, **dv)
+    # one matmul over the dK/dV kernel's tiles / the dQ kernel's, over D and over Dv
+    mm_dkdv, mm_dkdv_v = (_tile_matmul_flops(s, bwd_config, "dkdv", v) for v in (False, True))
+    mm_dq, mm_dq_v = (_tile_matmul_flops(s, dq_config, "dq", v) for v in (False, True))
     return FlopBreakdown(
         useful_fwd=useful_fwd,
-        useful_bwd=attention_flops(*args, causal=s.causal, mode="bwd"),
+        useful_bwd=attention_flops(*args, causal=s.causal, mode="bwd", **dv),
         standard_fwd_executed=full_fwd,
+        # dP, dV (over Dv), dQ, dK (over D) on the full product: 2x its forward
         standard_bwd_executed=2.0 * full_fwd,
         tiled_fwd_executed=tiled_fwd,
-        tiled_bwd_gradients=3 * mm_dkdv + mm_dq,           # dP, dV, dK | dQ
-        tiled_bwd_recompute=mm_dkdv,                       # S in the dK/dV kernel
-        tiled_bwd_split_recompute=2 * mm_dq,               # S and dP again in the dQ kernel
+        tiled_bwd_gradients=2 * mm_dkdv_v + mm_dkdv + mm_dq,   # dP, dV, dK | dQ
+        tiled_bwd_recompute=mm_dkdv,                           # S in the dK/dV kernel
+        tiled_bwd_split_recompute=mm_dq + mm_dq_v,             # S and dP again in the dQ kernel
     )

@@ -75,9 +75,10 @@ def header_lines(c: Comparison) -> list[str]:
     bw = c.standard_pred["fwd"].bandwidth
     kv = f" kv_heads={s.kv_heads}" if s.kv_heads != s.heads else ""
     nk = f" Nk={s.seqlen_k}" if s.seqlen_k != s.seqlen_q else ""
+    dv = f" dv={s.head_dim_v}" if s.head_dim_v != s.head_dim else ""
     lines = [f"{hw.display_name} ({hw.name}, {c.basis}): {pk / 1e12:.4g} TFLOP/s {s.dtype}, "
              f"{bw / 1e12:.3g} TB/s, ridge {c.ridge:.0f} FLOP/byte",
-             f"shape: batch={s.batch} heads={s.heads}{kv} N={s.seqlen_q}{nk} d={s.head_dim} {s.dtype}"
+             f"shape: batch={s.batch} heads={s.heads}{kv} N={s.seqlen_q}{nk} d={s.head_dim}{dv} {s.dtype}"
              f"{' causal' if s.causal else ''}; standard = {c.fusion}; tiled configs fwd "
              f"{c.tiled.params['fwd_config']}, dK/dV {c.tiled.params['dkdv_config']}, "
              f"dQ {c.tiled.params['dq_config']}"]

@@ -10,8 +10,10 @@ per call of one attention layer (all batches and heads).
 Conventions
 -----------
 * ``B`` batch, ``Hq`` query heads, ``Hkv`` key/value heads (GQA when
-  ``Hkv < Hq``), ``Nq``/``Nk`` sequence lengths, ``D`` head dim, ``e`` bytes
-  per element of the input dtype.
+  ``Hkv < Hq``), ``Nq``/``Nk`` sequence lengths, ``D`` head dim of Q and K,
+  ``Dv`` head dim of V (``head_dim_v``, default ``D``), ``e`` bytes per
+  element of the input dtype.  Q, K, dQ, dK rows are ``D`` wide; V, O, dO,
+  dV rows ``Dv`` wide.
 * Causal masking is bottom-right aligned: query ``i`` sees key ``j`` iff
   ``j <= i + Nk - Nq`` (the kernels' and the reference's convention).
 * "Bytes" are DRAM (HBM) bytes, reads and writes counted separately.  A
@@ -146,11 +148,16 @@ def standard_traffic(shape: AttentionShape, *, fusion: str = "eager", backward: 
     s = shape
     e = s.elem_bytes
     bh = s.batch * s.heads
-    q_b = bh * s.seqlen_q * s.head_dim * e            # Q, O, dO, dQ (all query heads)
-    kv_b = bh * s.seqlen_k * s.head_dim * e           # one of K/V as the matmul sees it
-    kv_own = s.batch * s.kv_heads * s.seqlen_k * s.head_dim * e
+    d, dv = s.head_dim, s.head_dim_v
+    q_b = bh * s.seqlen_q * d * e                     # Q, dQ (all query heads)
+    o_b = bh * s.seqlen_q * dv * e                    # O, dO
+    k_b = bh * s.seqlen_k * d * e                     # K (and dK) as the matmul sees it
+    v_b = bh * s.seqlen_k * dv * e                    # V (and dV)
+    k_own = s.batch * s.kv_heads * s.seqlen_k * d * e
+    v_own = s.batch * s.kv_heads * s.seqlen_k * dv * e
     sb = float(s.score_elements * e)                  # one N x N tensor
-    mm = 2.0 * s.score_elements * s.head_dim          # one full N x N x D matmul
+    mm = 2.0 * s.score_elements * d                   # one full N x N x D matmul: S, dQ, dK
+    mm_v = 2.0 * s.score_elements * dv                # one over Dv: O, dP, dV
     mask_b = float(s.seqlen_q * s.seqlen_k)           # bool (Nq, Nk)
     mask_rd = _cached_broadcast(mask_b, bh, l2_bytes)
     eager = fusion == "eager"
@@ -162,14 +169,14 @@ def standard_traffic(shape: AttentionShape, *, fusion: str = "eager", backward: 
     rows = lambda *a, **k: Pass(*a, kernel="softmax", **k)      # noqa: E731
     f: list[Pass] = []
     if gqa:
-        f.append(Pass("expand K, V to all query heads (repeat_interleave)", "fwd", 2 * kv_own, 2 * kv_b,
+        f.append(Pass("expand K, V to all query heads (repeat_interleave)", "fwd", k_own + v_own, k_b + v_b,
                       note="GQA: the reference copies k/v per query head" if eager else
                       "GQA: k/v broadcast per query head", kernel="copy"))
     if eager:
-        f.append(mat("S = Q K^T", "fwd", q_b + kv_b, sb, mm))
+        f.append(mat("S = Q K^T", "fwd", q_b + k_b, sb, mm))
         f.append(ew("S *= scale", "fwd", sb, sb))                         # `* scale`: its own kernel
     else:
-        f.append(mat("S = scale * Q K^T", "fwd", q_b + kv_b, sb, mm))
+        f.append(mat("S = scale * Q K^T", "fwd", q_b + k_b, sb, mm))
     if s.causal:
         if eager:
             f.append(Pass("build causal mask (Nq x Nk bool, 3 small passes)", "fwd", 2 * mask_b, 2 * mask_b,
@@ -181,7 +188,7 @@ def standard_traffic(shape: AttentionShape, *, fusion: str = "eager", backward: 
     f.append(rows("P = softmax(S)", "fwd", sb, sb))
     if s.causal and eager:
         f.append(ew("P.masked_fill(empty rows, 0)", "fwd", sb, sb))
-    f.append(mat("O = P V", "fwd", sb + kv_b, q_b, mm))
+    f.append(mat("O = P V", "fwd", sb + v_b, o_b, mm_v))
 
     # Backward, in the order autograd replays the forward (eager):
     #   O = P V          -> dP = dO V^T (writes dP), dV = P^T dO (reads P)      2 N^2
@@ -194,8 +201,8 @@ def standard_traffic(shape: AttentionShape, *, fusion: str = "eager", backward: 
     # Non-causal: 12 N^2 (textbook 7); causal: 18 (textbook 9).
     bw: list[Pass] = []
     if backward:
-        bw.append(mat("dP = dO V^T", "bwd", q_b + kv_b, sb, mm))
-        bw.append(mat("dV = P^T dO", "bwd", sb + q_b, kv_b, mm))
+        bw.append(mat("dP = dO V^T", "bwd", o_b + v_b, sb, mm_v))
+        bw.append(mat("dV = P^T dO", "bwd", sb + o_b, v_b, mm_v))
         if s.causal and eager:
             bw.append(ew("dP.masked_fill(empty rows, 0)", "bwd", sb, sb))
         if eager:
@@ -215,15 +222,15 @@ def standard_traffic(shape: AttentionShape, *, fusion: str = "eager", backward: 
         if eager:
             bw.append(ew("dS *= scale", "bwd", sb, sb))
         # the score matmul's backward: two matmuls, each reading dS in full
-        bw.append(mat("dQ = dS K", "bwd", sb + kv_b, q_b, mm))
-        bw.append(mat("dK = dS^T Q", "bwd", sb + q_b, kv_b, mm))
+        bw.append(mat("dQ = dS K", "bwd", sb + k_b, q_b, mm))
+        bw.append(mat("dK = dS^T Q", "bwd", sb + q_b, k_b, mm))
         if gqa:
-            bw.append(Pass("sum dK, dV over the query heads of a group", "bwd", 2 * kv_b, 2 * kv_own,
+            bw.append(Pass("sum dK, dV over the query heads of a group", "bwd", k_b + v_b, k_own + v_own,
                            kernel="reduce"))
         elif eager:
             # dK comes out of the matmul as the transpose of a contiguous (D, Nk)
             # product; backward() stores k.grad in k's own layout with a copy
-            bw.append(Pass("copy dK into k's layout (accumulate grad)", "bwd", kv_b, kv_b, kernel="copy"))
+            bw.append(Pass("copy dK into k's layout (accumulate grad)", "bwd", k_b, k_b, kernel="copy"))
     return TrafficEstimate("standard", shape, tuple(f + bw),
                            {"fusion": fusion, "l2_bytes": l2_bytes, "backward": backward})
 
@@ -283,9 +290,9 @@ def tiled_traffic(shape: AttentionShape, *, fwd_config: KernelConfig | None = No
 
     Forward, one program per (query block of BLOCK_M rows, batch, q-head):
     Q read once; every visible K and V tile read once *per query block*, i.e.
-    ``ceil(Nq/BLOCK_M) * Nk * D`` elements each -- the Theta(N^2 d^2 / M) term,
-    since BLOCK_M is bounded by SRAM size M / d; O written once, lse (fp32)
-    written once.
+    ``ceil(Nq/BLOCK_M) * Nk * D`` elements each (``Dv`` for V) -- the
+    Theta(N^2 d^2 / M) term, since BLOCK_M is bounded by SRAM size M / d; O
+    written once, lse (fp32) written once.
 
     Backward: (1) preprocess reads O, dO, lse, writes delta and lse2 (fp32);
     (2) dK/dV, one program per (key block of BLOCK_N, batch, kv-head): K, V
@@ -307,10 +314,12 @@ def tiled_traffic(shape: AttentionShape, *, fwd_config: KernelConfig | None = No
     """
     s = shape
     fwd_config, bwd_config, dq_config = _resolve_configs(s, fwd_config, bwd_config, smem_per_block, dq_config)
-    e, d = s.elem_bytes, s.head_dim
+    e, d, dv = s.elem_bytes, s.head_dim, s.head_dim_v
     nq, nk, g = s.seqlen_q, s.seqlen_k, s.group
     b, hq, hkv = s.batch, s.heads, s.kv_heads
-    row_q = d * e                     # one row of Q, O, dO, dQ, K, V
+    row_q = d * e                     # one row of Q, dQ, K, dK
+    row_v = dv * e                    # one row of V, dV, O, dO
+    row_kv = row_q + row_v            # a row of K and the same row of V
     l2 = cache.l2_bytes if cache else None
     flops = flop_breakdown(s, fwd_config, bwd_config, dq_config)
     bm, bn = fwd_config.block_m, fwd_config.block_n
@@ -318,19 +327,20 @@ def tiled_traffic(shape: AttentionShape, *, fwd_config: KernelConfig | None = No
     # ---- forward ----
     n_qb = _cdiv(nq, bm)
     kv_rows_loaded = sum(_fwd_keys_loaded(i * bm, nq, nk, bm, bn, s.causal) for i in range(n_qb))
-    kv_tile_loads = 2.0 * kv_rows_loaded * row_q * b * hq          # K and V, every q-head program
-    kv_unique = 2.0 * nk * row_q                                     # one kv head's K and V
+    kv_tile_loads = float(kv_rows_loaded * row_kv * b * hq)         # K and V, every q-head program
+    kv_unique = float(nk * row_kv)                                   # one kv head's K and V
     if cache:
         conc = cache.concurrent_programs(
-            _configs.fwd_smem_bytes(bm, bn, d, e, fwd_config.num_stages), fwd_config.num_warps)
+            _configs.fwd_smem_bytes(bm, bn, d, e, fwd_config.num_stages, dv), fwd_config.num_warps)
         # unit = (batch, kv head): its g * n_qb programs are adjacent in launch order
-        kv_dram = b * hkv * _streamed_dram(kv_unique, 2.0 * kv_rows_loaded * row_q * g, g * n_qb, conc, l2)
+        kv_dram = b * hkv * _streamed_dram(kv_unique, float(kv_rows_loaded * row_kv * g), g * n_qb, conc, l2)
     else:
         conc = None
         kv_dram = kv_tile_loads / (g if gqa_reuse else 1)
-    q_bytes = float(b * hq * nq * row_q)
+    q_bytes = float(b * hq * nq * row_q)                             # Q (or dQ)
+    o_bytes = float(b * hq * nq * row_v)                             # O (or dO)
     lse_bytes = float(b * hq * nq * LSE_BYTES)
-    passes = [Pass("attention forward (one kernel)", "fwd", q_bytes + kv_dram, q_bytes + lse_bytes,
+    passes = [Pass("attention forward (one kernel)", "fwd", q_bytes + kv_dram, o_bytes + lse_bytes,
                    flops.tiled_fwd_executed, tile_read_bytes=q_bytes + kv_tile_loads,
                    note=f"{fwd_config.name}: K/V loaded {kv_rows_loaded / max(nk, 1):.1f}x per head",
                    kernel="fwd")]
@@ -339,42 +349,44 @@ def tiled_traffic(shape: AttentionShape, *, fwd_config: KernelConfig | None = No
     if backward:
         rows_aux = 2 * LSE_BYTES      # lse2 and delta per query row
         passes.append(Pass("backward preprocess: delta = rowsum(dO * O)", "bwd",
-                           2 * q_bytes + lse_bytes, 2 * lse_bytes, kernel="preprocess"))
+                           2 * o_bytes + lse_bytes, 2 * lse_bytes, kernel="preprocess"))
         # dK/dV (DKDV_CONFIGS tile): per key block, the group's q-heads stream
         # Q, dO, lse2, delta from the first query block that sees the key block
         bm2, bn2 = bwd_config.block_m, bwd_config.block_n
-        conc_kv = cache.concurrent_programs(
-            _configs.dkdv_smem_bytes(bm2, bn2, d, e, bwd_config.num_stages), bwd_config.num_warps) if cache else None
+        conc_kv = (cache.concurrent_programs(_configs.dkdv_smem_bytes(bm2, bn2, d, e, bwd_config.num_stages, dv),
+                                             bwd_config.num_warps) if cache else None)
         n_kb = _cdiv(nk, bn2)
         q_rows_loaded = sum(nq - _dkdv_query_start(j * bn2, nq, nk, bm2, s.causal) for j in range(n_kb))
-        per_row = 2 * row_q + rows_aux
+        per_row = row_q + row_v + rows_aux                            # Q, dO, lse2, delta
         q_tile_loads = float(q_rows_loaded * per_row * g)            # per (batch, kv head)
         q_unique = float(nq * per_row * g)
         if cache:
             q_dram = b * hkv * _streamed_dram(q_unique, q_tile_loads, n_kb, conc_kv, l2)
         else:
             q_dram = b * hkv * q_tile_loads
-        kv_own = float(b * hkv * nk * row_q)
+        kv_own = float(b * hkv * nk * row_kv)                        # K and V (read), dK and dV (written)
         passes.append(Pass("backward dK, dV (one program per key block)", "bwd",
-                           2 * kv_own + q_dram, 2 * kv_own,
-                           4 * _tile_matmul_flops(s, bwd_config, "dkdv"),   # S, dP, dV, dK
-                           tile_read_bytes=2 * kv_own + b * hkv * q_tile_loads,
+                           kv_own + q_dram, kv_own,
+                           2 * _tile_matmul_flops(s, bwd_config, "dkdv")          # S, dK
+                           + 2 * _tile_matmul_flops(s, bwd_config, "dkdv", True),  # dP, dV
+                           tile_read_bytes=kv_own + b * hkv * q_tile_loads,
                            note=f"{bwd_config.name}: Q/dO loaded {q_rows_loaded / max(nq, 1):.1f}x per head",
                            kernel="dkdv"))
         # dQ (DQ_CONFIGS tile): like the forward, K and V streamed per query block
         bm3, bn3 = dq_config.block_m, dq_config.block_n
         conc_q = cache.concurrent_programs(
-            _configs.dq_smem_bytes(bm3, bn3, d, e, dq_config.num_stages), dq_config.num_warps) if cache else None
+            _configs.dq_smem_bytes(bm3, bn3, d, e, dq_config.num_stages, dv), dq_config.num_warps) if cache else None
         n_qb3 = _cdiv(nq, bm3)
         kv_rows3 = sum(_fwd_keys_loaded(i * bm3, nq, nk, bm3, bn3, s.causal) for i in range(n_qb3))
-        kv_loads3 = 2.0 * kv_rows3 * row_q * b * hq
+        kv_loads3 = float(kv_rows3 * row_kv * b * hq)
         if cache:
-            kv_dram3 = b * hkv * _streamed_dram(kv_unique, 2.0 * kv_rows3 * row_q * g, g * n_qb3, conc_q, l2)
+            kv_dram3 = b * hkv * _streamed_dram(kv_unique, float(kv_rows3 * row_kv * g), g * n_qb3, conc_q, l2)
         else:
             kv_dram3 = kv_loads3 / (g if gqa_reuse else 1)
-        own_q = 2 * q_bytes + 2 * lse_bytes                          # Q, dO, lse2, delta
+        own_q = q_bytes + o_bytes + 2 * lse_bytes                    # Q, dO, lse2, delta
         passes.append(Pass("backward dQ (one program per query block)", "bwd", own_q + kv_dram3, q_bytes,
-                           3 * _tile_matmul_flops(s, dq_config, "dq"),      # S, dP, dQ
+                           2 * _tile_matmul_flops(s, dq_config, "dq")             # S, dQ
+                           + _tile_matmul_flops(s, dq_config, "dq", True),         # dP
                            tile_read_bytes=own_q + kv_loads3,
                            note=f"{dq_config.name}: recomputes S and dP a second time; K/V loaded "
                                 f"{kv_rows3 / max(nk, 1):.1f}x per head",

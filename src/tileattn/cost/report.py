@@ -65,6 +65,8 @@ def _scaling_figure(comp: Comparison):
             d = dataclasses.asdict(s)
             if key == "seqlen":
                 d.update(seqlen_q=x, seqlen_k=x)
+            elif key == "head_dim" and s.head_dim_v == s.head_dim:
+                d.update(head_dim=x, head_dim_v=x)      # one head dim stays one
             else:
                 d[key] = x
             c = compare(AttentionShape(**d), comp.hardware, fusion=comp.fusion, basis=comp.basis)
@@ -164,15 +166,16 @@ same time, so L2 serves most repeats and HBM sees about {fmt_bytes(tp['fwd'].byt
     smem = hw.get_int("smem_per_block") or 0
     tile_html = "<p>This hardware entry has no shared-memory size.</p>"
     if smem:
-        feas = feasible_tiles(smem, s.head_dim, s.dtype, num_stages=3, shape=dataclasses.replace(s, batch=1))
+        feas = feasible_tiles(smem, s.head_dim, s.dtype, num_stages=3, shape=dataclasses.replace(s, batch=1),
+                              head_dim_v=s.head_dim_v)
         br, bc = paper_block_sizes(smem, s.head_dim, s.dtype)
-        mbn = max_block_n(smem, s.head_dim, s.dtype, block_m=128, num_stages=3)
+        mbn = max_block_n(smem, s.head_dim, s.dtype, block_m=128, num_stages=3, head_dim_v=s.head_dim_v)
         trows = [(o.block_m, o.block_n, fmt_bytes(o.smem_bytes, True), fmt_bytes(o.hbm_bytes * s.batch))
                  for o in feas[:12]]
         kernel_names = {"fwd": "forward", "dkdv": "backward dK/dV", "dq": "backward dQ"}
         cfg_rows = [(kernel_names[k], c.name, "fits" if ok else "does not fit", c.source) for k, c, ok in
-                    table_configs_check(smem, s.head_dim, s.dtype)]
-        chosen = chosen_configs(smem, s.head_dim, s.dtype)
+                    table_configs_check(smem, s.head_dim, s.dtype, s.head_dim_v)]
+        chosen = chosen_configs(smem, s.head_dim, s.dtype, s.head_dim_v)
         chosen_text = ", ".join(f"{kernel_names[k]} <code>{c.name}</code>" for k, c in chosen.items())
         tile_html = f"""<p>A forward program keeps a BLOCK_M&times;d Q tile, {3} stages of BLOCK_N&times;d K and V
 tiles and a BLOCK_M&times;BLOCK_N tile of P in {fmt_bytes(smem, True)} of shared memory per block. The paper's sizing,

@@ -207,7 +207,8 @@ def plot_roofline(comp: Comparison, path=None, *, measured: Iterable[Mapping] | 
     ax.set_xlabel("arithmetic intensity (FLOP / HBM byte)")
     ax.set_ylabel("FLOP/s")
     s = comp.shape
-    ax.set_title(f"B={s.batch} H={s.heads} N={s.seqlen_q} d={s.head_dim} {s.dtype}"
+    dv = f" dv={s.head_dim_v}" if s.head_dim_v != s.head_dim else ""
+    ax.set_title(f"B={s.batch} H={s.heads} N={s.seqlen_q} d={s.head_dim}{dv} {s.dtype}"
                  f"{' causal' if s.causal else ''}", fontsize=10)
     ax.grid(True, which="both", alpha=0.25)
     handles, labels = ax.get_legend_handles_labels()

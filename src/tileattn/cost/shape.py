@@ -45,7 +45,8 @@ def dtype_bytes(dtype: str) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class AttentionShape:
-    """The problem: ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)``."""
+    """The problem: ``q (B, Hq, Nq, D)``, ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)``
+    (``head_dim_v`` Dv defaults to ``head_dim``)."""
 
     batch: int
     heads: int
@@ -55,6 +56,7 @@ class AttentionShape:
     kv_heads: int | None = None
     causal: bool = False
     dtype: str = "bf16"
+    head_dim_v: int | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -64,6 +66,9 @@ class AttentionShape:
         set_("head_dim", _check_int("head_dim", self.head_dim))
         if self.head_dim > 256:
             raise ValueError(f"head_dim={self.head_dim} exceeds 256, the largest the kernels support")
+        set_("head_dim_v", self.head_dim if self.head_dim_v is None else _check_int("head_dim_v", self.head_dim_v))
+        if self.head_dim_v > 256:
+            raise ValueError(f"head_dim_v={self.head_dim_v} exceeds 256, the largest the kernels support")
         set_("seqlen_k", self.seqlen_q if self.seqlen_k is None else _check_int("seqlen_k", self.seqlen_k))
         set_("kv_heads", self.heads if self.kv_heads is None else _check_int("kv_heads", self.kv_heads))
         if self.heads % self.kv_heads:
@@ -107,18 +112,20 @@ class DefaultConfigs(NamedTuple):
     dq: KernelConfig
 
 
-def default_configs(head_dim: int, elem_bytes: int = 2, smem_per_block: int | None = None) -> DefaultConfigs:
+def default_configs(head_dim: int, elem_bytes: int = 2, smem_per_block: int | None = None,
+                    head_dim_v: int | None = None) -> DefaultConfigs:
     """The (forward, dK/dV, dQ) configs the kernels would start from: the first
     entry of each kernel's table (``FWD_CONFIGS``, ``DKDV_CONFIGS``,
     ``DQ_CONFIGS``) for the head-dim bucket, or, given the device's shared
     memory per block, the first one whose estimate under that kernel's own
     estimator fits (the launcher drops the others before autotuning, and
-    takes exactly this one when autotuning is off)."""
+    takes exactly this one when autotuning is off).  ``head_dim_v``: V's
+    head dim where it differs."""
     out = []
     for kind in ("fwd", "dkdv", "dq"):
-        cands = _configs.candidates(kind, head_dim)
+        cands = _configs.candidates(kind, head_dim, head_dim_v)
         if smem_per_block is not None:
-            cands = _configs.fitting(cands, head_dim, elem_bytes, smem_per_block, kind=kind)
+            cands = _configs.fitting(cands, head_dim, elem_bytes, smem_per_block, kind=kind, head_dim_v=head_dim_v)
         out.append(cands[0])
     return DefaultConfigs(*out)
 
@@ -126,5 +133,5 @@ def default_configs(head_dim: int, elem_bytes: int = 2, smem_per_block: int | No
 def _resolve_configs(shape, fwd_config=None, bwd_config=None, smem_per_block=None, dq_config=None
                      ) -> DefaultConfigs:
     """Given configs, with the defaults of :func:`default_configs` for those left out."""
-    d = default_configs(shape.head_dim, shape.elem_bytes, smem_per_block)
+    d = default_configs(shape.head_dim, shape.elem_bytes, smem_per_block, shape.head_dim_v)
     return DefaultConfigs(fwd_config or d.fwd, bwd_config or d.dkdv, dq_config or d.dq)

@@ -90,21 +90,21 @@ def block_sparse_flops(shape: AttentionShape, density: float, mode: str = "fwd")
     :func:`~tileattn.cost.io.attention_flops` of the shape."""
     s = check_density(density)
     return s * attention_flops(shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k, shape.head_dim,
-                               causal=shape.causal, mode=mode)
+                               causal=shape.causal, mode=mode, head_dim_v=shape.head_dim_v)
 
 
 def _own_read_bytes(shape: AttentionShape, kernel: str) -> float:
     """DRAM reads of a tiled kernel that do not repeat per visible block."""
     s = shape
-    row = s.head_dim * s.elem_bytes
-    q_bytes = float(s.batch * s.heads * s.seqlen_q * row)
-    lse_bytes = float(s.batch * s.heads * s.seqlen_q * LSE_BYTES)
+    row, row_v = s.head_dim * s.elem_bytes, s.head_dim_v * s.elem_bytes   # Q/K, V/dO
+    rows_q = s.batch * s.heads * s.seqlen_q
+    lse_bytes = float(rows_q * LSE_BYTES)
     if kernel == "fwd":
-        return q_bytes                                   # Q once
+        return float(rows_q * row)                       # Q once
     if kernel == "dkdv":
-        return 2.0 * s.batch * s.kv_heads * s.seqlen_k * row   # K, V once
+        return float(s.batch * s.kv_heads * s.seqlen_k * (row + row_v))   # K, V once
     if kernel == "dq":
-        return 2 * q_bytes + 2 * lse_bytes               # Q, dO, lse2, delta once
+        return float(rows_q * (row + row_v)) + 2 * lse_bytes   # Q, dO, lse2, delta once
     return float("nan")
 
 

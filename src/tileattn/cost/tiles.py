@@ -75,17 +75,23 @@ def kernel_bytes(shape: AttentionShape, kind: str, config: KernelConfig) -> floa
 
 def feasible_tiles(smem_bytes: int, head_dim: int, dtype: str = "bf16", *, backward: bool = False,
                    num_stages: int = 2, choices=BLOCK_CHOICES, shape: AttentionShape | None = None,
-                   include_infeasible: bool = False, kind: str | None = None) -> list[TileOption]:
+                   include_infeasible: bool = False, kind: str | None = None,
+                   head_dim_v: int | None = None) -> list[TileOption]:
     """All (BLOCK_M, BLOCK_N) from ``choices`` whose shared-memory estimate fits
     ``smem_bytes`` (per block) for one kernel at ``num_stages`` pipeline
     stages: ``kind`` is ``"fwd"``, ``"dkdv"`` or ``"dq"`` (``backward=True``
     alone means ``"dkdv"``).  With ``shape`` each option carries the HBM
     bytes of that kernel without L2 reuse (the textbook count that the tile
-    shape controls).  Sorted by bytes, then by larger tiles."""
+    shape controls).  Sorted by bytes, then by larger tiles.  ``head_dim_v``:
+    V's head dim where it differs from ``head_dim``."""
     _check("smem_bytes", smem_bytes)
     _check("head_dim", head_dim)
     if head_dim > 256:
         raise ValueError(f"head_dim={head_dim} exceeds 256")
+    if head_dim_v is not None:
+        _check("head_dim_v", head_dim_v)
+        if head_dim_v > 256:
+            raise ValueError(f"head_dim_v={head_dim_v} exceeds 256")
     _check("num_stages", num_stages)
     e = dtype_bytes(dtype)
     kind = _kind(kind, backward)
@@ -93,7 +99,7 @@ def feasible_tiles(smem_bytes: int, head_dim: int, dtype: str = "bf16", *, backw
     out = []
     for bm in choices:
         for bn in choices:
-            need = est(bm, bn, head_dim, e, num_stages)
+            need = est(bm, bn, head_dim, e, num_stages, head_dim_v)
             if need > smem_bytes and not include_infeasible:
                 continue
             hbm = None
@@ -106,11 +112,11 @@ def feasible_tiles(smem_bytes: int, head_dim: int, dtype: str = "bf16", *, backw
 
 def max_block_n(smem_bytes: int, head_dim: int, dtype: str = "bf16", *, block_m: int = 128,
                 num_stages: int = 2, backward: bool = False, choices=BLOCK_CHOICES,
-                kind: str | None = None) -> int | None:
+                kind: str | None = None, head_dim_v: int | None = None) -> int | None:
     """Largest BLOCK_N from ``choices`` that fits next to a BLOCK_M-row tile (None if none)."""
     e = dtype_bytes(dtype)
     est = SMEM_ESTIMATORS[_kind(kind, backward)]
-    ok = [bn for bn in choices if est(block_m, bn, head_dim, e, num_stages) <= smem_bytes]
+    ok = [bn for bn in choices if est(block_m, bn, head_dim, e, num_stages, head_dim_v) <= smem_bytes]
     return max(ok) if ok else None
 
 
@@ -122,20 +128,22 @@ def paper_block_sizes(smem_bytes: int, head_dim: int, dtype: str = "bf16") -> tu
     return min(bc, head_dim), bc
 
 
-def table_configs_check(smem_bytes: int, head_dim: int, dtype: str = "bf16") -> list[tuple[str, KernelConfig, bool]]:
-    """Each config of the kernels' tables for ``head_dim`` -- forward, dK/dV,
-    dQ, in table order -- with whether it fits ``smem_bytes`` under that
-    kernel's estimator (the solver's test)."""
+def table_configs_check(smem_bytes: int, head_dim: int, dtype: str = "bf16",
+                        head_dim_v: int | None = None) -> list[tuple[str, KernelConfig, bool]]:
+    """Each config of the kernels' tables for ``head_dim`` (and V's
+    ``head_dim_v``) -- forward, dK/dV, dQ, in table order -- with whether it
+    fits ``smem_bytes`` under that kernel's estimator (the solver's test)."""
     e = dtype_bytes(dtype)
     out = []
     for kind in KERNELS:
         est = SMEM_ESTIMATORS[kind]
-        for c in candidates(kind, head_dim):
-            out.append((kind, c, est(c.block_m, c.block_n, head_dim, e, c.num_stages) <= smem_bytes))
+        for c in candidates(kind, head_dim, head_dim_v):
+            out.append((kind, c, est(c.block_m, c.block_n, head_dim, e, c.num_stages, head_dim_v) <= smem_bytes))
     return out
 
 
-def chosen_configs(smem_bytes: int, head_dim: int, dtype: str = "bf16") -> dict[str, KernelConfig]:
+def chosen_configs(smem_bytes: int, head_dim: int, dtype: str = "bf16",
+                   head_dim_v: int | None = None) -> dict[str, KernelConfig]:
     """The config each kernel runs with autotuning off: the first of its table
     that fits ``smem_bytes`` (``{"fwd": ..., "dkdv": ..., "dq": ...}``)."""
-    return default_configs(head_dim, dtype_bytes(dtype), smem_bytes)._asdict()
+    return default_configs(head_dim, dtype_bytes(dtype), smem_bytes, head_dim_v)._asdict()

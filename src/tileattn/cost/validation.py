@@ -40,7 +40,8 @@ DEFAULT_TOLERANCE = 0.20
 def row_shape(row: dict) -> AttentionShape:
     return AttentionShape(batch=row["batch"], heads=row["heads"], seqlen_q=row["seqlen_q"],
                           head_dim=row["head_dim"], seqlen_k=row.get("seqlen_k"), kv_heads=row.get("kv_heads"),
-                          causal=bool(row.get("causal", False)), dtype=row.get("dtype", "bf16"))
+                          causal=bool(row.get("causal", False)), dtype=row.get("dtype", "bf16"),
+                          head_dim_v=row.get("head_dim_v"))
 
 
 def _mode(row: dict) -> str:
@@ -54,7 +55,7 @@ def model_flops(row: dict) -> float:
     """Useful FLOPs of the row's call (the numerator of achieved FLOP/s)."""
     s = row_shape(row)
     return attention_flops(s.batch, s.heads, s.seqlen_q, s.seqlen_k, s.head_dim, causal=s.causal,
-                           mode="fwd" if _mode(row) == "fwd" else "fwd_bwd")
+                           mode="fwd" if _mode(row) == "fwd" else "fwd_bwd", head_dim_v=s.head_dim_v)
 
 
 def predict_row(row: dict, hardware: str | None = None, *, fusion: str = "eager") -> float:

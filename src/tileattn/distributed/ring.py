@@ -55,6 +55,9 @@ _FIELD_ARGS = {"batch": "q", "query heads": "q", "key/value heads": "k, v", "loc
 
 def _validate_local(q, k, v, causal, scale, layout, group, check_shards, profile) -> float:
     scale = api.validate(q, k, v, causal, scale)
+    if v.shape[-1] != k.shape[-1]:
+        raise ValueError(f"v: ring attention needs v's head dim equal to k's, got k {k.shape[-1]} and "
+                         f"v {v.shape[-1]} (a separate V head dim runs on tileattn.attention)")
     layout = check_layout(layout)
     if not isinstance(check_shards, bool):
         raise TypeError(f"check_shards must be a bool, got {type(check_shards).__name__}")

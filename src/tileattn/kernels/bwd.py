@@ -30,6 +30,10 @@ layout's columns, the dQ kernel its rows), and with a softcap multiply dS by
 the derivative 1 - tanh^2 of c * tanh(s / c).  Packed sequences use the
 (1, H, total, D) views with per-sequence row offsets; the preprocess kernel
 runs on them unchanged.
+
+V, dO and dV have their own head dim ``HEAD_DIM_V`` (tile width
+``BLOCK_DV``), which may differ from that of Q, K, dQ and dK; delta sums
+over it.
 """
 import triton
 import triton.language as tl
@@ -48,6 +52,7 @@ def _attn_bwd_preprocess_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_DLSE: tl.constexpr,
 ):
+    # O and dO are (B, H, N_Q, Dv): HEAD_DIM / BLOCK_D here are V's head dim
     pid_m = tl.program_id(0)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
@@ -75,7 +80,8 @@ def _attn_bwd_preprocess_kernel(
 
 @triton.jit
 def _dkdv_stage(dk, dv, sink_acc, k, v, q_head, do_head, dq_head, lse2_ptrs, delta_ptrs, offs_n, stage, span, var,
-                sink2, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                sink2, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                 MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                 IS_CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, BLOCK_SPARSE: tl.constexpr,
@@ -112,7 +118,7 @@ def _dkdv_stage(dk, dv, sink_acc, k, v, q_head, do_head, dq_head, lse2_ptrs, del
         if MASKED and (HAS_WINDOW or IS_CAUSAL):
             p_t = tl.where(pair_visible(offs_m[None, :], offs_n[:, None], N_K - N_Q, win_left, win_right,
                                         HAS_LEFT=HAS_WINDOW), p_t, 0.0)
-        do = load_rows(do_head, q_row0 + start_m, q_end, BLOCK_M, HEAD_DIM, BLOCK_D, CHECK_ROWS, USE_TMA,
+        do = load_rows(do_head, q_row0 + start_m, q_end, BLOCK_M, HEAD_DIM_V, BLOCK_DV, CHECK_ROWS, USE_TMA,
                        PACKED=IS_VARLEN)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         delta = tl.load(delta_ptrs + offs_m, mask=m_ok, other=0.0)
@@ -145,7 +151,7 @@ def _attn_bwd_dkdv_kernel(
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     N_HEADS, GROUP_SIZE, N_Q, N_K, sm_scale, qk_scale,
     N_Q_BUCKET, N_K_BUCKET,  # autotune keys only
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
     # variants (None / unused unless their switch is on); the block lists are
@@ -182,7 +188,7 @@ def _attn_bwd_dkdv_kernel(
     k_head = (tile_source(K, t_b, off_hk, stride_kb, stride_kh, USE_TMA), t_b, off_hk, stride_kn, stride_kd)
     v_head = (tile_source(V, t_b, off_hk, stride_vb, stride_vh, USE_TMA), t_b, off_hk, stride_vn, stride_vd)
     k = load_rows(k_head, k_row0 + start_n, k_row0 + n_k, BLOCK_N, HEAD_DIM, BLOCK_D, True, USE_TMA)
-    v = load_rows(v_head, k_row0 + start_n, k_row0 + n_k, BLOCK_N, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    v = load_rows(v_head, k_row0 + start_n, k_row0 + n_k, BLOCK_N, HEAD_DIM_V, BLOCK_DV, True, USE_TMA)
     if IS_VARLEN and ATOMIC_DQ and USE_TMA:
         # descriptors return the next sequence's keys past this one's end:
         # harmless for dK/dV (those rows are not stored), not for dS K
@@ -190,7 +196,7 @@ def _attn_bwd_dkdv_kernel(
         k = tl.where(kv_ok, k, tl.zeros_like(k))
         v = tl.where(kv_ok, v, tl.zeros_like(v))
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
     if not BLOCK_SPARSE:
         stages = query_stages(start_n, n_q, n_k, win_left, win_right, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW,
@@ -226,7 +232,8 @@ def _attn_bwd_dkdv_kernel(
                 dk, dv, sink_acc = _dkdv_stage(
                     dk, dv, sink_acc, k, v, q_head, do_head, dq_head, LSE2 + row0, DELTA + row0, offs_n, stages[i],
                     span, var, sink2,
-                    HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, MASKED=STAGE_MASKED[i],
+                    HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, HEAD_DIM_V=HEAD_DIM_V, BLOCK_DV=BLOCK_DV, BLOCK_M=BLOCK_M,
+                    MASKED=STAGE_MASKED[i],
                     DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL, IS_VARLEN=IS_VARLEN,
                     HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
                     BLOCK_SPARSE=BLOCK_SPARSE, MASK_BLOCK_Q=MASK_BLOCK_Q, ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA,
@@ -241,12 +248,13 @@ def _attn_bwd_dkdv_kernel(
     dk_head = (tile_source(DK, t_b, off_hk, stride_dkb, stride_dkh, DKV_TMA), t_b, off_hk, stride_dkn, stride_dkd)
     dv_head = (tile_source(DV, t_b, off_hk, stride_dvb, stride_dvh, DKV_TMA), t_b, off_hk, stride_dvn, stride_dvd)
     store_rows(dk_head, k_row0 + start_n, dk, k_row0 + n_k, BLOCK_N, HEAD_DIM, BLOCK_D, DKV_TMA)
-    store_rows(dv_head, k_row0 + start_n, dv, k_row0 + n_k, BLOCK_N, HEAD_DIM, BLOCK_D, DKV_TMA)
+    store_rows(dv_head, k_row0 + start_n, dv, k_row0 + n_k, BLOCK_N, HEAD_DIM_V, BLOCK_DV, DKV_TMA)
 
 
 @triton.jit
 def _dq_stage(dq, q, do, lse2, delta, k_head, v_head, offs_m, offs_n, stage, span, var,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
+              BLOCK_N: tl.constexpr,
               MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
               IS_CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -260,7 +268,7 @@ def _dq_stage(dq, q, do, lse2, delta, k_head, v_head, offs_m, offs_n, stage, spa
         start_n = stage_tile_start(it, blocks, BLOCK_N, MASK_BLOCK_K, BLOCK_SPARSE)
         k = load_rows(k_head, k_row0 + start_n, k_end, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA,
                       PACKED=IS_VARLEN)
-        v = load_rows(v_head, k_row0 + start_n, k_end, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA,
+        v = load_rows(v_head, k_row0 + start_n, k_end, BLOCK_N, HEAD_DIM_V, BLOCK_DV, MASKED, USE_TMA,
                       PACKED=IS_VARLEN)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if HAS_SOFTCAP or HAS_ALIBI:
@@ -289,7 +297,7 @@ def _attn_bwd_dq_kernel(
     stride_dqb, stride_dqh, stride_dqn, stride_dqd,
     N_HEADS, GROUP_SIZE, N_Q, N_K, sm_scale, qk_scale,
     N_Q_BUCKET, N_K_BUCKET,  # autotune keys only
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
     # variants (None / unused unless their switch is on); the block lists are
@@ -316,7 +324,7 @@ def _attn_bwd_dq_kernel(
     k_head = (tile_source(K, t_b, off_hk, stride_kb, stride_kh, USE_TMA), t_b, off_hk, stride_kn, stride_kd)
     v_head = (tile_source(V, t_b, off_hk, stride_vb, stride_vh, USE_TMA), t_b, off_hk, stride_vn, stride_vd)
     q = load_rows(q_head, q_row0 + start_m, q_row0 + n_q, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
-    do = load_rows(do_head, q_row0 + start_m, q_row0 + n_q, BLOCK_M, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    do = load_rows(do_head, q_row0 + start_m, q_row0 + n_q, BLOCK_M, HEAD_DIM_V, BLOCK_DV, True, USE_TMA)
     # LSE2 and DELTA are contiguous (B, H, N_Q); packed, (1, H, total_q)
     row0 = (t_b.to(tl.int64) * N_HEADS + off_h) * N_Q + q_row0
     lse2 = tl.load(LSE2 + row0 + offs_m, mask=m_ok, other=float("inf"))
@@ -335,7 +343,8 @@ def _attn_bwd_dq_kernel(
         if HAS_STAGE[i]:
             dq = _dq_stage(
                 dq, q, do, lse2, delta, k_head, v_head, offs_m, offs_n, stages[i], span, var,
-                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, MASKED=STAGE_MASKED[i],
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, HEAD_DIM_V=HEAD_DIM_V, BLOCK_DV=BLOCK_DV, BLOCK_N=BLOCK_N,
+                MASKED=STAGE_MASKED[i],
                 DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL, IS_VARLEN=IS_VARLEN,
                 HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
                 BLOCK_SPARSE=BLOCK_SPARSE, MASK_BLOCK_K=MASK_BLOCK_K)

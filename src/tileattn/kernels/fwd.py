@@ -6,7 +6,9 @@ folded into ``qk_scale = scale * log2(e)`` so every exponential is an exp2)
 rescale the fp32 accumulator whenever the max grows.  S and P never leave the
 chip.  Key tiles hidden by the causal mask are never visited; only the tiles
 on the diagonal or at the N_K edge pay for masking (``MASKED`` stage).
-The rescaling identity is derived in docs/design.md.
+The rescaling identity is derived in docs/design.md.  V and O have their
+own head dim ``HEAD_DIM_V`` (tile width ``BLOCK_DV``), which may differ from
+the Q/K head dim ``HEAD_DIM``.
 
 Variants are constexpr switches; with all of them off the kernel is the
 plain one above (docs/variants.md):
@@ -30,7 +32,8 @@ from .common import (LN2, LOG2E, STAGE_MASKED, accumulate, alibi_slope_log2, hea
 
 @triton.jit
 def _fwd_stage(acc, l_i, m_i, q, k_head, v_head, offs_m, offs_n, stage, span, var,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
+               BLOCK_N: tl.constexpr,
                MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                IS_CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -59,7 +62,7 @@ def _fwd_stage(acc, l_i, m_i, q, k_head, v_head, offs_m, offs_n, stage, span, va
             s = mask_keys(s, float("-inf"), offs_m, start_n + offs_n, N_Q, N_K, win_left, win_right, IS_CAUSAL,
                           HAS_WINDOW)
         p, alpha, l_i, m_new = online_softmax_step(s, m_i, l_i, MASKED)
-        v = load_rows(v_head, k_row0 + start_n, k_end, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, USE_TMA,
+        v = load_rows(v_head, k_row0 + start_n, k_end, BLOCK_N, HEAD_DIM_V, BLOCK_DV, MASKED, USE_TMA,
                       PACKED=IS_VARLEN)
         acc = accumulate(acc, p, alpha, v, DOT_PRECISION)
         m_i = m_new
@@ -76,7 +79,7 @@ def _attn_fwd_kernel(
     stride_lb, stride_lh,
     GROUP_SIZE, N_Q, N_K, qk_scale,
     N_Q_BUCKET, N_K_BUCKET,  # autotune keys only
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
     # variants (None / unused unless their switch is on)
@@ -115,7 +118,7 @@ def _attn_fwd_kernel(
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
     # with a block-sparse layout: this query block's row, full blocks then partial ones
     layout = (BS_FULL_NUM, BS_FULL_IDX, BS_PART_NUM, BS_PART_IDX,
@@ -128,7 +131,8 @@ def _attn_fwd_kernel(
         if HAS_STAGE[i]:
             acc, l_i, m_i = _fwd_stage(
                 acc, l_i, m_i, q, k_head, v_head, offs_m, offs_n, stages[i], span, var,
-                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, MASKED=STAGE_MASKED[i],
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, HEAD_DIM_V=HEAD_DIM_V, BLOCK_DV=BLOCK_DV, BLOCK_N=BLOCK_N,
+                MASKED=STAGE_MASKED[i],
                 DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL, IS_VARLEN=IS_VARLEN,
                 HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
                 BLOCK_SPARSE=BLOCK_SPARSE, MASK_BLOCK_K=MASK_BLOCK_K)
@@ -138,6 +142,6 @@ def _attn_fwd_kernel(
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
-    store_rows(o_head, q_row0 + start_m, out, q_row0 + n_q, BLOCK_M, HEAD_DIM, BLOCK_D, O_TMA)
+    store_rows(o_head, q_row0 + start_m, out, q_row0 + n_q, BLOCK_M, HEAD_DIM_V, BLOCK_DV, O_TMA)
     lse_ptrs = head_base(LSE, t_b, off_h, stride_lb, stride_lh) + q_row0 + offs_m
     tl.store(lse_ptrs, lse, mask=offs_m < n_q)

@@ -24,6 +24,8 @@ from .runtime import (LOG2E, abandon_record, aligned, base_tensor, begin_record,
 from . import hopper, runtime, tuning
 
 # Which tile height (meta-parameter) each descriptor argument is read with.
+# and the width: V, O, dO and dV have V's head dim (BLOCK_DV), the rest BLOCK_D.
+_V_WIDTH = frozenset({"V", "O", "DO", "DV"})
 _BOX_ROWS = {
     "fwd": {"Q": "BLOCK_M", "O": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N"},
     "dkdv": {"Q": "BLOCK_M", "DO": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N", "DK": "BLOCK_N", "DV": "BLOCK_N"},
@@ -38,8 +40,19 @@ def _set_boxes(kind: str):
         if args["USE_TMA"]:
             for name, rows in _BOX_ROWS[kind].items():
                 if isinstance(args[name], TensorDescriptor):
-                    args[name].block_shape = [1, 1, args[rows], args["BLOCK_D"]]
+                    width = args["BLOCK_DV"] if name in _V_WIDTH else args["BLOCK_D"]
+                    args[name].block_shape = [1, 1, args[rows], width]
     return hook
+
+
+def _output(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The forward's output: q's batch, heads and rows, v's head dim."""
+    if v.shape[-1] == q.shape[-1]:
+        return output_like(q)
+    out = torch.empty((*q.shape[:-1], v.shape[-1]), device=q.device, dtype=q.dtype)
+    if runtime.POISON_OUTPUTS:
+        out.fill_(float("nan"))
+    return out
 
 
 def _dq_accumulator(q: torch.Tensor) -> torch.Tensor:
@@ -57,12 +70,12 @@ def _bucket(n: int) -> int:
 def _prune(kind: str):
     def prune(cfgs, named_args, **kwargs):
         args = {**named_args, **kwargs}
-        head_dim = args["HEAD_DIM"]
+        head_dim, head_dim_v = args["HEAD_DIM"], args["HEAD_DIM_V"]
         q = base_tensor(args["Q"])
         elem = q.element_size()
         limit = smem_limit(q.device)
-        allowed = {c.name for c in configs.fitting(configs.candidates(kind, head_dim), head_dim, elem, limit,
-                                                   kind=kind)}
+        allowed = {c.name for c in configs.fitting(configs.candidates(kind, head_dim, head_dim_v), head_dim, elem,
+                                                   limit, kind=kind, head_dim_v=head_dim_v)}
         kept = [c for c in cfgs if _name(c) in allowed]
         if args.get("BLOCK_SPARSE"):
             kept = [c for c in kept if _tiles_divide_mask(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"])]
@@ -90,7 +103,7 @@ def _tiles_divide_mask(block_m: int, block_n: int) -> bool:
     return MASK_BLOCK_Q % block_m == 0 and MASK_BLOCK_K % block_n == 0
 
 
-_TUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "HEAD_DIM", "IS_CAUSAL", "DOT_PRECISION", "USE_TMA",
+_TUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "HEAD_DIM", "HEAD_DIM_V", "IS_CAUSAL", "DOT_PRECISION", "USE_TMA",
              "IS_VARLEN", "HAS_WINDOW", "HAS_SOFTCAP", "HAS_ALIBI", "BLOCK_SPARSE"]
 _KERNELS = {"fwd": _attn_fwd_kernel, "dkdv": _attn_bwd_dkdv_kernel, "dkdv_atomic": _attn_bwd_dkdv_kernel,
             "dq": _attn_bwd_dq_kernel}
@@ -114,9 +127,9 @@ def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter
         # would each add their dQ into the same accumulator
         if runtime.autotune_enabled() and kind != "dkdv_atomic":
             return None
-        head_dim = args["HEAD_DIM"]
-        fits = configs.fitting(configs.candidates(kind, head_dim), head_dim, q.element_size(),
-                               smem_limit(q.device), kind=kind)
+        head_dim, head_dim_v = args["HEAD_DIM"], args["HEAD_DIM_V"]
+        fits = configs.fitting(configs.candidates(kind, head_dim, head_dim_v), head_dim, q.element_size(),
+                               smem_limit(q.device), kind=kind, head_dim_v=head_dim_v)
         if sparse:
             fits = [c for c in fits if _tiles_divide_mask(c.block_m, c.block_n)] or fits
         return fits[0]
@@ -193,7 +206,8 @@ class _Variants:
 
 
 def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = None, sinks=None, **variants):
-    """Forward launch. Returns (out like q, lse float32 (B, Hq, Nq)).
+    """Forward launch. Returns (out (B, Hq, Nq, Dv) in q's dtype, lse float32
+    (B, Hq, Nq)); Dv is v's head dim, which may differ from q's.
 
     ``variants``: ``window=(left, right)``, ``softcap=c``, ``alibi_slopes``,
     ``block_mask`` (see ``tileattn.attention``) and, for packed sequences
@@ -211,13 +225,13 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
         plan_key = runtime.plan_key("fwd", (q, k, v), bool(causal), float(scale))
         plan = runtime.PLANS.get(plan_key) if plan_key is not None else None
         if plan is not None:
-            o, lse = output_like(q), output_f32((b, hq, n_q), q.device)
+            o, lse = _output(q, v), output_f32((b, hq, n_q), q.device)
             if aligned(o, lse):
                 replay(plan, {"q": q, "k": k, "v": v, "o": o, "lse": lse})
                 return o, lse
             plan_key = None
     var = _Variants(q, k, causal, scale, **variants)
-    o = output_like(q)
+    o = _output(q, v)
     lse = output_f32((b, hq, n_q), q.device)
     if n_q == 0 or b == 0 or var.batch == 0:
         return o, lse
@@ -251,8 +265,8 @@ def _attn_fwd_launch(q, k, v, o, lse, var, scale, config, sinks=None):
             stride_lb=lse.stride(0), stride_lh=lse.stride(1),
             GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
             N_Q_BUCKET=_bucket(var.len_q), N_K_BUCKET=_bucket(var.len_k),
-            HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=var.causal,
-            DOT_PRECISION=dot_precision(q.dtype), USE_TMA=tma, **var.kernel_args("fwd"),
+            HEAD_DIM=d, BLOCK_D=configs.block_d(d), HEAD_DIM_V=v.shape[-1], BLOCK_DV=configs.block_d(v.shape[-1]),
+            IS_CAUSAL=var.causal, DOT_PRECISION=dot_precision(q.dtype), USE_TMA=tma, **var.kernel_args("fwd"),
             **({} if sinks is None else dict(SINKS=sinks.float().contiguous(), HAS_SINKS=True)))
 
 
@@ -365,7 +379,8 @@ def _sink_parts(sinks, n_k, b, hq):
 
 
 def _bwd_preprocess(do, o, lse, dlse, delta, lse2):
-    """delta = rowsum(dO o O) (minus dlse) and lse2 = lse log2 e (+inf where -inf)."""
+    """delta = rowsum(dO o O) (minus dlse) and lse2 = lse log2 e (+inf where
+    -inf); the rows of O and dO are V's head dim wide."""
     b, hq, n_q, d = o.shape
     pre_block = configs.INTERPRETER_BWD.block_m if interpreter_active() else 64
     has_dlse = dlse is not None
@@ -404,7 +419,8 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
                   N_HEADS=hq, GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k,
                   sm_scale=scale, qk_scale=scale * LOG2E,
                   N_Q_BUCKET=_bucket(var.len_q), N_K_BUCKET=_bucket(var.len_k),
-                  HEAD_DIM=d, BLOCK_D=configs.block_d(d), IS_CAUSAL=var.causal,
+                  HEAD_DIM=d, BLOCK_D=configs.block_d(d), HEAD_DIM_V=v.shape[-1],
+                  BLOCK_DV=configs.block_d(v.shape[-1]), IS_CAUSAL=var.causal,
                   DOT_PRECISION=dot_precision(q.dtype), USE_TMA=tma)
     # packed sequences store through pointers, clipped at each sequence's end
     out_tiles = (lambda t: t) if var.varlen else tiles
