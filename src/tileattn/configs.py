@@ -42,11 +42,6 @@ def block_d(head_dim: int) -> int:
 _SMEM_OVERHEAD = 2048
 
 
-# the smallest key tile any config may use (tl.dot's smallest operand side):
-# buffers with one slot per key block are sized by it
-MIN_BLOCK_N = 16
-
-
 def _widths(head_dim: int, head_dim_v: int | None) -> tuple[int, int]:
     """The tile widths (BLOCK_D, BLOCK_DV) of Q/K and of V/O/dO (V's head
     dim defaults to Q's)."""

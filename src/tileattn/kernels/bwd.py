@@ -79,23 +79,23 @@ def _attn_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _dkdv_stage(dk, dv, sink_acc, k, v, q_head, do_head, dq_head, lse2_ptrs, delta_ptrs, offs_n, stage, span, var,
-                sink2, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+def _dkdv_stage(dk, dv, k, v, q_head, do_head, dq_head, lse2_ptrs, delta_ptrs, ds_sum_ptrs, offs_n, stage, span,
+                var, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                 BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                 MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                 IS_CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, BLOCK_SPARSE: tl.constexpr,
                 MASK_BLOCK_Q: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
-                HAS_SINKS: tl.constexpr):
+                SUM_DS: tl.constexpr):
     """One stage of the query walk of a key block: query tiles [lo, hi) in
     steps of BLOCK_M or, with BLOCK_SPARSE, the entries [lo, hi) of the
     stage's sub-tile list.  ``q_head``/``do_head``/``dq_head``: where the Q
     and dO tiles come from and dQ's share goes (``common.load_rows``);
     ``span``: (N_Q, N_K, first query row, end of the queries) of this
     sequence; ``var``: the scale and the variants' runtime parameters.
-    With ``HAS_SINKS``, ``sink_acc`` gathers sum_ij p_sink_i P_ij dP_ij over
-    the stage's tiles (``sink2``: the head's sink in log2 units): the sinks'
-    gradient from P and dP in float32, not from the rounded output."""
+    With ``SUM_DS`` (atomic dQ only) each tile's sum over its keys of dS
+    (before the softcap factor) is added into the query rows' float32 slots
+    at ``ds_sum_ptrs``."""
     N_Q, N_K, q_row0, q_end = span
     qk_scale, win_left, win_right, softcap_scale, softcap_log2, alibi_log2 = var
     # packed: only the masked stages reach past the sequence's last row
@@ -123,11 +123,9 @@ def _dkdv_stage(dk, dv, sink_acc, k, v, q_head, do_head, dq_head, lse2_ptrs, del
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         delta = tl.load(delta_ptrs + offs_m, mask=m_ok, other=0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        if HAS_SINKS:
-            # rows past N_Q have lse2 = +inf: their sink probability is 0; each
-            # key's sum over the queries stays inside a warp (summed over keys once)
-            sink_acc += tl.sum(p_t * dp_t * tl.math.exp2(sink2 - lse2)[None, :], axis=1)
         ds_t = p_t * (dp_t - delta[None, :])
+        if SUM_DS:
+            tl.atomic_add(ds_sum_ptrs + offs_m, tl.sum(ds_t, axis=0), mask=m_ok, sem="relaxed")
         if HAS_SOFTCAP:
             ds_t = ds_t * (1.0 - t_t * t_t)
         ds_t = ds_t.to(q.dtype)
@@ -137,7 +135,7 @@ def _dkdv_stage(dk, dv, sink_acc, k, v, q_head, do_head, dq_head, lse2_ptrs, del
             # the softmax scale once); rows past the sequence / N_Q are never added
             dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION)
             add_rows(dq_head, q_row0 + start_m, dq, q_end, BLOCK_M, HEAD_DIM, BLOCK_D, DQ_TMA)
-    return dk, dv, sink_acc
+    return dk, dv
 
 
 @triton.jit
@@ -169,9 +167,9 @@ def _attn_bwd_dkdv_kernel(
     # (B, Hq, N_Q, D) accumulator (a tensor descriptor with DQ_TMA)
     DQ_ACC=None, stride_dqab=None, stride_dqah=None, stride_dqan=None, stride_dqad=None,
     ATOMIC_DQ: tl.constexpr = False, DQ_TMA: tl.constexpr = False,
-    # HAS_SINKS: SINKS (Hq,) float32; SINK_PART[pid_n, b, h] gets this
-    # program's sum_ij p_sink_i P_ij dP_ij for query head h (dense batches)
-    SINKS=None, SINK_PART=None, HAS_SINKS: tl.constexpr = False,
+    # SUM_DS (with ATOMIC_DQ): add each query row's sum over this block's keys
+    # of dS into DS_SUM, zeroed float32 (B, Hq, N_Q) (the sinks' gradient)
+    DS_SUM=None, SUM_DS: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     off_hk = tl.program_id(1)
@@ -223,24 +221,20 @@ def _attn_bwd_dkdv_kernel(
             stages = sparse_stages(BS_FULL_NUM, BS_FULL_IDX, BS_PART_NUM, BS_PART_IDX,
                                    (stride_bs_nb, stride_bs_nh, stride_bs_ib, stride_bs_ih, stride_bs_ir),
                                    off_b, off_h, start_n // MASK_BLOCK_K, MASK_BLOCK_Q // BLOCK_M)
-        sink_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        sink2 = 0.0
-        if HAS_SINKS:
-            sink2 = tl.load(SINKS + off_h) * LOG2E
+        ds_sum_ptrs = DS_SUM
+        if SUM_DS:
+            ds_sum_ptrs = DS_SUM + row0
         for i in tl.static_range(3):
             if HAS_STAGE[i]:
-                dk, dv, sink_acc = _dkdv_stage(
-                    dk, dv, sink_acc, k, v, q_head, do_head, dq_head, LSE2 + row0, DELTA + row0, offs_n, stages[i],
-                    span, var, sink2,
+                dk, dv = _dkdv_stage(
+                    dk, dv, k, v, q_head, do_head, dq_head, LSE2 + row0, DELTA + row0, ds_sum_ptrs, offs_n,
+                    stages[i], span, var,
                     HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, HEAD_DIM_V=HEAD_DIM_V, BLOCK_DV=BLOCK_DV, BLOCK_M=BLOCK_M,
                     MASKED=STAGE_MASKED[i],
                     DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL, IS_VARLEN=IS_VARLEN,
                     HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
                     BLOCK_SPARSE=BLOCK_SPARSE, MASK_BLOCK_Q=MASK_BLOCK_Q, ATOMIC_DQ=ATOMIC_DQ, DQ_TMA=DQ_TMA,
-                    HAS_SINKS=HAS_SINKS)
-        if HAS_SINKS:
-            slot = (pid_n.to(tl.int64) * tl.num_programs(2) + off_b) * N_HEADS + off_h
-            tl.store(SINK_PART + slot, tl.sum(sink_acc, axis=0))
+                    SUM_DS=SUM_DS)
 
     dk = dk * sm_scale
     # packed gradients are stored through pointers, clipped at the sequence's end
@@ -252,15 +246,16 @@ def _attn_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _dq_stage(dq, q, do, lse2, delta, k_head, v_head, offs_m, offs_n, stage, span, var,
+def _dq_stage(dq, ds_sum, q, do, lse2, delta, k_head, v_head, offs_m, offs_n, stage, span, var,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
               BLOCK_N: tl.constexpr,
               MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
               IS_CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-              BLOCK_SPARSE: tl.constexpr, MASK_BLOCK_K: tl.constexpr):
+              BLOCK_SPARSE: tl.constexpr, MASK_BLOCK_K: tl.constexpr, SUM_DS: tl.constexpr):
     """One stage of the key walk of a query block, as the forward's
-    (``fwd._fwd_stage``): dQ += dS K over the stage's key tiles."""
+    (``fwd._fwd_stage``): dQ += dS K over the stage's key tiles and, with
+    ``SUM_DS``, ``ds_sum`` += each row's sum of dS (before the softcap factor)."""
     N_Q, N_K, k_row0, k_end = span
     qk_scale, win_left, win_right, softcap_scale, softcap_log2, alibi_log2 = var
     lo, hi, blocks = stage_walk(stage, MASK_BLOCK_K // BLOCK_N, BLOCK_SPARSE)
@@ -281,10 +276,12 @@ def _dq_stage(dq, q, do, lse2, delta, k_head, v_head, offs_m, offs_n, stage, spa
             p = mask_keys(p, 0.0, offs_m, start_n + offs_n, N_Q, N_K, win_left, win_right, IS_CAUSAL, HAS_WINDOW)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
+        if SUM_DS:
+            ds_sum += tl.sum(ds, axis=1)
         if HAS_SOFTCAP:
             ds = ds * (1.0 - t * t)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
-    return dq
+    return dq, ds_sum
 
 
 @triton.jit
@@ -311,6 +308,9 @@ def _attn_bwd_dq_kernel(
     IS_VARLEN: tl.constexpr = False, HAS_WINDOW: tl.constexpr = False, HAS_SOFTCAP: tl.constexpr = False,
     HAS_ALIBI: tl.constexpr = False, BLOCK_SPARSE: tl.constexpr = False,
     MASK_BLOCK_Q: tl.constexpr = 128, MASK_BLOCK_K: tl.constexpr = 128,
+    # SUM_DS: DS_SUM (B, Hq, N_Q) float32 gets each query row's sum of dS over
+    # every key (the sinks' gradient)
+    DS_SUM=None, SUM_DS: tl.constexpr = False,
 ):
     # (as the forward's prologue)
     start_m, offs_m, offs_n, off_h, off_hk, off_b, t_b, q_row0, n_q, k_row0, n_k = query_block_program(
@@ -333,6 +333,7 @@ def _attn_bwd_dq_kernel(
     var = (qk_scale, win_left, win_right, softcap_scale, softcap_log2, alibi_log2)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    ds_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     # with a block-sparse layout: this query block's row, full blocks then partial ones
     layout = (BS_FULL_NUM, BS_FULL_IDX, BS_PART_NUM, BS_PART_IDX,
               stride_bs_nb, stride_bs_nh, stride_bs_ib, stride_bs_ih, stride_bs_ir)
@@ -341,13 +342,15 @@ def _attn_bwd_dq_kernel(
     HAS_STAGE: tl.constexpr = (HAS_WINDOW and not BLOCK_SPARSE, True, True)
     for i in tl.static_range(3):
         if HAS_STAGE[i]:
-            dq = _dq_stage(
-                dq, q, do, lse2, delta, k_head, v_head, offs_m, offs_n, stages[i], span, var,
+            dq, ds_sum = _dq_stage(
+                dq, ds_sum, q, do, lse2, delta, k_head, v_head, offs_m, offs_n, stages[i], span, var,
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, HEAD_DIM_V=HEAD_DIM_V, BLOCK_DV=BLOCK_DV, BLOCK_N=BLOCK_N,
                 MASKED=STAGE_MASKED[i],
                 DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, IS_CAUSAL=IS_CAUSAL, IS_VARLEN=IS_VARLEN,
                 HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-                BLOCK_SPARSE=BLOCK_SPARSE, MASK_BLOCK_K=MASK_BLOCK_K)
+                BLOCK_SPARSE=BLOCK_SPARSE, MASK_BLOCK_K=MASK_BLOCK_K, SUM_DS=SUM_DS)
+    if SUM_DS:
+        tl.store(DS_SUM + row0 + offs_m, ds_sum, mask=m_ok)
     dq = dq * sm_scale
     # packed: stored through pointers, clipped at the sequence's end
     DQ_STORE_TMA: tl.constexpr = USE_TMA and not IS_VARLEN

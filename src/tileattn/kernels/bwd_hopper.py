@@ -24,9 +24,11 @@ Three partitions share the CTA:
     halves, then the copy engine adds them into the float32 sum (a bulk
     tensor reduce; rows past N are clipped).
 
-With ``HAS_SINKS`` each warpgroup also gathers sum_ij p_sink_i P_ij dP_ij
-of its keys per query head into ``SINK_PART`` (the sinks' gradient, from
-float32 tiles rather than the rounded output).
+With ``SUM_DS`` each warpgroup also sums dS over its keys for every query
+row and adds the sums into ``DS_SUM`` (float32, (B, Hq, N_Q)): the sinks'
+gradient needs them.  The sum over keys runs across the warps, so it is an
+MMA of dSᵀ (already in shared memory for dQ) against a ones column, not a
+reduction in registers.
 
 Rows past N_Q read as zeros with lse₂ = +inf, so their P is 0; keys past N_K
 read as zeros, so their dS meets a zero K row in dQ, and their dK/dV rows are
@@ -44,9 +46,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
-
-LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
-
 
 @builtin
 def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
@@ -118,13 +117,14 @@ def _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, WG: gl.constexpr, BLOCK_M: gl
 
 
 @gluon.jit
-def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_ready,
+def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar,
+                       q_ready,
                        q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                        stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                        off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                       SINKS, SINK_PART, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                       DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
-                       HAS_SINKS: gl.constexpr):
+                       SUM_DS: gl.constexpr):
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     # Sᵀ/dPᵀ: BLOCK_N keys x BLOCK_M queries; dK/dV: BLOCK_N keys x D; dQ: BLOCK_M x D/2
@@ -135,6 +135,9 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HALF_D, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    # SUM_DS: queries x 8 (column 0 is the sum, the others multiply zeros)
+    rs_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, 8, 16])
     key0 = start_n + WG * BLOCK_N
     offs_n = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
     diag = N_K - N_Q
@@ -146,7 +149,6 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     k_cols = k_all.slice(WG * HALF_D, HALF_D, dim=1)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
-    sink_acc = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, s_layout))  # per key, HAS_SINKS
     for t in range(GROUP_SIZE * n_m):
         g = t // n_m
         m = m_lo + (t - g * n_m) * BLOCK_M
@@ -177,18 +179,6 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         delta = gl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do2, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=[dpt])
-        if HAS_SINKS:
-            # the sinks' gradient needs sum_ij p_sink_i P_ij dP_ij in float32 (rows
-            # past N_Q: lse2 = +inf, sink probability 0); one slot per warpgroup
-            # of keys, query head, batch element, written after the head's last tile
-            # each key's sum over the queries stays inside a warp; the warps'
-            # sums meet once per head
-            p_sink = gl.exp2(gl.load(SINKS + hq) * LOG2E - lse2)
-            sink_acc += gl.sum(pt * dpt * p_sink[None, :], axis=1)
-            if t - g * n_m == n_m - 1:
-                slot = (gl.program_id(0) * 2 + WG).to(gl.int64) * gl.num_programs(2) + off_b
-                gl.store(SINK_PART + slot * N_HEADS + hq, gl.sum(sink_acc, axis=0))
-                sink_acc = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, s_layout))
         ds16 = (pt * (dpt - delta[None, :])).to(dtype)
         # dSᵀ to shared memory for dQ (both halves); with DK_FROM_SMEM dK += dSᵀ Q
         # reads this warpgroup's half from there too, so no registers are held
@@ -206,7 +196,17 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         mbarrier.wait(ds_bars.index(t % 2), (t // 2) & 1)
         zero_q = gl.zeros([BLOCK_M, HALF_D], gl.float32, dq_layout)
         dq = warpgroup_mma(ds_buf.permute([1, 0]), k_cols, zero_q, use_acc=False, is_async=True)
-        dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
+        if SUM_DS:
+            zero_rs = gl.zeros([BLOCK_M, 8], gl.float32, rs_layout)
+            rs = warpgroup_mma(ds_mine.permute([1, 0]), ones_smem.permute([1, 0]), zero_rs, use_acc=False,
+                               is_async=True)
+            dq, dv, dk, rs = warpgroup_mma_wait(0, deps=[dq, dv, dk, rs])
+            # rows past N_Q are dropped; each query row gets one add per warpgroup of keys
+            offs_rs = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rs_layout))
+            rs_row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_rs
+            gl.atomic_add(DS_SUM + rs_row, gl.sum(rs, axis=1), mask=offs_rs < N_Q, sem="relaxed")
+        else:
+            dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
         mbarrier.arrive(q_empty.index(s), count=1)
         mbarrier.arrive(do_empty.index(s), count=1)
         _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, WG, BLOCK_M, HALF_D)
@@ -226,10 +226,10 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
 @gluon.jit
 def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LSE2, DELTA,
                             stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                            GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, SINKS, SINK_PART,
+                            GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
-                            HAS_SINKS: gl.constexpr):
+                            SUM_DS: gl.constexpr):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup."""
     # causal: the first key blocks see the most query tiles, run them first
     pid_n = gl.program_id(0)
@@ -248,6 +248,15 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
     ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_N, BLOCK_M], ds_layout)
     dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF_D], gl.float32)
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF_D], dq_layout)
+    ones_smem = dq_smem  # a placeholder without SUM_DS
+    if SUM_DS:
+        # a column of ones (row 0 of this K-major tile) for dS's sums over keys
+        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype)
+        fill: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
+        rows = gl.arange(0, 8, layout=gl.SliceLayout(1, fill))[:, None] + gl.zeros([8, BLOCK_N], gl.int32, fill)
+        ones_smem = gl.allocate_shared_memory(dtype, [8, BLOCK_N], ones_layout,
+                                              gl.where(rows == 0, 1.0, 0.0).to(dtype))
+        fence_async_shared()
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -267,18 +276,20 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
     # the two compute partitions' argument tuples are written out: a tuple
     # built by concatenation in the kernel loses its constexpr entries (triton 3.6)
     gl.warp_specialize([
-        (_compute_partition, (0, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
+        (_compute_partition, (0, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
+                              q_empty,
                               do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              SINKS, SINK_PART, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
-                              HAS_SINKS)),
-        (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
+                              DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
+                              SUM_DS)),
+        (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
+                              q_empty,
                               do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              SINKS, SINK_PART, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
-                              HAS_SINKS)),
+                              DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
+                              SUM_DS)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                            q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
                            BLOCK_M, NUM_STAGES)),

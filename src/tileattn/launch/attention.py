@@ -312,16 +312,15 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
         if sinks is None:
             return zeros
         # no key: every row's softmax is the sink alone (P = 0, out 0), only dlse reaches the sinks
-        return zeros + (_sink_grad(sinks, lse, dlse, None),)
+        return zeros + (_sink_grad(sinks, lse, dlse, None, None),)
     delta = output_f32((b, hq, n_q), q.device)
     lse2 = output_f32((b, hq, n_q), q.device)
     dq_acc = None if deterministic else _dq_accumulator(q)
-    sink_parts = _sink_parts(sinks, n_k, b, hq)
+    ds_sum = None if sinks is None else torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32)
     if plan_key is not None:
         begin_record()
     try:
-        _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc,
-                         None if sinks is None else (sinks.float().contiguous(), sink_parts))
+        _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc, ds_sum)
     except BaseException:
         abandon_record()
         raise
@@ -335,20 +334,24 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
         end_record(plan_key, tensors)
     if sinks is None:
         return dq, dk, dv
-    return dq, dk, dv, _sink_grad(sinks, lse, dlse, sink_parts)
+    return dq, dk, dv, _sink_grad(sinks, lse, dlse, delta, ds_sum)
 
 
-def _sink_grad(sinks, lse, dlse, sink_parts):
+def _sink_grad(sinks, lse, dlse, delta, ds_sum):
     """d sink_h = -sum_i p_sink_i (sum_j P_ij dP_ij - dlse_i), p_sink_i =
-    exp(sink_h - lse_i): the dK/dV kernel gathers the first term from P and
-    dP in float32 (``sink_parts``, None when no key was visited); the
-    rounded output would lose digits there (``tileattn.sinks.sink_grad``)."""
-    grad = torch.zeros(sinks.shape, device=sinks.device, dtype=torch.float32)
-    if sink_parts is not None:
-        grad -= sink_parts.sum(dim=(0, 1))
-    if dlse is not None:   # sink_grad's -sum p_sink * delta with delta = -dlse
-        grad += sink_grad(sinks.float(), lse.float(), -dlse.float())
-    return grad.to(sinks.dtype)
+    exp(sink_h - lse_i) (``tileattn.sinks.sink_grad``).  The kernels sum
+    each row's dS_ij = P_ij (dP_ij - delta_i) over the keys (``ds_sum``)
+    with the delta they used, so sum_j P_ij dP_ij = ds_sum_i + delta_i
+    (1 - p_sink_i) exactly, as sum_j P_ij = 1 - p_sink_i: products of float32
+    tiles, where the rowsum(dO o O) of the rounded output would lose digits.
+    ``ds_sum`` is None when no key was visited (P = 0)."""
+    lse = lse.float()
+    p_dp = torch.zeros_like(lse)
+    if ds_sum is not None:
+        p_dp += ds_sum + delta * (1.0 - torch.exp(sinks.float()[None, :, None] - lse))
+    if dlse is not None:
+        p_dp -= dlse.float()
+    return sink_grad(sinks.float(), lse, p_dp).to(sinks.dtype)
 
 
 def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None):
@@ -359,23 +362,13 @@ def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None):
     dq, dk, dv = output_like(q), output_like(k), output_like(v)
     delta, lse2 = output_f32((b, hq, n_q), q.device), output_f32((b, hq, n_q), q.device)
     dq_acc = _dq_accumulator(q)
-    parts = _sink_parts(sinks, k.shape[2], b, hq)
+    ds_sum = None if sinks is None else torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32)
     _bwd_preprocess(do, o, lse, dlse, delta, lse2)
-    hopper.attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, config,
-                         None if sinks is None else (sinks.float().contiguous(), parts))
+    hopper.attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, config, ds_sum)
     _dq_convert(dq_acc, dq, scale)
     if sinks is None:
         return dq, dk, dv
-    return dq, dk, dv, _sink_grad(sinks, lse, dlse, parts)
-
-
-def _sink_parts(sinks, n_k, b, hq):
-    """A zeroed float32 buffer, one slot per (key block, batch, query head)
-    for the smallest key tile, for the dK/dV kernels' sink sums (None
-    without sinks)."""
-    if sinks is None:
-        return None
-    return torch.zeros((triton.cdiv(n_k, configs.MIN_BLOCK_N), b, hq), device=sinks.device, dtype=torch.float32)
+    return dq, dk, dv, _sink_grad(sinks, lse, dlse, delta, ds_sum)
 
 
 def _bwd_preprocess(do, o, lse, dlse, delta, lse2):
@@ -401,12 +394,12 @@ def _dq_convert(dq_acc, dq, scale):
 
 
 def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc=None,
-                     sinks=None):
+                     ds_sum=None):
     """The backward's launches; with ``dq_acc`` (a zeroed float32 tensor
     shaped like q) the atomic path: the dK/dV kernel adds dQ into it and
-    the convert kernel writes dq from it.  ``sinks``: (the sinks, a zeroed
-    float32 (key blocks, B, Hq) buffer) for the dK/dV kernel's share of their
-    gradient."""
+    the convert kernel writes dq from it.  ``ds_sum``: a zeroed float32
+    (B, Hq, N_Q) tensor for each row's sum of dS (the sinks' gradient), or
+    None."""
     per_kind = config if isinstance(config, dict) else {"dkdv": config, "dq": config, "dkdv_atomic": config}
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
@@ -424,7 +417,8 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
                   DOT_PRECISION=dot_precision(q.dtype), USE_TMA=tma)
     # packed sequences store through pointers, clipped at each sequence's end
     out_tiles = (lambda t: t) if var.varlen else tiles
-    sink_args = {} if sinks is None else dict(SINKS=sinks[0], SINK_PART=sinks[1], HAS_SINKS=True)
+    # the kernel that owns dQ also sums each row's dS (the sinks' gradient)
+    sum_args = {} if ds_sum is None else dict(DS_SUM=ds_sum, SUM_DS=True)
 
     def grid_kv(meta):
         return (triton.cdiv(var.len_k, meta["BLOCK_N"]), hkv, var.batch)
@@ -435,9 +429,9 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
     if dq_acc is None:
         _launch("dkdv", _attn_bwd_dkdv_kernel, grid_kv, per_kind.get("dkdv"), configs.INTERPRETER_BWD,
                 DK=out_tiles(dk), DV=out_tiles(dv), **strides4(dk, "dk"), **strides4(dv, "dv"), **common,
-                **var.kernel_args("dkdv"), **sink_args)
+                **var.kernel_args("dkdv"))
         _launch("dq", _attn_bwd_dq_kernel, grid_q, per_kind.get("dq"), configs.INTERPRETER_BWD,
-                DQ=out_tiles(dq), **strides4(dq, "dq"), **common, **var.kernel_args("dq"))
+                DQ=out_tiles(dq), **strides4(dq, "dq"), **common, **var.kernel_args("dq"), **sum_args)
         return
     # the copy engine's bulk reduce clips at the tensor's edges only, so
     # packed sequences (and the interpreter, which lacks it) add by pointer
@@ -445,5 +439,5 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
     _launch("dkdv_atomic", _attn_bwd_dkdv_kernel, grid_kv, per_kind.get("dkdv_atomic"), configs.INTERPRETER_BWD,
             DK=out_tiles(dk), DV=out_tiles(dv), **strides4(dk, "dk"), **strides4(dv, "dv"), **common,
             **var.kernel_args("dkdv"), DQ_ACC=descriptor(dq_acc) if dq_tma else dq_acc,
-            **strides4(dq_acc, "dqa"), ATOMIC_DQ=True, DQ_TMA=dq_tma, **sink_args)
+            **strides4(dq_acc, "dqa"), ATOMIC_DQ=True, DQ_TMA=dq_tma, **sum_args)
     _dq_convert(dq_acc, dq, scale)

@@ -111,7 +111,7 @@ def _dq_descriptor(dq_acc: torch.Tensor, rows: int, cols: int):
                             gl.NVMMASharedLayout.get_default_for(block, gl.float32))
 
 
-def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, sinks=None):
+def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum=None):
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     return dict(
@@ -121,8 +121,7 @@ def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, sink
         stride_dkb=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
         stride_dvb=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
         GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
-        SINKS=delta if sinks is None else sinks[0], SINK_PART=delta if sinks is None else sinks[1],
-        HAS_SINKS=sinks is not None,
+        DS_SUM=delta if ds_sum is None else ds_sum, SUM_DS=ds_sum is not None,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal), NUM_STAGES=cfg.num_stages,
         DK_FROM_SMEM=cfg.dk_from_smem)
 
@@ -132,23 +131,24 @@ def bwd_config_for(head_dim: int) -> HopperBwdConfig:
 
 
 def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale: float,
-                  config: HopperBwdConfig | None = None, sinks=None):
+                  config: HopperBwdConfig | None = None, ds_sum=None):
     """dK, dV (written) and the float32 dQ sum (added into ``dq_acc``) on the
     Hopper backward kernel.  ``lse2``/``delta`` come from the portable
     preprocess kernel; the portable convert kernel turns ``dq_acc`` into dq.
-    ``sinks``: (float32 sinks (Hq,), a zeroed float32 buffer with at least
-    2 * ceil(N_K / (2 * block_n)) x B x Hq slots) for the sinks' gradient sums."""
+    ``ds_sum``: a zeroed float32 (B, Hq, N_Q) tensor that gets each query
+    row's sum of dS over the keys (for the sinks' gradient), or None."""
     from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     cfg = config or bwd_config_for(d)
     grid = (triton.cdiv(n_k, 2 * cfg.block_n), hkv, b)
-    _attn_bwd_hopper_kernel[grid](**_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, sinks),
+    _attn_bwd_hopper_kernel[grid](**_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum),
                                   num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
 
 
 def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False):
-    """:func:`compile_sm90` for the backward kernel."""
+    """:func:`compile_sm90` for the backward kernel (``sinks``: with the dS
+    row sums their gradient needs)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -156,9 +156,8 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
     t = torch.empty(1, 2, 256, head_dim, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
     f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
     lse = torch.empty(1, 2, 256)
-    args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg,
-                     (torch.empty(2), torch.empty(8)) if sinks else None)
-    const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "HAS_SINKS"}
+    args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, torch.empty(1, 2, 256) if sinks else None)
+    const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS"}
     sig = {}
     for name in kernel.arg_names:
         value = args[name]

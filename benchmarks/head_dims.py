@@ -1,0 +1,134 @@
+"""tileattn beside FlexAttention and each SDPA backend at the head dims of
+today's open models: QK 192 / V 128 (MLA training and prefill), 256 and 512
+(Gemma), forward or backward, providers interleaved at every point (each
+round times every provider once, in a rotated order; medians over rounds).
+A provider that refuses a shape (SDPA's flash backend above 256, a kernel
+out of shared memory) is reported as refused with its error, not dropped.
+
+    python benchmarks/head_dims.py [--mode fwd|bwd] [--shapes 192x128 256x256 512x512]
+                                   [--seqlen 4096 16384] [--causal 0 1] [--heads 16]
+                                   [--tokens 16384] [--rounds 3] [--json out.json]
+
+TFLOP/s by ``tileattn.cost.attention_flops`` (with ``head_dim_v``); ratios
+are against FlexAttention measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+import triton
+
+import tileattn
+from tileattn.cost.flops import attention_flops
+
+
+def providers() -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    flex = torch.compile(flex_attention, dynamic=False)
+    masks = {}
+
+    def flex_call(q, k, v, causal):
+        if not causal:
+            return flex(q, k, v)
+        key = (q.shape[2], k.shape[2], q.device)
+        if key not in masks:
+            masks[key] = create_block_mask(lambda b, h, i, j: i >= j, None, None, q.shape[2], k.shape[2],
+                                           device=q.device)
+        return flex(q, k, v, block_mask=masks[key])
+
+    def sdpa(backend):
+        def fn(q, k, v, causal):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return fn
+
+    return {"flex": flex_call,
+            "tileattn": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
+            "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+            "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
+            "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
+
+
+def _step(fn, q, k, v, do, causal, mode):
+    if mode == "fwd":
+        return lambda: fn(q, k, v, causal)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves, causal)
+    return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=("fwd", "bwd"), default="fwd")
+    ap.add_argument("--shapes", nargs="+", default=["192x128", "256x256", "512x512"])
+    ap.add_argument("--seqlen", type=int, nargs="+", default=[4096, 16384])
+    ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=16384, help="batch = tokens // seqlen")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    provs = providers()
+    rows = []
+    for shape in args.shapes:
+        d, dv = (int(x) for x in shape.split("x"))
+        for causal in map(bool, args.causal):
+            for n in args.seqlen:
+                b, h = max(1, args.tokens // n), args.heads
+                q, k = (torch.randn(b, h, n, d, device="cuda", dtype=dtype) for _ in range(2))
+                v = torch.randn(b, h, n, dv, device="cuda", dtype=dtype)
+                do = torch.randn(b, h, n, dv, device="cuda", dtype=dtype)
+                steps, refused, outs = {}, {}, {}
+                for name, fn in provs.items():
+                    try:
+                        step = _step(fn, q, k, v, do, causal, args.mode)
+                        res = step()
+                        torch.cuda.synchronize()
+                    except Exception as exc:  # a provider that cannot run this shape
+                        refused[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+                        continue
+                    steps[name] = step
+                    outs[name] = [r.float() for r in (res if isinstance(res, tuple) else (res,))]
+                ref = outs.get("flex")
+                names = list(steps)
+                times = {name: [] for name in names}
+                for r in range(args.rounds):
+                    order = names[r % len(names):] + names[:r % len(names)] if names else []
+                    for name in order:
+                        times[name].append(triton.testing.do_bench(steps[name], warmup=25, rep=100))
+                flops = attention_flops(b, h, n, n, d, causal=causal, mode=args.mode, head_dim_v=dv)
+                base = statistics.median(times["flex"]) if "flex" in times else None
+                cells = []
+                for name in names:
+                    ms = statistics.median(times[name])
+                    err = (max(float((a - b_).abs().max()) for a, b_ in zip(outs[name], ref))
+                           if ref is not None else None)
+                    rows.append(dict(mode=args.mode, dtype=args.dtype, d=d, dv=dv, causal=causal, n=n, batch=b,
+                                     heads=h, provider=name, ms=ms, tflops=flops / ms * 1e-9,
+                                     vs_flex=None if base is None else base / ms, max_diff_vs_flex=err,
+                                     rounds=times[name]))
+                    ratio = "" if base is None else f"{base / ms:.3f}x"
+                    cells.append(f"{name}={flops / ms * 1e-9:.0f}({ratio})")
+                for name, why in refused.items():
+                    rows.append(dict(mode=args.mode, dtype=args.dtype, d=d, dv=dv, causal=causal, n=n, batch=b,
+                                     heads=h, provider=name, refused=why))
+                    cells.append(f"{name}=refused")
+                print(f"{args.mode} {args.dtype} d={d}/{dv} causal={int(causal)} N={n}: " + "  ".join(cells),
+                      flush=True)
+                for name, why in refused.items():
+                    print(f"    {name}: {why}", flush=True)
+                del steps, outs
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "triton": triton.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
