@@ -18,8 +18,9 @@ lets the kernels' backward add dQ with float32 atomics (see
 backward; the pure-PyTorch path ignores it (it is deterministic anyway).
 Last, on the dense ops, ``sinks`` (Hq,) or None: the kernels start every
 row from its head's sink, and ``attention_bwd`` returns the sinks' gradient
-as a fourth output (empty without sinks): the dK/dV kernels gather
-sum_ij p_sink_i P_ij dP_ij from their float32 tiles (``launch.attention``);
+as a fourth output (empty without sinks): the kernels sum each row's dS
+over the keys, from which ``launch.attention._sink_grad`` gets the exact
+sum_j P_ij dP_ij;
 the PyTorch path uses delta = rowsum(dO o O) - dlse with O recomputed in
 float32 for 16-bit inputs (:func:`tileattn.sinks.sink_grad`).
 

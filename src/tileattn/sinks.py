@@ -10,8 +10,8 @@ delta = rowsum(dO o O) - dlse and the lse:
   (decoding, packed sequences, ring attention, the CPU path); autograd
   differentiates it where gradients are wanted;
 * :func:`sink_grad` is the sinks' gradient from a per-row delta (the
-  dense ops' PyTorch path; the kernels gather the same sum from their P and
-  dP tiles, ``launch.attention._sink_grad``).
+  dense ops' PyTorch path; on the kernels the per-row sum comes from their
+  dS row sums, ``launch.attention._sink_grad``).
 """
 from __future__ import annotations
 
