@@ -14,8 +14,10 @@ Functions: ``attention`` (plain, causal with Nq != Nk, GQA), its variants
 (sliding window, softcap, ALiBi, block-sparse layouts), ``attention_varlen``,
 ``attention_with_kvcache``, ``scaled_dot_product_attention`` (against torch's
 SDPA), attention sinks (gradients of the sinks included) and, when
-transformers is installed, a tiny Llama and a tiny gpt-oss (sinks, sliding
-windows) with ``attn_implementation="tileattn"``.
+transformers is installed, a tiny Llama, a tiny gpt-oss (sinks, sliding
+windows), a tiny DeepSeek-V3 (a V head dim below the Q/K one) and a tiny
+Gemma 2 (head dim 256, softcap, sliding windows) with
+``attn_implementation="tileattn"``.
 
 Exit codes: 0 every check passed, 1 a check failed, 2 bad arguments,
 3 ``--device cuda`` without a GPU.
@@ -232,6 +234,37 @@ def _gpt_oss_config():
     return cfg, {"experts_implementation": "eager"}, "eager"
 
 
+def _deepseek_v3_config():
+    """Multi-head latent attention: q and k at qk_nope + qk_rope = 96, v at 64
+    (a V head dim below the Q/K one); a yarn mscale in the scale; a small MoE
+    on the eager experts."""
+    import transformers
+    if int(transformers.__version__.split(".")[0]) < 5:   # the experts_implementation switch is 5.x's
+        raise ImportError("the DeepSeek-V3 check needs transformers >= 5")
+    from transformers import DeepseekV3Config
+    cfg = DeepseekV3Config(vocab_size=97, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=48,
+                           kv_lora_rank=32, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64,
+                           n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+                           first_k_dense_replace=1, max_position_embeddings=64,
+                           rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                            "original_max_position_embeddings": 16, "mscale": 1.0,
+                                            "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1})
+    return cfg, {"experts_implementation": "eager"}, "sdpa"
+
+
+def _gemma2_config():
+    """Head dim 256, attention logit softcapping, sliding-window layers
+    alternating with global ones, query_pre_attn_scalar != head dim."""
+    from transformers import Gemma2Config
+    cfg = Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=64,
+                       sliding_window=5, attn_logit_softcapping=5.0, max_position_embeddings=64)
+    # Gemma 2 has no "sdpa" (SDPA has no softcap); its eager attention in float64
+    # runs the softmax in float32, a rounding far below the rule's floor here
+    return cfg, {}, "eager"
+
+
 def _transformers_check(make_config):
     def run(dtype, device, gen):
         try:
@@ -282,6 +315,9 @@ CHECKS = (
     Check("sdpa drop-in", _sdpa_check(1, 4, 2, 50, 20, 32)),
     Check("transformers llama", _transformers_check(_llama_config), paths=("auto",), interpreter=False),
     Check("transformers gpt-oss", _transformers_check(_gpt_oss_config), paths=("auto",), interpreter=False),
+    Check("transformers deepseek-v3", _transformers_check(_deepseek_v3_config), paths=("auto",),
+          interpreter=False),
+    Check("transformers gemma2", _transformers_check(_gemma2_config), paths=("auto",), interpreter=False),
 )
 
 

@@ -288,8 +288,8 @@ def test_unsupported_kwargs_raise():
     q = torch.randn(1, 2, 4, 8)
     module = torch.nn.Module()
     module.is_causal = True
-    with pytest.raises(ValueError, match="softcap"):
-        hf.tileattn_attention_forward(module, q, q, q, None, softcap=30.0)
+    with pytest.raises(ValueError, match="position_bias"):
+        hf.tileattn_attention_forward(module, q, q, q, None, position_bias=torch.zeros(1, 2, 4, 4))
 
 
 def test_importing_tileattn_does_not_import_transformers():

@@ -24,14 +24,21 @@ functions) it materialises the same boolean mask as transformers' ``"sdpa"``
 implementation, and the attention function runs torch's SDPA with that mask:
 correct, not accelerated.  Dropout in training mode also runs torch's SDPA.
 
-Attention sinks (gpt-oss's ``s_aux``, one logit per head) travel as
-``tileattn.attention(sinks=...)``; the masked fallback computes them with an
-explicit sink column (torch's SDPA has none).
+What the layers pass along travels as tileattn's own arguments: ``scaling``
+as ``scale=`` (Gemma's query_pre_attn_scalar, DeepSeek's yarn mscale),
+``softcap`` (Gemma 2's attention logit softcapping) as ``softcap=``,
+attention sinks (gpt-oss's ``s_aux``, one logit per head) as ``sinks=``, and
+a value head dim different from the query/key one (DeepSeek's MLA: q and k
+at qk_nope + qk_rope, v at v_head_dim) as it is.  torch's SDPA has neither
+softcap nor sinks, so the masked fallback of a call with either computes it
+materialised (scores, cap, mask, sink column), as transformers' eager path.
 
 This module imports transformers only inside its functions.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import warnings
 
 import torch
@@ -83,15 +90,24 @@ def tileattn_attention_forward(module, query, key, value, attention_mask, dropou
                                is_causal=None, **kwargs):
     """The attention function transformers calls for ``attn_implementation="tileattn"``.
 
-    query (B, Hq, Nq, D), key and value (B, Hkv, Nk, D) with Hq a multiple of
-    Hkv (no copies); returns ``(attn_output, None)`` with attn_output
-    (B, Nq, Hq, D).  Causality comes from ``is_causal`` when given, else from
+    query (B, Hq, Nq, D), key (B, Hkv, Nk, D) and value (B, Hkv, Nk, Dv) with
+    Hq a multiple of Hkv (no copies) and Dv possibly different from D;
+    returns ``(attn_output, None)`` with attn_output (B, Nq, Hq, Dv).
+    Causality comes from ``is_causal`` when given, else from
     ``module.is_causal``; with a KV cache it is aligned bottom-right.
+    Keyword arguments read: ``sliding_window``, ``softcap``, ``s_aux``.
     """
-    for name in ("softcap", "position_bias"):
-        if kwargs.get(name) is not None:
-            raise ValueError(f"attn_implementation='tileattn' does not support {name!r}; load this model with "
-                             f"attn_implementation='eager' or 'sdpa'")
+    if kwargs.get("position_bias") is not None:
+        raise ValueError("attn_implementation='tileattn' does not support 'position_bias'; load this model with "
+                         "attn_implementation='eager' or 'sdpa'")
+    softcap = kwargs.get("softcap")
+    if softcap is not None:
+        # eager divides by the cap, so 0 is not tileattn's "no cap" there; negative and non-finite caps neither
+        if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or \
+                not (math.isfinite(softcap) and softcap > 0):
+            raise ValueError(f"attn_implementation='tileattn': softcap must be a finite number > 0 or None, "
+                             f"got {softcap!r}")
+        softcap = float(softcap)
     # gpt-oss: one learnable sink logit per head (s_aux), in the parameters' dtype
     sinks = kwargs.get("s_aux")
     if sinks is not None:
@@ -110,28 +126,32 @@ def tileattn_attention_forward(module, query, key, value, attention_mask, dropou
     else:
         reason = _why_not_accelerated(query, key, value, None, 0.0, enable_gqa=True)
     if reason is not None:
-        warn_fallback_once("transformers", reason, f"tileattn (transformers): {reason}; these calls run torch's "
-                                                   f"scaled_dot_product_attention (warned once)")
-        if sinks is not None:
-            out = _sinks_fallback(query, key, value, attention_mask, float(dropout or 0.0), scaling, causal,
-                                  window, sinks)
+        explicit = sinks is not None or softcap is not None
+        warn_fallback_once("transformers", reason,
+                           f"tileattn (transformers): {reason}; these calls run torch's scaled_dot_product_attention, "
+                           f"or a materialised computation where they carry a softcap or sinks (warned once)")
+        if explicit:
+            out = _explicit_fallback(query, key, value, attention_mask, float(dropout or 0.0), scaling, causal,
+                                     window, sinks, softcap)
         else:
             out = _torch_fallback(query, key, value, attention_mask, float(dropout or 0.0), scaling, causal,
                                   window)
     else:
         # transformers' sliding window W: query i sees keys i - W < j <= i (bottom-right positions)
-        out = api.attention(query, key, value, causal=causal, scale=scaling, sinks=sinks,
+        out = api.attention(query, key, value, causal=causal, scale=scaling, sinks=sinks, softcap=softcap,
                             window=None if window is None else (int(window) - 1, 0))
     return out.transpose(1, 2), None
 
 
-def _sinks_fallback(query, key, value, attention_mask, dropout, scaling, causal, window, sinks):
-    """Calls with sinks that need an explicit mask: materialised attention with
-    the sink column (torch's SDPA has no sinks), as transformers' eager path."""
+def _explicit_fallback(query, key, value, attention_mask, dropout, scaling, causal, window, sinks, softcap):
+    """Calls with sinks or a softcap that need an explicit mask: materialised
+    attention (scores, cap, mask, sink column), as transformers' eager path;
+    torch's SDPA has neither."""
     from ..reference import standard_attention
     if dropout:
-        raise ValueError("attn_implementation='tileattn': attention dropout together with attention sinks "
-                         "(s_aux) is not supported; set the model's attention_dropout to 0 or use 'eager'")
+        what = " and ".join(n for n, x in (("attention sinks (s_aux)", sinks), ("softcap", softcap)) if x is not None)
+        raise ValueError(f"attn_implementation='tileattn': attention dropout together with {what} is not "
+                         f"supported; set the model's attention_dropout to 0 or use 'eager'")
     n_q, n_k = query.shape[2], key.shape[2]
     mask = bias = None
     if attention_mask is not None:
@@ -142,7 +162,7 @@ def _sinks_fallback(query, key, value, attention_mask, dropout, scaling, causal,
             bias = am
     elif causal:
         mask = ~_bottom_right_mask(n_q, n_k, query.device, window)
-    return standard_attention(query, key, value, scale=scaling, mask=mask, bias=bias, sinks=sinks)
+    return standard_attention(query, key, value, scale=scaling, mask=mask, bias=bias, sinks=sinks, softcap=softcap)
 
 
 # ---------------------------------------------------------------------------
