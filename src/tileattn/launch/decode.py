@@ -1,7 +1,15 @@
 """Launchers for the KV-cache decoding kernels (``kernels/decode.py``):
 allocate outputs, pick the config and the split count, compute the grid and
 call the kernels by keyword.  No validation here (``decode.py`` validates
-before anything reaches this module).
+before anything reaches this module); the config choice is in
+``decode_configs.py``.
+
+V may have its own head dim Dv: the output and the partial outputs are Dv
+wide.  A shared cache (``v_cache = k_cache[..., :Dv]``, the absorbed MLA
+layout) is launched with K pointing at the keys' last D - Dv channels
+(``k_cache[..., Dv:]``) and V at their first Dv, and the kernel's
+HEAD_DIM_HI = D - Dv: each key tile is read once, as two pieces, and V is
+never loaded on its own; the append then writes k_new alone.
 
 Split count (``num_splits=0``), :func:`choose_num_splits`:
 
@@ -243,8 +251,10 @@ def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, 
     group = hq // hkv
     m_blocks = triton.cdiv(group * n_q, block_m)
     if num_splits == 0:
-        num_splits, lead = choose_splits(b * hkv * m_blocks, capacity, runtime.sm_count(q.device),
-                                         descriptor_tiles(k_src, v_cache, block_table is not None))
+        by_descriptor = (descriptor_tiles(k_src, v_cache, block_table is not None)
+                         and not _shared_pages_by_pointer(k_src is not k_cache, block_table is not None, block_m,
+                                                          k_cache.element_size()))
+        num_splits, lead = choose_splits(b * hkv * m_blocks, capacity, runtime.sm_count(q.device), by_descriptor)
         lead_permille = lead if lead_permille is None else lead_permille
     lead_permille = lead_permille or 0
     if lead_permille and num_splits < 2:   # (before the append writes the cache)
@@ -276,6 +286,14 @@ def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, 
 # the split count each decode plan was recorded with (its partial outputs' shape)
 _PLAN_SPLITS: dict = {}
 _DECODE_OUTPUTS = ("out", "lse", "o_part", "l_part")
+
+
+def _shared_pages_by_pointer(shared_kv: bool, paged: bool, block_m: int, elem: int) -> bool:
+    """A shared cache's pages at 64+ packed rows load by pointer: by
+    descriptor the three loops' edge tiles, zeroed in registers, spilled
+    ~850 bytes a thread (sm_90, D = 576, 8 warps; by pointer, in one loop,
+    4 bytes)."""
+    return shared_kv and paged and configs.decode_uses_wgmma(block_m, elem)
 
 
 def _output(q: torch.Tensor, dv: int) -> torch.Tensor:
@@ -325,12 +343,8 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
     # 0.38-0.62x SDPA-cuDNN (H200, 16k / 64k keys,
     # docs/results/h200/v5/cfg_sweep) against 0.97x for the gathered 128-row
     # tiles.  With v4's configs the setting was 0.086 against 0.130 ms at 4k
-    tma = runtime.use_tma(k_cache, v_cache) and not (paged and page_size <= POINTER_PAGE_SIZE)
-    # a shared cache's pages at 64+ rows load by pointer too: by descriptor
-    # the three loops' edge tiles, zeroed in registers, spilled ~850 bytes a
-    # thread (sm_90, D = 576, 8 warps; by pointer, in one loop: 4 bytes)
-    if shared_kv and paged and configs.decode_uses_wgmma(block_m, k_cache.element_size()):
-        tma = False
+    tma = (runtime.use_tma(k_cache, v_cache) and not (paged and page_size <= POINTER_PAGE_SIZE)
+           and not _shared_pages_by_pointer(shared_kv, paged, block_m, k_cache.element_size()))
 
     if num_splits == 1:
         o_part, l_part = out, lse
