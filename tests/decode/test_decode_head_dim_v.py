@@ -459,3 +459,32 @@ def test_bad_input_raises_before_launch(name, path, monkeypatch):
 def test_gpu_absorbed_mla(hq, page):
     assert_case(Case(hq, 1, 1, MLA_HEAD_DIM, MLA_HEAD_DIM_V, BF16, (4000, 1037, 17), n_new=1, page=page,
                      shared=True, splits=0))
+
+
+# ---------------------------------------------------------------------------
+# the benchmark's absorbed mode, checked end to end on the CPU (PyTorch path)
+# ---------------------------------------------------------------------------
+def test_decode_bench_absorbed_on_cpu(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_bench.py"
+    spec = importlib.util.spec_from_file_location("decode_bench", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rc = bench.main(["--absorbed", "--out", str(tmp_path), "--device", "cpu", "--dtype", "fp16", "--batch", "1",
+                     "--absorbed-heads", "16", "128", "--cache-lens", "48", "80", "--splits", "2",
+                     "--sdpa", "math", "--copy-gib", "0.001"])
+    assert rc == 0
+    data = json.loads((tmp_path / "decode_bench.json").read_text())
+    rows = data["rows"]
+    mine = [r for r in rows if r["provider"] == "tileattn"]
+    assert {(r["heads"], r["cache_len"]) for r in mine} == {(16, 48), (128, 48), (16, 80), (128, 80)}
+    assert [r["check"] for r in mine if r["cache_len"] == 48] == ["passed", "passed"]
+    # tileattn reads K once; SDPA reads K and the copied V
+    sdpa = [r for r in rows if r["provider"].startswith("sdpa-math")]
+    assert all(r["status"] == "ok" for r in sdpa) and all(r["check"] == "passed" for r in sdpa if r["cache_len"] == 48)
+    assert all(s["read_bytes"] == m["read_bytes"] * 1088 / 576 for s, m in zip(sdpa, mine))
+    assert {(s["heads"], s["cache_len"]) for s in data["summary"]} == {(r["heads"], r["cache_len"]) for r in mine}
+    assert all(s["speedup_vs_sdpa"] for s in data["summary"])
