@@ -488,3 +488,22 @@ def test_decode_bench_absorbed_on_cpu(tmp_path):
     assert all(s["read_bytes"] == m["read_bytes"] * 1088 / 576 for s, m in zip(sdpa, mine))
     assert {(s["heads"], s["cache_len"]) for s in data["summary"]} == {(r["heads"], r["cache_len"]) for r in mine}
     assert all(s["speedup_vs_sdpa"] for s in data["summary"])
+
+
+@pytest.mark.parametrize("case", [Case(16, 1, 1, MLA_HEAD_DIM, MLA_HEAD_DIM_V, F32, (37, 0), n_new=1, shared=True,
+                                       splits=2),
+                                  Case(4, 2, 1, 32, 16, F32, (37, 5), n_new=1, splits=3)], ids=lambda c: c.id)
+def test_sinks_with_head_dim_v(case, path):
+    """Sinks fold in after the split combine whatever V's width (a
+    one-token sequence beside a long one, the shared layout included)."""
+    x = make_inputs(case)
+    sinks = torch.randn(case.hq, device=DEVICE)
+    out, lse = run(case, x, sinks=sinks)
+    for i in range(len(case.seqlens)):
+        q, k, v = x.q[i:i + 1], x.k_seq[i][None], x.v_seq[i][None]
+        want = standard_attention(q.double(), k.double(), v.double(), causal=True, sinks=sinks.double(),
+                                  return_lse=True)
+        low = standard_attention(q, k, v, causal=True, sinks=sinks, return_lse=True)
+        for j, name in enumerate(("out", "lse")):
+            check_accuracy(f"{case.id} batch {i} {name}", (out, lse)[j][i:i + 1], want[j].reshape(low[j].shape),
+                           low[j], case.dtype)
