@@ -25,8 +25,8 @@ sources -- V's source addresses the first HEAD_DIM_V channels (the ``lo``
 piece, which is also the value tile), K's the last HEAD_DIM_HI channels (the
 launcher points K at ``k_cache[..., Dv:]``) -- and
 S = Q[:, :Dv] K_lo^T + Q[:, Dv:] K_hi^T, O += P K_lo: V is never loaded on
-its own, and no tile is wider than a power of 2 above the channels it holds
-(576 = 512 + 64, not a 1024-wide tile).
+its own, and each piece is padded to its own power of 2 (576 = 512 + 64,
+not one 1024-wide tile).
 
 ``_decode_combine_kernel`` merges the splits of each row by their lse:
 out = sum_s exp(lse_s - lse) out_s with lse = log sum_s exp(lse_s), up to
