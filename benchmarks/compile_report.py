@@ -102,18 +102,29 @@ def compile_one(kernel, cfg, head_dim, dtype, causal, arch, use_tma=True, varian
 
 def compile_decode(block_n: int, num_warps: int, num_stages: int, head_dim: int = 128, page_size: int = 0,
                    descriptors: bool = True, dtype: str = "bf16", block_m: int = 16, arch: int = 90,
-                   same_kv_strides: bool = False, offsets_32: bool = False, **switches):
+                   same_kv_strides: bool = False, offsets_32: bool = False, head_dim_v: int | None = None,
+                   shared_kv: bool = False, row_strides_16: bool = False, **switches):
     """The decoding partial kernel (``kernels/decode.py``) compiled for a GPU
     target, specialised as a launch from ``launch_decode`` would be (unit
     stride on the head dim, 16-byte divisible pointers and strides).
+    ``head_dim_v``: V's head dim (default ``head_dim``); ``shared_kv``: the
+    shared cache of the absorbed MLA layout (V = K's first ``head_dim_v``
+    channels, e.g. head_dim 576, head_dim_v 512; K and V strides the same).
+    ``row_strides_16``: q's and the output's row strides divisible by 16
+    too, as a launch specialises them for head dims that are multiples of
+    16 (then the output's stores are vectorised).
     ``switches`` override the kernel's constexpr switches (``SOFTCAP=True``,
     ``HAS_LEFT=True``, ``ONE_LOOP=False``, ...)."""
     from tileattn.kernels.decode import _decode_partial_kernel as k
     elem = _TY[dtype].lstrip("*")
-    const = {"HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim), "BLOCK_M": block_m, "BLOCK_N": block_n,
+    dv = head_dim if head_dim_v is None else head_dim_v
+    hi = head_dim - dv if shared_kv else 0
+    const = {"HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(dv if shared_kv else head_dim),
+             "HEAD_DIM_V": dv, "BLOCK_DV": configs.block_d(dv), "HEAD_DIM_HI": hi,
+             "BLOCK_DHI": configs.block_d(hi) if hi else 0, "BLOCK_M": block_m, "BLOCK_N": block_n,
              "PAGE_SIZE": page_size, "HAS_LEFT": False, "HAS_RIGHT": True, "SOFTCAP": False, "HAS_ALIBI": False,
              "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32", "USE_TMA": descriptors,
-             "SAME_KV_STRIDES": same_kv_strides, "OFFSETS_32": offsets_32,
+             "SAME_KV_STRIDES": same_kv_strides or shared_kv, "OFFSETS_32": offsets_32,
              "ONE_LOOP": launch_decode.one_loop(descriptors, page_size > 0),
              "stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od": 1, "stride_tn": 1}
     const.update(switches)
@@ -122,7 +133,7 @@ def compile_decode(block_n: int, num_warps: int, num_stages: int, head_dim: int 
         if name in const:
             sig[name] = "constexpr"
         elif name in ("K_DESC", "V_DESC"):
-            bd = const["BLOCK_D"]
+            bd = const["BLOCK_DV"] if name == "V_DESC" else (const["BLOCK_DHI"] or const["BLOCK_D"])
             sig[name] = f"tensordesc<{elem}[1,1,{block_n},{bd}]>" if descriptors else f"*{elem}"
         elif name in ("Q", "K", "V", "O"):
             sig[name] = f"*{elem}"
@@ -136,7 +147,8 @@ def compile_decode(block_n: int, num_warps: int, num_stages: int, head_dim: int 
             sig[name] = "i32"
     divisible = [n for n in ("Q", "K", "V", "O", "SEQLENS", "BLOCK_TABLE", "LSE", "stride_qb", "stride_qh", "stride_qn",
                              "stride_kb", "stride_kh", "stride_kn", "stride_vb", "stride_vh", "stride_vn",
-                             "stride_tb", "stride_ob", "stride_oh", "stride_os") if sig[n] != "constexpr"]
+                             "stride_tb", "stride_ob", "stride_oh", "stride_os")
+                 + (("stride_qn", "stride_on") if row_strides_16 else ()) if sig[n] != "constexpr"]
     src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()},
                     attrs={(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible})
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),

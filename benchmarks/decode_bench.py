@@ -32,6 +32,28 @@ every cache full to the given length (cache_seqlens = L, no appended token).
 
 Writes decode_bench.csv and decode_bench.json (rows plus the run's metadata:
 GPU, driver, versions, commit) into --out.  Runs in about 2 minutes on an H200.
+
+``--absorbed``: the absorbed MLA layout instead (DeepSeek-V3 decoding: one
+kv head, one 576-wide cache whose first 512 channels are the values, passed
+as ``v_cache = k_cache[..., :512]``), Nq = 1, --batch sequences,
+``--absorbed-heads`` query heads (16: memory-bound, 128: compute-bound on an
+H200, ``tileattn.cost.decode``), caches of ``--cache-lens`` (default
+4k..64k), bf16:
+
+    python benchmarks/decode_bench.py --absorbed --out results/decode_mla
+
+* tileattn reads each cached key once (576 x 2 bytes a key and sequence; V
+  is never loaded on its own); the achieved bandwidth is those bytes over the
+  time, beside the copy bandwidth (``frac_copy``), and TFLOP/s are
+  2 Hq L (576 + 512) a sequence over the time, beside the roofline's bound
+  and time for this GPU where the catalogue has it (nvidia-h200).
+* SDPA has no shared layout: each backend runs on K and a materialised copy
+  of V (``k_cache[..., :512].contiguous()``, made outside the timing) with
+  ``enable_gqa=True``; its row's bytes are K and that copy.  A backend that
+  refuses the shape is reported, not dropped.
+* On the first cache length both are checked against float32 standard
+  attention (relative Frobenius error < 2e-2), and at every length tileattn's
+  split sweep (--splits) must agree with its default.
 """
 from __future__ import annotations
 
@@ -47,7 +69,8 @@ import torch
 import torch.nn.functional as F
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+                 "math": "MATH"}
 TOLERANCE = 2e-2
 
 
@@ -59,9 +82,12 @@ def parse_args(argv=None):
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    ap.add_argument("--cache-lens", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536, 131072])
+    ap.add_argument("--cache-lens", type=int, nargs="+", default=None,
+                    help="cache lengths (default 4k..128k; with --absorbed 4k..64k)")
     ap.add_argument("--page-sizes", type=int, nargs="*", default=[16, 256], help="paged layouts (none: skip)")
-    ap.add_argument("--sdpa", nargs="*", default=list(SDPA_BACKENDS), choices=list(SDPA_BACKENDS))
+    ap.add_argument("--sdpa", nargs="*", default=None, choices=list(SDPA_BACKENDS),
+                    help="SDPA backends to time (default flash, efficient, cudnn; with --absorbed also math, "
+                         "since the fused backends may refuse D = 576 with Dv = 512)")
     ap.add_argument("--splits", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32],
                     help="split counts timed on every layout (none: skip the sweep)")
     ap.add_argument("--config-sweep-len", type=int, default=16384,
@@ -73,7 +99,18 @@ def parse_args(argv=None):
     ap.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy-bandwidth buffer")
     ap.add_argument("--device", default="cuda",
                     help="cuda (the benchmark), or cpu: a functional check of this script on the PyTorch path")
-    return ap.parse_args(argv)
+    ap.add_argument("--absorbed", action="store_true",
+                    help="time the absorbed MLA layout (D = 576, v_cache = k_cache[..., :512], one kv head) "
+                         "beside SDPA on a copied V")
+    ap.add_argument("--absorbed-heads", type=int, nargs="+", default=[16, 128],
+                    help="query heads of the --absorbed runs")
+    args = ap.parse_args(argv)
+    if args.sdpa is None:
+        args.sdpa = ["flash", "efficient", "cudnn"] + (["math"] if args.absorbed else [])
+    if args.cache_lens is None:
+        args.cache_lens = ([4096, 8192, 16384, 32768, 65536] if args.absorbed
+                           else [4096, 8192, 16384, 32768, 65536, 131072])
+    return args
 
 
 def copy_bandwidth(do_bench, device, gib: float) -> float:
@@ -168,6 +205,10 @@ def main(argv=None) -> int:
     print(f"{meta['gpu']}  torch {meta['torch']}  triton {meta['triton']}  commit {meta['git_commit']}  "
           f"SMs {meta['sms']}")
     print(f"device copy bandwidth: {copy_bw / 1e12:.2f} TB/s")
+    if args.absorbed:
+        rows = run_absorbed(args, dev, dtype, do_bench, copy_bw, meta)
+        summary = summarize_absorbed(rows)
+        return write_results(args, rows, summary, meta, copy_bw, t_start)
     rows: list[dict] = []
     gen = torch.Generator().manual_seed(0)
 
@@ -294,6 +335,11 @@ def main(argv=None) -> int:
         first = False
 
     summary = summarize(rows, copy_bw)
+    return write_results(args, rows, summary, meta, copy_bw, t_start)
+
+
+def write_results(args, rows, summary, meta, copy_bw, t_start) -> int:
+    """decode_bench.csv / .json into --out; 1 when a check failed."""
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     for r in rows:
@@ -387,6 +433,111 @@ def summarize(rows, copy_bw) -> list[dict]:
     if long:
         print(f"\ntargets (H200): >= 70% of copy bandwidth at L >= 16k: min {100 * min(s['frac_copy'] for s in long):.0f}%;"
               f" >= 1.0x SDPA best: min {min((s['speedup_vs_sdpa'] or 0) for s in out):.2f}x")
+    return out
+
+
+def run_absorbed(args, dev, dtype, do_bench, copy_bw, meta) -> list[dict]:
+    """The --absorbed runs: tileattn on the shared 576-wide cache, SDPA on K and a copy of V."""
+    import tileattn
+    from tileattn.cost import DecodeShape, decode_bound, decode_cache_bytes, decode_flops, get_hardware
+    from tileattn.reference import standard_attention
+    d, dv, b = 576, 512, args.batch
+    hw = None
+    try:
+        hw = get_hardware("nvidia-h200") if "H200" in str(meta.get("gpu")) else None
+    except Exception:  # noqa: BLE001 - no catalogue entry: no prediction
+        hw = None
+    rows: list[dict] = []
+
+    def record(**r):
+        if r.get("ms"):
+            r["tbs"] = r["read_bytes"] / (r["ms"] * 1e-3) / 1e12
+            r["frac_copy"] = r["tbs"] * 1e12 / copy_bw
+            r["tflops"] = r["flops"] / (r["ms"] * 1e-3) / 1e12
+        rows.append(r)
+        ms = f"{r['ms']:.4f} ms" if r.get("ms") else "-"
+        rate = (f"{r['tbs']:.2f} TB/s ({100 * r['frac_copy']:.0f}% copy) {r['tflops']:.0f} TFLOP/s"
+                if r.get("ms") else "")
+        print(f"  Hq={r['heads']:>4} L={r['cache_len']:>6} {r['provider']:<22} splits={r.get('num_splits', '')!s:<4} "
+              f"{ms:>12} {rate} {r.get('status', '')} {r.get('check', '')}", flush=True)
+
+    first = True
+    for n in args.cache_lens:
+        for hq in args.absorbed_heads:
+            torch.manual_seed(n + hq)
+            q = torch.randn(b, hq, 1, d, device=dev, dtype=dtype)
+            k = torch.randn(b, 1, n, d, device=dev, dtype=dtype)
+            seqlens = torch.full((b,), n, dtype=torch.int32, device=dev)
+            shape = DecodeShape.absorbed_mla(b, hq, n, dtype=args.dtype)
+            base = dict(batch=b, heads=hq, kv_heads=1, head_dim=d, head_dim_v=dv, dtype=args.dtype, cache_len=n,
+                        layout="absorbed", flops=decode_flops(shape))
+            if hw is not None:
+                pred = decode_bound(shape, hw, basis="measured")
+                base.update(bound=pred.bound, predicted_ms=pred.time_s * 1e3, intensity=pred.intensity)
+            ref = None
+            if first:
+                with torch.no_grad():
+                    ref = standard_attention(q.float(), k.float(), k[..., :dv].float())
+
+            def check(out, ref=ref):
+                if ref is None:
+                    return {}
+                e = rel_err(out, ref)
+                return {"check": "passed" if e < TOLERANCE else "wrong", "rel_err": e}
+
+            fn = lambda q=q, k=k, s=seqlens: tileattn.attention_with_kvcache(  # noqa: E731
+                q, k, k[..., :dv], s, check_indices=False)
+            out = fn()
+            mine = dict(base, read_bytes=decode_cache_bytes(shape))
+            record(**mine, provider="tileattn", num_splits=0, ms=do_bench(fn), status="ok", **check(out))
+            for sp in args.splits:
+                f = lambda sp=sp, q=q, k=k, s=seqlens: tileattn.attention_with_kvcache(  # noqa: E731
+                    q, k, k[..., :dv], s, num_splits=sp, check_indices=False)
+                e = rel_err(f(), out)
+                record(**mine, provider="tileattn-splits", num_splits=sp, ms=do_bench(f),
+                       status="ok" if e < 1e-2 else f"differs from the default split by {e:.2e}")
+            v = k[..., :dv].contiguous()   # SDPA needs V as its own tensor: a copy, outside the timing
+            copied = decode_cache_bytes(DecodeShape(b, hq, 1, n, d, dv, dtype=args.dtype))
+            for be in args.sdpa:
+                try:
+                    f = sdpa_fn(be, q, k, v, enable_gqa=True)
+                    with torch.no_grad():
+                        o = f()
+                        ms = do_bench(f)
+                    record(**base, read_bytes=copied, provider=f"sdpa-{be} (V copied)", ms=ms, status="ok",
+                           **check(o))
+                except Exception as exc:  # a backend that cannot run this shape is reported, not dropped
+                    record(**base, read_bytes=copied, provider=f"sdpa-{be} (V copied)", ms=None,
+                           status=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+            del q, k, v, ref
+            empty_cache(dev)
+        first = False
+    return rows
+
+
+def summarize_absorbed(rows) -> list[dict]:
+    """Per heads and cache length: tileattn's bandwidth (fraction of the copy
+    bandwidth), TFLOP/s and the model's bound, beside SDPA's best on a copied V."""
+    out = []
+    print(f"\n{'Hq':>4} {'L':>7} {'tileattn ms':>11} {'TB/s':>6} {'%copy':>6} {'TFLOP/s':>8} {'bound':>8} "
+          f"{'SDPA best (V copied)':>26} {'ms':>8} {'speedup':>8}")
+    for hq in sorted({r["heads"] for r in rows}):
+        for n in sorted({r["cache_len"] for r in rows}):
+            mine = [r for r in rows if (r["heads"], r["cache_len"], r["provider"]) == (hq, n, "tileattn")]
+            if not mine or not mine[0].get("ms"):
+                continue
+            m = mine[0]
+            sdpa = [r for r in rows if r["heads"] == hq and r["cache_len"] == n and r["provider"].startswith("sdpa")
+                    and r.get("ms")]
+            best = min(sdpa, key=lambda r: r["ms"]) if sdpa else None
+            s = {"heads": hq, "cache_len": n, "ms": m["ms"], "tbs": m["tbs"], "frac_copy": m["frac_copy"],
+                 "tflops": m["tflops"], "bound": m.get("bound"), "predicted_ms": m.get("predicted_ms"),
+                 "sdpa_best": best["provider"] if best else None, "sdpa_ms": best["ms"] if best else None,
+                 "speedup_vs_sdpa": (best["ms"] / m["ms"]) if best else None}
+            out.append(s)
+            print(f"{hq:>4} {n:>7} {m['ms']:>11.4f} {m['tbs']:>6.2f} {100 * m['frac_copy']:>5.0f}% "
+                  f"{m['tflops']:>8.1f} {str(m.get('bound') or '-'):>8} {(best['provider'] if best else '-'):>26} "
+                  f"{(best['ms'] if best else float('nan')):>8.4f} {(s['speedup_vs_sdpa'] or float('nan')):>7.2f}x")
     return out
 
 

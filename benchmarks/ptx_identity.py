@@ -44,6 +44,7 @@ def training_cases():
 
 
 # name -> keyword arguments of compile_report.compile_decode
+_MLA = dict(head_dim=576, head_dim_v=512, shared_kv=True, row_strides_16=True)
 DECODE_CASES = {
     "decode-contig-tma-N128": dict(block_n=128, num_warps=4, num_stages=3),
     "decode-contig-tma-N128-softcap": dict(block_n=128, num_warps=4, num_stages=3, SOFTCAP=True),
@@ -61,6 +62,13 @@ DECODE_CASES = {
                                           same_kv_strides=True, offsets_32=True, SOFTCAP=True),
     "decode-paged256-ptr-N32-fp32": dict(block_n=32, num_warps=4, num_stages=4, page_size=256, descriptors=False,
                                          dtype="fp32"),
+    # a V head dim of its own; the shared cache of absorbed MLA (D = 576, V = its first 512 channels)
+    "decode-dv64-contig-tma-N128": dict(block_n=128, num_warps=4, num_stages=3, head_dim_v=64),
+    "decode-mla-contig-tma-M64-N32": dict(block_n=32, num_warps=8, num_stages=2, block_m=64, **_MLA),
+    "decode-mla-contig-tma-M16-N32": dict(block_n=32, num_warps=8, num_stages=3, **_MLA),
+    "decode-mla-paged256-tma-M16-N32": dict(block_n=32, num_warps=8, num_stages=5, page_size=256, **_MLA),
+    "decode-mla-paged16-ptr-M64-N32": dict(block_n=32, num_warps=8, num_stages=5, page_size=16, descriptors=False,
+                                           block_m=64, **_MLA),
 }
 
 

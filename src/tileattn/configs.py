@@ -340,6 +340,22 @@ def decode_pipeline_buffers(num_stages: int, paged: bool) -> int:
     return max(1, (num_stages - 1) // 2 if paged else num_stages - 1)
 
 
+# float32 accumulator registers a thread may hold (BLOCK_M x V's tile / threads):
+# 64 x 512 over 8 warps is 128; more leaves too few for the tiles and spills
+MAX_ACC_REGS = 128
+
+
+def decode_acc_regs(block_m: int, head_dim_v: int, num_warps: int) -> int:
+    """Registers a thread holds of the partial kernel's float32 accumulator."""
+    return block_m * block_d(head_dim_v) // (32 * num_warps)
+
+
+def decode_uses_wgmma(block_m: int, elem_bytes: int) -> bool:
+    """Whether the partial kernel's products are warpgroup MMAs on sm_90
+    (64 or more packed rows of a 16-bit cache; fewer rows take mma.sync)."""
+    return block_m >= 64 and elem_bytes == 2
+
+
 _U = "untuned: chosen for H200 bandwidth (K+V stage >= 16 KB, >= 2 programs/SM), to be measured"
 _SWEEP = ("H200 sweep, B=16 Hq=32 Hkv=8 d=128 bf16, one split, 16k / 64k keys "
           "(docs/results/h200/v5/cfg_sweep; SDPA-cuDNN 254 / 954 us)")
@@ -367,3 +383,23 @@ DECODE_CONFIGS: tuple[DecodeConfig, ...] = (
     DecodeConfig(16, 4, 4, "small tiles for head dim 256 in float32"),
 )
 INTERPRETER_DECODE = DecodeConfig(16, 4, 1, "interpreter: the smallest tile tl.dot accepts")
+
+# A shared cache (v_cache = k_cache[..., :Dv], the absorbed MLA layout: D = 576,
+# Dv = 512, one kv head): each stage holds one 576-wide key tile (36 KB at
+# BLOCK_N = 32 in bf16) and Q is 64 x 576 (72 KB) at 64 packed rows.  8 warps:
+# at 64 rows the 64 x 512 float32 accumulator is 128 registers a thread
+# (MAX_ACC_REGS); at 16 rows 4 warps need 255.  Chosen from sm_90 compiles
+# (triton 3.6, bf16; registers / shared memory / spills a thread; docs/decoding.md
+# has the table), not yet timed: 16 rows take the first that fits, 64 rows
+# autotune over the table (decode_autotune_enabled).
+_SHARED = "sm_90 compile, D=576 Dv=512 bf16, not timed: "
+DECODE_SHARED_CONFIGS: tuple[DecodeConfig, ...] = (
+    DecodeConfig(32, 8, 3, _SHARED + "16 rows 189 regs / 93 KB / 0, 2 tiles in flight; "
+                 "64 rows 255 regs / 184 KB / 8 B", "contiguous"),
+    DecodeConfig(32, 8, 2, _SHARED + "16 rows 189 regs / 56 KB / 0; 64 rows 252 regs / 147 KB / 0", "contiguous"),
+    DecodeConfig(16, 8, 4, _SHARED + "16 rows 168 regs / 74 KB / 0; 64 rows 245 regs / 147 KB / 0", "contiguous"),
+    DecodeConfig(32, 8, 5, _SHARED + "16 rows, 256-token pages by descriptor 190 regs / 129 KB / 0; 64 rows "
+                 "(pages by pointer) 255 regs / 185 KB / 4 B", "paged"),
+    DecodeConfig(32, 8, 3, _SHARED + "16 rows, 256-token pages by descriptor 187 regs / 92 KB / 0", "paged"),
+    DecodeConfig(16, 8, 2, "small tiles for float32 caches"),
+)

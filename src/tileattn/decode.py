@@ -3,8 +3,11 @@
 Appends new keys/values to a contiguous or paged cache in place, then attends
 the queries to the whole cache with split-KV (flash-decoding) kernels on GPUs
 and the same algorithm in plain PyTorch elsewhere.  Inputs are checked
-(``validation.check_kvcache``) before anything is launched or written.  Forward only (inference): the
-result carries no gradient.  docs/decoding.md describes the algorithm.
+(``validation_kvcache.check_kvcache``) before anything is launched or written.
+Forward only (inference): the result carries no gradient.  V may have a head
+dim of its own, and a cache whose values are the first channels of its keys
+(``v_cache = k_cache[..., :Dv]``, the absorbed MLA layout at D = 576,
+Dv = 512) is read once.  docs/decoding.md describes the algorithm.
 """
 from __future__ import annotations
 
@@ -13,12 +16,14 @@ import torch
 from . import dispatch, reference_decode
 from .sinks import with_sinks
 from . import validation as val
+from . import validation_kvcache as val_kv
 
 __all__ = ["attention_with_kvcache"]
 
-# validated calls: _call_key -> validation.KVCacheArgs.  A decoding loop makes
-# the same call every step with new data, and the key (every tensor's
-# shape, strides, dtype, device, alignment and requires_grad, every other
+# validated calls: _call_key -> validation_kvcache.KVCacheArgs.  A decoding
+# loop makes the same call every step with new data, and the key (every
+# tensor's shape, strides, dtype, device, alignment and requires_grad, whether
+# v_cache starts where k_cache does and v_new where k_new does, every other
 # argument with its type, the grad mode and the dispatch switch) holds all
 # that the checks read, so a repeated call skips it; the same key then keys
 # the call's launch plan (launch.decode.kvcache_attention).
@@ -47,6 +52,9 @@ def _call_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, cau
                 key += (t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.data_ptr() % 16 == 0)
             else:
                 return None
+        # the shared K/V layout (validation_kvcache.shares_kv) is told apart by addresses
+        key.append(k_cache.data_ptr() == v_cache.data_ptr())
+        key.append(k_new is not None and v_new is not None and k_new.data_ptr() == v_new.data_ptr())
         key = tuple(key)
         hash(key)
     except (TypeError, RuntimeError):   # unhashable arguments; tensors without strides or storage
@@ -55,9 +63,9 @@ def _call_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, cau
 
 
 def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal, scale, window, softcap,
-              alibi_slopes, num_splits, return_lse, check_indices) -> val.KVCacheArgs:
-    """The checks of one call (``validation.check_kvcache``) on the path ``q`` selects."""
-    return val.check_kvcache(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal, scale, window,
+              alibi_slopes, num_splits, return_lse, check_indices) -> val_kv.KVCacheArgs:
+    """The checks of one call (``validation_kvcache.check_kvcache``) on the path ``q`` selects."""
+    return val_kv.check_kvcache(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal, scale, window,
                              softcap, alibi_slopes, num_splits, return_lse, check_indices,
                              uses_kernels=dispatch.uses_triton)
 
@@ -72,15 +80,24 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
         q: (B, Hq, Nq, D) queries (Nq = 1 for one decoding step; more for
             speculative or chunked steps).
         k_cache, v_cache: the cache, modified in place when k_new is given.
-            Contiguous: (B, Hkv, max_seqlen, D).  Paged (with block_table):
-            (num_pages, Hkv, page_size, D), page_size a multiple of 16.
-            Hq must be a multiple of Hkv (GQA/MQA: the query heads sharing a
-            kv head are computed together, the cache is never expanded).
-            Any strides.
+            Contiguous: (B, Hkv, max_seqlen, D) and (B, Hkv, max_seqlen, Dv).
+            Paged (with block_table): (num_pages, Hkv, page_size, D) and
+            (..., Dv), page_size a multiple of 16.  D and Dv (V's head dim,
+            the output's) each in 1..MAX_HEAD_DIM.  Hq must be a multiple
+            of Hkv (GQA/MQA: the query heads sharing a kv head are computed
+            together, the cache is never expanded).  Any strides.
+            ``v_cache = k_cache[..., :Dv]`` (a view, Dv < D) says that each
+            key's first Dv channels are its value: each cached key is then
+            read once, V taken from it.  That is the absorbed MLA layout of
+            DeepSeek-V2/V3 decoding (D = 576, Dv = 512, one kv head), the
+            only layout that takes D = 576.
         cache_seqlens: int32 (B,): valid entries of each batch element's
             cache *before* the append.
-        k_new, v_new: optional (B, Hkv, Nnew, D): written to positions
-            cache_seqlens[b] .. cache_seqlens[b] + Nnew - 1, then attended to.
+        k_new, v_new: optional (B, Hkv, Nnew, D) and (B, Hkv, Nnew, Dv):
+            written to positions cache_seqlens[b] .. cache_seqlens[b] + Nnew
+            - 1, then attended to.  With ``v_cache = k_cache[..., :Dv]``
+            only k_new is written (its first Dv channels are the new
+            values): v_new must then be None or ``k_new[..., :Dv]``.
             ``cache_seqlens`` itself is not changed (advance it yourself).
             Pages written by the append must not be shared between batch
             elements.
@@ -89,7 +106,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
             uses (j < ceil(length / page_size)) are read.
         causal: bottom-right aligned against the length after the append:
             query i sees key j iff j <= i + Nk - Nq, Nk = cache_seqlens[b] + Nnew.
-        scale: softmax scale, default 1/sqrt(D).
+        scale: softmax scale, default 1/sqrt(D) (D = q's head dim).
         window: (left, right), -1 = unbounded: query i sees keys
             i + Nk - Nq - left .. i + Nk - Nq + right (with causal, right = 0).
         softcap: c > 0: scores s = scale * q.k become c * tanh(s / c); None
@@ -116,7 +133,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
             cache (indices are clamped in the kernels).
 
     Returns:
-        out (B, Hq, Nq, D) in q's dtype, or (out, lse).  Rows that see no key
+        out (B, Hq, Nq, Dv) in q's dtype, or (out, lse).  Rows that see no key
         (an empty cache, or a window/causal mask that hides every key) give 0
         and lse -inf.
 
@@ -137,7 +154,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     paged = block_table is not None
     slopes = val.cast_alibi(alibi_slopes, q)
     if check_indices:
-        val.check_kvcache_indices(cache_seqlens, block_table, plan.n_new, plan.capacity,
+        val_kv.check_kvcache_indices(cache_seqlens, block_table, plan.n_new, plan.capacity,
                        k_cache.shape[0] if paged else 0, k_cache.shape[2])
 
     with torch.no_grad():
@@ -146,14 +163,17 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
             out, lse = launch_decode.kvcache_attention(
                 q, k_cache, v_cache, cache_seqlens, block_table, n_new=plan.n_new, capacity=plan.capacity,
                 scale=plan.scale, window=plan.window, softcap=plan.softcap, alibi_slopes=slopes,
-                num_splits=num_splits, k_new=k_new, v_new=v_new, call_key=key)
+                num_splits=num_splits, k_new=k_new, v_new=None if plan.shared_kv else v_new,
+                shared_kv=plan.shared_kv, call_key=key)
         else:
             if k_new is not None:
-                reference_decode.append_kv_(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table)
+                reference_decode.append_kv_(k_cache, v_cache, k_new, None if plan.shared_kv else v_new,
+                                            cache_seqlens, block_table)
             n_k = torch.clamp(cache_seqlens.long() + plan.n_new, 0, plan.capacity)
             out, lse = reference_decode.kvcache_attention(
                 q, k_cache, v_cache, n_k, block_table, scale=plan.scale, window=plan.window,
-                softcap=plan.softcap, alibi_slopes=slopes, num_splits=max(1, num_splits))
+                softcap=plan.softcap, alibi_slopes=slopes, num_splits=max(1, num_splits),
+                shared_kv=plan.shared_kv)
         out, lse = with_sinks(out, lse, sinks)
     if return_lse:
         return out, lse.float()

@@ -9,6 +9,11 @@ sees key j iff ``j < n_k[b]``, ``j >= q_pos - left`` (left >= 0) and
 ``j <= q_pos + right`` (right >= 0; causal means right = 0).  Scores are
 ``scale * q.k``, softcapped to ``c * tanh(s / c)``, plus the ALiBi bias
 ``-slope * |q_pos - j|``.
+
+V may be narrower or wider than K (Dv != D); the output has Dv.  With
+``shared_kv`` (``v_cache = k_cache[..., :Dv]``, validation_kvcache.shares_kv)
+the keys are gathered once and the values are their first Dv channels, and
+the append writes k_new alone.
 """
 from __future__ import annotations
 
@@ -23,7 +28,9 @@ _STEP = 1024
 
 
 def append_kv_(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None) -> None:
-    """Write k_new/v_new[b, :, t] at cache position cache_seqlens[b] + t, in place."""
+    """Write k_new/v_new[b, :, t] at cache position cache_seqlens[b] + t, in
+    place; v_new None writes k_new alone (v_cache a view of k_cache's first
+    channels)."""
     b, _, n_new, _ = k_new.shape
     if n_new == 0 or b == 0:
         return
@@ -38,12 +45,13 @@ def append_kv_(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None) 
         row = pos % page_size
     # (pages or batch, rows, heads, D) views of the caches; index_put_ writes through them
     k_cache.transpose(1, 2)[first, row] = k_new.transpose(1, 2).to(k_cache.dtype)
-    v_cache.transpose(1, 2)[first, row] = v_new.transpose(1, 2).to(v_cache.dtype)
+    if v_new is not None:
+        v_cache.transpose(1, 2)[first, row] = v_new.transpose(1, 2).to(v_cache.dtype)
 
 
 def gather_kv(cache: torch.Tensor, block_table, n_keys: int) -> torch.Tensor:
     """The first ``n_keys`` logical positions of every batch element as a
-    (B, Hkv, n_keys, D) tensor (a view for a contiguous cache, a copy for a
+    (B, Hkv, n_keys, head dim) tensor (a view for a contiguous cache, a copy for a
     paged one).  Positions past a batch element's length hold whatever the
     cache holds there; callers mask them."""
     if block_table is None:
@@ -111,20 +119,22 @@ def _partial(qg, k, v, start, stop, n_k, n_q, scale, window, softcap, slopes):
 
 
 def kvcache_attention(q, k_cache, v_cache, n_k, block_table=None, *, scale, window=(-1, -1), softcap=None,
-                      alibi_slopes=None, num_splits=1):
+                      alibi_slopes=None, num_splits=1, shared_kv=False):
     """Attention of q (B, Hq, Nq, D) over the first n_k[b] cached keys of each
-    batch element (the append already done).  ``window`` is (left, right)
+    batch element (the append already done); values of v_cache's head dim Dv
+    (with ``shared_kv`` the first Dv channels of the gathered keys).  ``window`` is (left, right)
     with causal already folded in (right = 0).  The keys [0, max n_k) are cut
     into ``num_splits`` equal ranges, each computed on its own and merged by
-    :func:`combine_splits`, as the kernels do.  Returns (out like q, lse
-    float32 (float64 for float64 q) of shape (B, Hq, Nq))."""
+    :func:`combine_splits`, as the kernels do.  Returns (out (B, Hq, Nq, Dv)
+    in q's dtype, lse float32 (float64 for float64 q) of shape (B, Hq, Nq))."""
     b, hq, n_q, d = q.shape
+    dv = v_cache.shape[-1]
     hkv = k_cache.shape[1]
     acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
     n_k = n_k.to(device=q.device, dtype=torch.long)
     n_max = int(n_k.max()) if b > 0 else 0
     k = gather_kv(k_cache, block_table, n_max)
-    v = gather_kv(v_cache, block_table, n_max)
+    v = k[..., :dv] if shared_kv else gather_kv(v_cache, block_table, n_max)
     qg = q.to(acc_t).reshape(b, hkv, hq // hkv, n_q, d)
     slopes = None
     if alibi_slopes is not None:
@@ -141,4 +151,4 @@ def kvcache_attention(q, k_cache, v_cache, n_k, block_table=None, *, scale, wind
         lses.append(lse)
     out, lse = combine_splits(outs, lses) if num_splits > 1 else (outs[0], lses[0])
     lse_t = torch.float64 if q.dtype == torch.float64 else torch.float32
-    return out.reshape(b, hq, n_q, d).to(q.dtype), lse.reshape(b, hq, n_q).to(lse_t)
+    return out.reshape(b, hq, n_q, dv).to(q.dtype), lse.reshape(b, hq, n_q).to(lse_t)

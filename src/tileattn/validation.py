@@ -2,9 +2,11 @@
 
 ``attention``, ``attention_varlen`` (``api.py``), ``attention_with_kvcache``
 (``decode.py``), the SDPA drop-in (``sdpa.py``) and the transformers backend
-check their arguments with the functions below, before anything is launched
-or written; a bad argument raises TypeError (wrong type) or ValueError (wrong
-value) naming it.  The rules that hold for every entry point:
+check their arguments with the functions below (``attention_with_kvcache``'s
+own shape rules, built from them, are in ``validation_kvcache.py``), before
+anything is launched or written; a bad argument raises TypeError (wrong type)
+or ValueError (wrong value) naming it.  The rules that hold for every entry
+point:
 
 * ``scale``: a finite real number, or None for 1/sqrt(D);
 * ``window``: None or a pair ``(left, right)`` of ints >= -1 (-1: unbounded);
@@ -16,7 +18,8 @@ value) naming it.  The rules that hold for every entry point:
   (float64 too for float64 inputs); differentiable;
 * ``deterministic``: a bool, or None (the faster backward for the call);
 * head dim 1..``MAX_HEAD_DIM``, q's = k's, v's (the output's) its own in
-  1..``MAX_HEAD_DIM`` (not in ``attention_with_kvcache``); on the kernels batch and heads at most
+  1..``MAX_HEAD_DIM`` (``attention_with_kvcache`` also takes D = 576 with
+  Dv = 512 in the absorbed MLA layout); on the kernels batch and heads at most
   ``MAX_GRID_YZ`` (CUDA grid axes y and z); float64 only off the kernels.
 
 This module depends on nothing of tileattn but ``block_mask``; the caller
@@ -354,147 +357,3 @@ def check_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
         if hk != hv or hk == 0 or hq % hk != 0:
             raise ValueError(f"enable_gqa=True needs key and value with the same number of heads "
                              f"(dimension -3) dividing the query heads, got query {hq}, key {hk}, value {hv}")
-
-
-# ---------------------------------------------------------------------------
-# attention_with_kvcache
-# ---------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class KVCacheArgs:
-    """What the checks of ``attention_with_kvcache`` derive from its arguments."""
-    scale: float
-    window: tuple[int, int]       # (left, right), causal folded in (right = 0); -1 = unbounded
-    softcap: Optional[float]      # None: off
-    n_new: int
-    capacity: int                 # keys one batch element can hold
-    on_kernels: bool
-
-
-def check_kvcache(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal, scale, window,
-                  softcap, alibi_slopes, num_splits, return_lse, check_indices, *,
-                  uses_kernels: Callable) -> KVCacheArgs:
-    """Every argument of ``attention_with_kvcache`` (shapes, dtypes, devices,
-    values); the contents of cache_seqlens and block_table are checked by
-    :func:`check_kvcache_indices`.  ``uses_kernels(q)``: as for :func:`check_qkv`."""
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        check_tensor(name, t, 4)
-    if (k_new is None) != (v_new is None):
-        raise ValueError("k_new and v_new must be given together (or neither)")
-    if k_new is not None:
-        check_tensor("k_new", k_new, 4)
-        check_tensor("v_new", v_new, 4)
-    for name, flag in (("causal", causal), ("return_lse", return_lse), ("check_indices", check_indices)):
-        check_bool(name, flag)
-
-    tensors = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
-    if k_new is not None:
-        tensors += [("k_new", k_new), ("v_new", v_new)]
-    for name, t in tensors[1:]:
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} dtype {t.dtype} differs from q dtype {q.dtype}; q, k_cache, v_cache, "
-                            f"k_new and v_new must share one dtype")
-    on_kernels = uses_kernels(q)
-    check_path_dtype("q", q, on_kernels)
-
-    check_index_tensor("cache_seqlens", cache_seqlens, 1, "(batch,)")
-    if block_table is not None:
-        check_index_tensor("block_table", block_table, 2, "(batch, max_blocks)")
-    for name, t in tensors[1:] + [("cache_seqlens", cache_seqlens), ("block_table", block_table)]:
-        if t is not None:
-            check_device(name, t, q)
-
-    b, hq, n_q, d = q.shape
-    check_head_dim(d, "q")
-    if v_cache.shape[-1] != k_cache.shape[-1]:
-        raise ValueError(f"v_cache's head dim ({v_cache.shape[-1]}) must equal k_cache's ({k_cache.shape[-1]}); "
-                         f"a separate V head dim is supported by attention, attention_varlen and "
-                         f"scaled_dot_product_attention only")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
-                         f"{tuple(v_cache.shape)}")
-    hkv = k_cache.shape[1]
-    if k_cache.shape[3] != d:
-        raise ValueError(f"head_dim must agree: q has {d}, k_cache/v_cache have {k_cache.shape[3]}")
-    check_heads(hq, hkv, " in k_cache")
-    if cache_seqlens.shape[0] != b:
-        raise ValueError(f"cache_seqlens must have shape (batch,) = ({b},), got {tuple(cache_seqlens.shape)}")
-
-    if block_table is None:
-        if k_cache.shape[0] != b:
-            raise ValueError(f"k_cache/v_cache batch size ({k_cache.shape[0]}) must equal q's ({b}); "
-                             f"a paged cache needs block_table")
-        capacity = k_cache.shape[2]
-    else:
-        page_size = k_cache.shape[2]
-        if page_size == 0 or page_size % 16:
-            raise ValueError(f"page size (k_cache.shape[2] with block_table) must be a positive multiple of 16, "
-                             f"got {page_size}")
-        if k_cache.shape[0] == 0:
-            raise ValueError("a paged k_cache/v_cache needs at least one page (shape[0] >= 1)")
-        if block_table.shape[0] != b:
-            raise ValueError(f"block_table must have shape (batch, max_blocks) with batch = {b}, got "
-                             f"{tuple(block_table.shape)}")
-        capacity = block_table.shape[1] * page_size
-
-    n_new = 0
-    if k_new is not None:
-        if k_new.shape != v_new.shape:
-            raise ValueError(f"k_new and v_new must have the same shape, got {tuple(k_new.shape)} and "
-                             f"{tuple(v_new.shape)}")
-        if k_new.shape[0] != b or k_new.shape[1] != hkv or k_new.shape[3] != d:
-            raise ValueError(f"k_new/v_new must have shape (batch, kv_heads, n_new, head_dim) = "
-                             f"({b}, {hkv}, n_new, {d}), got {tuple(k_new.shape)}")
-        n_new = k_new.shape[2]
-        if n_new > capacity:
-            raise ValueError(f"the cache is too small for k_new: {n_new} new tokens exceed its capacity "
-                             f"of {capacity} tokens")
-
-    if torch.is_grad_enabled():
-        for name, t in tensors:
-            if t.requires_grad:
-                raise ValueError(f"{name} requires grad, but attention_with_kvcache is forward-only "
-                                 f"(inference); use tileattn.attention for training or call under "
-                                 f"torch.no_grad()")
-
-    # the kernels' grids put the batch on a grid dimension of at most 65535
-    # programs (kv heads x query blocks go on the first, which takes 2**31 - 1)
-    if on_kernels and b > MAX_GRID_YZ:
-        raise ValueError(f"batch ({b}) must be at most {MAX_GRID_YZ} on the GPU path; split the call")
-    scale = check_scale(scale, d)
-    left, right = fold_causal(causal, *check_window(window))
-    cap = check_softcap(softcap)
-    check_alibi(alibi_slopes, q, b, hq)
-    if not is_int(num_splits):
-        raise TypeError(f"num_splits must be an int, got {type(num_splits).__name__}")
-    if not 0 <= num_splits <= MAX_NUM_SPLITS:
-        raise ValueError(f"num_splits must be in 0..{MAX_NUM_SPLITS} (0: chosen from the shape), got {num_splits}")
-    return KVCacheArgs(scale=scale, window=(left, right), softcap=cap or None, n_new=n_new, capacity=capacity,
-                       on_kernels=on_kernels)
-
-
-def check_kvcache_indices(cache_seqlens, block_table, n_new: int, capacity: int, num_pages: int,
-                          page_size: int) -> None:
-    """cache_seqlens + n_new must fit the cache and every page the call touches
-    must exist.  Reads the index tensors on the host: one device sync."""
-    seq = cache_seqlens.long()
-    bad_len = (seq < 0) | (seq + n_new > capacity)
-    flags = [bad_len.any()]
-    if block_table is not None:
-        used = torch.clamp((seq + n_new + page_size - 1) // page_size, 0, block_table.shape[1])
-        cols = torch.arange(block_table.shape[1], device=seq.device)
-        touched = cols[None, :] < used[:, None]
-        bad_page = touched & ((block_table < 0) | (block_table >= num_pages))
-        flags.append(bad_page.any())
-    flags = torch.stack(flags).tolist()
-    if flags[0]:
-        i = int(bad_len.nonzero()[0, 0])
-        n = int(seq[i])
-        if n < 0:
-            raise ValueError(f"cache_seqlens[{i}] = {n} is negative")
-        raise ValueError(f"the cache is too small for k_new: cache_seqlens[{i}] = {n} plus {n_new} new tokens "
-                         f"exceeds the capacity of {capacity} tokens" if n_new else
-                         f"cache_seqlens[{i}] = {n} exceeds the cache capacity of {capacity} tokens")
-    if len(flags) > 1 and flags[1]:
-        i, j = (int(x) for x in bad_page.nonzero()[0])
-        raise ValueError(f"block_table[{i}, {j}] = {int(block_table[i, j])} is out of range: the paged cache has "
-                         f"{num_pages} pages (entries a sequence uses must be in 0..{num_pages - 1})")

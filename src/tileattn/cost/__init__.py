@@ -1,8 +1,10 @@
-"""IO cost model of attention: FLOPs, HBM bytes, roofline, tile shapes, hardware.
+"""IO cost model of attention: FLOPs, HBM bytes, roofline, tile shapes, hardware;
+``decode.py``: the same for one KV-cache decoding step.
 
 Plain functions on shapes, no GPU needed.  ``docs/io-model.md`` derives the
 formulas; ``benchmarks/measure_bytes.py`` checks them against Nsight Compute.
 """
+from .decode import DecodeShape, crossover_heads, decode_bound, decode_cache_bytes, decode_flops, decode_traffic
 from .hardware import (CATALOGUE, Hardware, UnknownHardwareError, Value, get_hardware, hardware_from_dict,
                        hardware_names, load_hardware_file, user_hardware_dir)
 from .io import (AttentionShape, CacheModel, DefaultConfigs, FlopBreakdown, Pass, ResidentMemory, TrafficEstimate,
@@ -13,6 +15,7 @@ from .tiles import (TileOption, chosen_configs, feasible_tiles, kernel_bytes, ma
                     table_configs_check)
 
 __all__ = [
+    "DecodeShape", "crossover_heads", "decode_bound", "decode_cache_bytes", "decode_flops", "decode_traffic",
     "CATALOGUE", "Hardware", "UnknownHardwareError", "Value", "get_hardware", "hardware_from_dict",
     "hardware_names", "load_hardware_file", "user_hardware_dir",
     "AttentionShape", "CacheModel", "DefaultConfigs", "FlopBreakdown", "Pass", "ResidentMemory", "TrafficEstimate",

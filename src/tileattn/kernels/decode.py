@@ -16,6 +16,18 @@ finish their leading program first).  Each split runs the online softmax over
 its tiles and writes a partial output with its log-sum-exp.  With one split
 the partial *is* the result and the kernel writes the output directly.
 
+V has a head dim of its own, ``HEAD_DIM_V`` (tile ``BLOCK_DV``; the
+accumulator's and the output's), next to Q's and K's ``HEAD_DIM``.  With
+``HEAD_DIM_HI`` > 0 the cache is *shared* (the absorbed MLA layout: V is the
+first HEAD_DIM_V channels of every key, ``v_cache = k_cache[..., :Dv]``):
+each key tile is loaded once, as two power-of-2 pieces through V's and K's
+sources -- V's source addresses the first HEAD_DIM_V channels (the ``lo``
+piece, which is also the value tile), K's the last HEAD_DIM_HI channels (the
+launcher points K at ``k_cache[..., Dv:]``) -- and
+S = Q[:, :Dv] K_lo^T + Q[:, Dv:] K_hi^T, O += P K_lo: V is never loaded on
+its own, and each piece is padded to its own power of 2 (576 = 512 + 64,
+not one 1024-wide tile).
+
 ``_decode_combine_kernel`` merges the splits of each row by their lse:
 out = sum_s exp(lse_s - lse) out_s with lse = log sum_s exp(lse_s), up to
 16 splits of a row in one load.
@@ -137,15 +149,19 @@ def _kv_tile(src, cache, start_n, n_k,
 
 
 @triton.jit
-def _decode_stage(acc, l_i, m_i, q, q_pos, slopes, k_src, v_src, cache, stage, n_k, var,
+def _decode_stage(acc, l_i, m_i, q, q_hi, q_pos, slopes, k_src, v_src, cache, stage, n_k, var,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, HEAD_DIM_HI: tl.constexpr,
+                  BLOCK_DHI: tl.constexpr,
                   PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
                   USE_TMA: tl.constexpr, OFFSETS_32: tl.constexpr, HAS_LEFT: tl.constexpr,
                   HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                   SHIFT_LAST: tl.constexpr):
     """The online softmax over the tiles [lo, hi) of ``stage``, MASKED or
     not.  ``k_src``/``v_src``, ``cache``: see :func:`_kv_tile`; ``var``: the
-    scale and the variants' runtime parameters.  With SHIFT_LAST
+    scale and the variants' runtime parameters; ``q_hi``: with HEAD_DIM_HI
+    (a shared cache) the query's last HEAD_DIM_HI channels, ``q`` its first
+    HEAD_DIM_V (see the module docstring).  With SHIFT_LAST
     (descriptor loads of a contiguous cache) the last tile is moved back to
     end at hi, so that every tile holds only cache rows below n_k (rows below
     0 come as zeros from the copy engine) and needs no zeroing; the scores of
@@ -160,9 +176,18 @@ def _decode_stage(acc, l_i, m_i, q, q_pos, slopes, k_src, v_src, cache, stage, n
         else:
             start_n = lo_n
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _kv_tile(k_src, cache, start_n, n_k, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                     PAGE_SIZE=PAGE_SIZE, MASKED=ZERO_ROWS, USE_TMA=USE_TMA, OFFSETS_32=OFFSETS_32)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if HEAD_DIM_HI > 0:
+            # one read of each key: its first HEAD_DIM_V channels are the value tile
+            v = _kv_tile(v_src, cache, start_n, n_k, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM_V, BLOCK_D=BLOCK_DV,
+                         PAGE_SIZE=PAGE_SIZE, MASKED=ZERO_ROWS, USE_TMA=USE_TMA, OFFSETS_32=OFFSETS_32)
+            k_hi = _kv_tile(k_src, cache, start_n, n_k, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM_HI, BLOCK_D=BLOCK_DHI,
+                            PAGE_SIZE=PAGE_SIZE, MASKED=ZERO_ROWS, USE_TMA=USE_TMA, OFFSETS_32=OFFSETS_32)
+            qk = tl.dot(q, tl.trans(v), input_precision=DOT_PRECISION)
+            qk = tl.dot(q_hi, tl.trans(k_hi), qk, input_precision=DOT_PRECISION)
+        else:
+            k = _kv_tile(k_src, cache, start_n, n_k, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                         PAGE_SIZE=PAGE_SIZE, MASKED=ZERO_ROWS, USE_TMA=USE_TMA, OFFSETS_32=OFFSETS_32)
+            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         s, _ = scores(qk, q_pos[:, None], offs_n[None, :], 0, qk_scale, softcap_scale, softcap_log2,
                       slopes[:, None], HAS_SOFTCAP, HAS_ALIBI)
         if MASKED:
@@ -174,8 +199,9 @@ def _decode_stage(acc, l_i, m_i, q, q_pos, slopes, k_src, v_src, cache, stage, n
                                                  HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT)
             s = tl.where(visible, s, float("-inf"))
         p, alpha, l_i, m_new = online_softmax_step(s, m_i, l_i, MASKED)
-        v = _kv_tile(v_src, cache, start_n, n_k, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                     PAGE_SIZE=PAGE_SIZE, MASKED=ZERO_ROWS, USE_TMA=USE_TMA, OFFSETS_32=OFFSETS_32)
+        if HEAD_DIM_HI == 0:
+            v = _kv_tile(v_src, cache, start_n, n_k, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM_V, BLOCK_D=BLOCK_DV,
+                         PAGE_SIZE=PAGE_SIZE, MASKED=ZERO_ROWS, USE_TMA=USE_TMA, OFFSETS_32=OFFSETS_32)
         acc = accumulate(acc, p, alpha, v, DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -196,8 +222,9 @@ def _decode_partial_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SAME_KV_STRIDES: tl.constexpr = False,
-    OFFSETS_32: tl.constexpr = False, ONE_LOOP: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, HEAD_DIM_HI: tl.constexpr, BLOCK_DHI: tl.constexpr,
+    SAME_KV_STRIDES: tl.constexpr = False, OFFSETS_32: tl.constexpr = False, ONE_LOOP: tl.constexpr = False,
 ):
     off_hk = tl.program_id(0) % N_KV_HEADS
     m_block = tl.program_id(0) // N_KV_HEADS
@@ -213,9 +240,20 @@ def _decode_partial_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
 
-    q_ptrs = (Q + off_b.to(tl.int64) * stride_qb
-              + (off_h.to(tl.int64) * stride_qh + off_i * stride_qn)[:, None] + offs_d[None, :] * stride_qd)
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if HEAD_DIM_HI > 0:
+        # a shared cache: the query's first HEAD_DIM_V channels and its last HEAD_DIM_HI
+        q_rows = Q + off_b.to(tl.int64) * stride_qb + (off_h.to(tl.int64) * stride_qh + off_i * stride_qn)[:, None]
+        offs_lo = tl.arange(0, BLOCK_DV)
+        q = tl.load(q_rows + offs_lo[None, :] * stride_qd, mask=row_ok[:, None] & (offs_lo < HEAD_DIM_V)[None, :],
+                    other=0.0)
+        offs_hi = tl.arange(0, BLOCK_DHI)
+        q_hi = tl.load(q_rows + (HEAD_DIM_V + offs_hi)[None, :] * stride_qd,
+                       mask=row_ok[:, None] & (offs_hi < HEAD_DIM_HI)[None, :], other=0.0)
+    else:
+        q_ptrs = (Q + off_b.to(tl.int64) * stride_qb
+                  + (off_h.to(tl.int64) * stride_qh + off_i * stride_qn)[:, None] + offs_d[None, :] * stride_qd)
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        q_hi = q
 
     # cache length after the append (clamped: an unchecked length cannot run past the cache)
     n_k = tl.minimum(tl.load(SEQLENS + off_b) + N_NEW, CAPACITY)
@@ -266,7 +304,7 @@ def _decode_partial_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
     # masked head (left window edge), unmasked body, masked tail (diagonal,
     # n_k edge); with ONE_LOOP the tail takes every tile, so that the
@@ -294,8 +332,9 @@ def _decode_partial_kernel(
         # it runs no tile: an empty masked stage is skipped by a branch
         if HAS_STAGE[i] and (not STAGE_MASKED[i] or stages[i][1] > stages[i][0]):
             acc, l_i, m_i = _decode_stage(
-                acc, l_i, m_i, q, q_pos, slopes, k_src, v_src, cache, stages[i], n_k, var,
-                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
+                acc, l_i, m_i, q, q_hi, q_pos, slopes, k_src, v_src, cache, stages[i], n_k, var,
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, HEAD_DIM_V=HEAD_DIM_V, BLOCK_DV=BLOCK_DV,
+                HEAD_DIM_HI=HEAD_DIM_HI, BLOCK_DHI=BLOCK_DHI, PAGE_SIZE=PAGE_SIZE,
                 MASKED=STAGE_MASKED[i], DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA, OFFSETS_32=OFFSETS_32,
                 HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
                 SHIFT_LAST=i == 2 and ONE_LOOP and USE_TMA)
@@ -307,8 +346,9 @@ def _decode_partial_kernel(
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
     row_off = (off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh + off_i * stride_on
                + split * stride_os)
-    o_ptrs = O + row_off[:, None] + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    offs_dv = tl.arange(0, BLOCK_DV)
+    o_ptrs = O + row_off[:, None] + offs_dv[None, :] * stride_od
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
     l_ptrs = (LSE + off_b.to(tl.int64) * stride_lb + off_h.to(tl.int64) * stride_lh + off_i * stride_ln
               + split * stride_ls)
     tl.store(l_ptrs, lse, mask=row_ok)
@@ -374,9 +414,11 @@ def _append_kv_kernel(
     stride_tb, stride_tn,
     N_NEW, CAPACITY, NUM_PAGES,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
-    """Rows t of k_new/v_new[b, h] go to cache position cache_seqlens[b] + t."""
+    """Rows t of k_new/v_new[b, h] go to cache position cache_seqlens[b] + t;
+    HEAD_DIM_V = 0 writes k_new alone (a shared cache: v_cache is k_cache's
+    first channels)."""
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
@@ -393,8 +435,12 @@ def _append_kv_kernel(
         k_rows = off_b.to(tl.int64) * stride_kb + pos * stride_kn
         v_rows = off_b.to(tl.int64) * stride_vb + pos * stride_vn
     k_dst = K + off_h.to(tl.int64) * stride_kh + k_rows[:, None] + offs_d[None, :] * stride_kd
-    v_dst = V + off_h.to(tl.int64) * stride_vh + v_rows[:, None] + offs_d[None, :] * stride_vd
     k_src = head_base(K_NEW, off_b, off_h, stride_knb, stride_knh) + t[:, None] * stride_knn + offs_d[None, :] * stride_knd
-    v_src = head_base(V_NEW, off_b, off_h, stride_vnb, stride_vnh) + t[:, None] * stride_vnn + offs_d[None, :] * stride_vnd
     tl.store(k_dst, tl.load(k_src, mask=mask), mask=mask)
-    tl.store(v_dst, tl.load(v_src, mask=mask), mask=mask)
+    if HEAD_DIM_V > 0:
+        offs_dv = tl.arange(0, BLOCK_DV)
+        mask_v = ok[:, None] & (offs_dv < HEAD_DIM_V)[None, :]
+        v_dst = V + off_h.to(tl.int64) * stride_vh + v_rows[:, None] + offs_dv[None, :] * stride_vd
+        v_src = (head_base(V_NEW, off_b, off_h, stride_vnb, stride_vnh) + t[:, None] * stride_vnn
+                 + offs_dv[None, :] * stride_vnd)
+        tl.store(v_dst, tl.load(v_src, mask=mask_v), mask=mask_v)

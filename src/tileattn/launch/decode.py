@@ -1,7 +1,15 @@
 """Launchers for the KV-cache decoding kernels (``kernels/decode.py``):
 allocate outputs, pick the config and the split count, compute the grid and
 call the kernels by keyword.  No validation here (``decode.py`` validates
-before anything reaches this module).
+before anything reaches this module); the config choice is in
+``decode_configs.py``.
+
+V may have its own head dim Dv: the output and the partial outputs are Dv
+wide.  A shared cache (``v_cache = k_cache[..., :Dv]``, the absorbed MLA
+layout) is launched with K pointing at the keys' last D - Dv channels
+(``k_cache[..., Dv:]``) and V at their first Dv, and the kernel's
+HEAD_DIM_HI = D - Dv: each key tile is read once, as two pieces, and V is
+never loaded on its own; the append then writes k_new alone.
 
 Split count (``num_splits=0``), :func:`choose_num_splits`:
 
@@ -59,11 +67,14 @@ import torch
 import triton
 
 from .. import configs
-from .._env import env
 from ..configs import DecodeConfig
 from ..kernels.decode import _append_kv_kernel, _decode_combine_kernel, _decode_partial_kernel
 from . import runtime, tuning
-from .runtime import LOG2E, descriptor, dot_precision, output_f32, output_like, smem_limit, strides4
+# (re-exported: the launcher's config choice, in its own module)
+from .decode_configs import (  # noqa: F401
+    _TUNE_KEY, _first_fitting, _set_boxes, _tuned_partial, decode_autotune_enabled, decode_smem_bytes, one_loop,
+    shared_smem_bytes)
+from .runtime import LOG2E, descriptor, dot_precision, output_f32, output_like, strides4
 
 PROGRAMS_PER_SM = 2
 # leading split (choose_lead; docs/perf-notes.md, v7)
@@ -78,42 +89,14 @@ _EFFICIENCY_SLACK = 0.95
 ONE_WAVE = 0.9
 
 # combine: splits loaded at once (a chunk), at most this many rows per program,
-# and (rows x chunk) <= _COMBINE_ELEMS (a load is rows x chunk x head dim floats)
+# and (rows x chunk) <= _COMBINE_ELEMS (a load is rows x chunk x head dim
+# floats), and at most _COMBINE_FLOATS of them (128 a thread: V of 512)
 _COMBINE_SPLITS = 16
 _COMBINE_ROWS = 16
 _COMBINE_ELEMS = 64
+_COMBINE_FLOATS = 64 * 256
 # append: new rows per program
 _APPEND_ROWS = 16
-
-
-def decode_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, num_stages: int,
-                      paged: bool = False, descriptors: bool = True) -> int:
-    """Shared memory of a partial program: the Q tile, the K and V tiles
-    buffered by the pipeliner, the probabilities, and with descriptors in
-    three loops one more tile that the masked tiles are staged through (they
-    are zeroed in registers past n_k; in one loop, :func:`one_loop`, the edge
-    tile is moved back instead); the pointer path buffers the page numbers
-    instead (sm_90 compiles, triton 3.6: at most 1 KB above the compiler's
-    figure)."""
-    d = configs.block_d(head_dim)
-    buffers = configs.decode_pipeline_buffers(num_stages, paged)
-    tiles = 2 * buffers + (1 if descriptors and not one_loop(descriptors, paged) else 0)
-    pages = 4 * buffers * block_n if paged and not descriptors else 0
-    return elem_bytes * (d * (block_m + tiles * block_n) + block_m * block_n) + pages + 1024
-
-
-def one_loop(descriptors: bool, paged: bool) -> bool:
-    """Whether the partial kernel runs its tiles in one loop, every tile
-    masked (``ONE_LOOP``), instead of a masked head, an unmasked body and a
-    masked tail, each loop with a prologue of its own.  One loop lets the
-    pipeline run on through a ragged last tile.  H200, graph replay
-    (docs/perf-notes.md, v9): a contiguous cache by descriptor, 4095 keys,
-    66.0 -> 64.0 us, full caches level; 16-token pages by pointer, 4095 keys,
-    66.0 -> 64.9 us, full caches level; but a contiguous cache by pointer lost
-    up to 0.7 % on full caches (every row's load masked), and on a paged cache
-    by descriptor an edge tile must be zeroed in registers (the rows past the
-    length are in the page), so those two keep three loops."""
-    return descriptors != paged
 
 
 def choose_num_splits(programs_per_split: int, capacity: int, num_sms: int,
@@ -163,87 +146,19 @@ def choose_lead(programs_per_split: int, capacity: int, num_sms: int, descriptor
     return 0
 
 
-def _prune(configs_in, named_args, **kwargs):
-    args = {**named_args, **kwargs}
-    limit = smem_limit(args["Q"].device)
-    elem = args["K"].element_size()
-    keep = [c for c in configs_in
-            if _usable(_LAYOUT_OF[c], args["BLOCK_M"], args["HEAD_DIM"], elem, args["PAGE_SIZE"],
-                       args["USE_TMA"], limit)]
-    return keep or [min(configs_in, key=lambda c: c.kwargs["BLOCK_N"] * c.num_stages)]
-
-
-def _usable(c: DecodeConfig, block_m: int, head_dim: int, elem: int, page_size: int, descriptors: bool,
-            limit: int) -> bool:
-    """Whether ``c`` is a candidate for this launch: made for the cache's
-    layout, no tile across a page boundary where pages are at least a tile
-    (page lookups per row for nothing), and within shared memory."""
-    paged = page_size > 0
-    if not c.serves(paged) or (page_size % c.block_n and page_size >= c.block_n):
-        return False
-    return decode_smem_bytes(block_m, c.block_n, head_dim, elem, c.num_stages, paged, descriptors) <= limit
-
-
-# the DecodeConfig behind each autotuner config (its layouts), by identity
-_LAYOUT_OF: dict = {}
-
-_TUNE_KEY = ["HEAD_DIM", "BLOCK_M", "PAGE_SIZE", "USE_TMA", "DOT_PRECISION", "SOFTCAP", "HAS_ALIBI"]
-
-
-def _set_boxes(args) -> None:
-    """Give the K/V descriptors the (1, 1, BLOCK_N, BLOCK_D) box of the config."""
-    if args["USE_TMA"]:
-        for name in ("K_DESC", "V_DESC"):
-            args[name].block_shape = [1, 1, args["BLOCK_N"], args["BLOCK_D"]]
-
-
-def _build_tuned_partial():
-    cfgs = []
-    for c in configs.DECODE_CONFIGS:
-        cfgs.append(triton.Config(c.as_meta(), num_warps=c.num_warps, num_stages=c.num_stages,
-                                  pre_hook=_set_boxes))
-        _LAYOUT_OF[cfgs[-1]] = c
-    return triton.autotune(configs=cfgs, key=_TUNE_KEY,
-                           prune_configs_by={"early_config_prune": _prune})(_decode_partial_kernel)
-
-
-def _tuned_partial():
-    """The autotuned partial kernel (built on first use, GPU only)."""
-    return tuning.autotuner("decode", _build_tuned_partial)
-
-
-def decode_autotune_enabled(block_m: int, elem_bytes: int) -> bool:
-    """Whether a decoding launch autotunes over configs.DECODE_CONFIGS instead of
-    taking the first that fits.  Never with TILEATTN_AUTOTUNE=0;
-    TILEATTN_DECODE_AUTOTUNE=1 always, =0 never.  Unset: only outside the
-    class the table's order was measured for (16-bit caches, one block of at
-    most 16 packed query rows, i.e. Nq x group size <= 16).  Outside it the
-    first fitting config can spill registers (sm_90 compiles: up to ~1 KB a
-    thread for head dim 256 with 64 packed rows, tens of KB in float32), and
-    timing the candidates is worth its first-call cost."""
-    if not runtime.autotune_enabled():
-        return False
-    switch = env("TILEATTN_DECODE_AUTOTUNE", "")
-    if switch in ("0", "1"):
-        return switch == "1"
-    return not (elem_bytes == 2 and block_m <= 16)
-
-
-def _first_fitting(block_m: int, head_dim: int, elem: int, page_size: int, device: torch.device,
-                   descriptors: bool) -> DecodeConfig:
-    limit = smem_limit(device)
-    return next((c for c in configs.DECODE_CONFIGS if _usable(c, block_m, head_dim, elem, page_size, descriptors, limit)),
-                configs.DECODE_CONFIGS[-1])
-
-
 def _max_offset(t: torch.Tensor) -> int:
     """The largest element offset from ``t``'s first element."""
     return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
 
 
 def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity: int) -> None:
-    """In-place append of k_new/v_new at cache_seqlens (one launch for K and V)."""
+    """In-place append of k_new/v_new at cache_seqlens (one launch for K and
+    V); v_new None appends k_new alone (a shared cache, whose V is K's first
+    channels)."""
     b, hkv, n_new, d = k_new.shape
+    dv = 0 if v_new is None else v_new.shape[3]
+    if v_new is None:
+        v_new, v_cache = k_new, k_cache   # (not written: HEAD_DIM_V = 0)
     if b == 0 or n_new == 0:
         return
     paged = block_table is not None
@@ -256,29 +171,37 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capaci
         stride_tb=bt.stride(0) if paged else 0, stride_tn=bt.stride(1) if paged else 0,
         N_NEW=n_new, CAPACITY=capacity, NUM_PAGES=k_cache.shape[0] if paged else 1,
         HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_T=_APPEND_ROWS,
-        PAGE_SIZE=k_cache.shape[2] if paged else 0))
+        PAGE_SIZE=k_cache.shape[2] if paged else 0, HEAD_DIM_V=dv, BLOCK_DV=configs.block_d(dv) if dv else 0))
 
 
 def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new: int, capacity: int,
                       scale: float, window=(-1, -1), softcap=None, alibi_slopes=None, num_splits: int = 0,
                       lead_permille: int | None = None, config: DecodeConfig | None = None,
-                      k_new=None, v_new=None, call_key=None):
+                      k_new=None, v_new=None, shared_kv: bool = False, call_key=None):
     """Split-KV attention over the cache, after appending ``k_new``/``v_new``
     (when given; else the append is already done and ``n_new`` counts the
     rows it added).  ``window`` has causal folded in (right = 0).
+    ``shared_kv``: ``v_cache`` is ``k_cache[..., :Dv]`` (checked by the
+    caller): each key tile is read once, V taken from it, and only k_new is
+    appended (``v_new`` is ignored).
     ``lead_permille``: the leading split's share of the tiles in 1/1000 (0:
     even splits; None: :func:`choose_lead` decides when ``num_splits`` is 0,
     even splits otherwise).  ``call_key``: a hashable key of the whole
     validated call (``decode._call_key``: every tensor's shape, strides,
     dtype, device and alignment, and every argument), which then keys the
-    launch plan instead of the tensors being read again.  Returns (out like
-    q, lse float32 (B, Hq, Nq))."""
+    launch plan instead of the tensors being read again.  Returns (out
+    (B, Hq, Nq, Dv) in q's dtype, lse float32 (B, Hq, Nq))."""
     b, hq, n_q, d = q.shape
-    hkv = k_cache.shape[1]
+    hkv, dv = k_cache.shape[1], v_cache.shape[3]
     group = hq // hkv
     block_m = configs.decode_block_m(group, n_q)
     if k_new is not None and (k_new.shape[0] == 0 or k_new.shape[2] == 0):
         k_new = v_new = None   # nothing to append
+    if shared_kv:
+        v_new = None
+    # the keys' tiles: on a shared cache K's source is its last D - Dv channels
+    # (v_cache is the first Dv)
+    k_src = k_cache[..., dv:] if shared_kv else k_cache
     # a launch plan (runtime.py) for repeated calls of one shape: a decoding
     # loop calls this with the same shapes every step; the plan holds the
     # append's launch too
@@ -286,20 +209,20 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     if config is None and q.is_cuda and b > 0 and n_q > 0:
         autotuned = decode_autotune_enabled(block_m, k_cache.element_size())
         if call_key is not None:
-            plan_key = runtime.plan_key("decode-call", (), call_key, lead_permille, autotuned)
+            plan_key = runtime.plan_key("decode-call", (), call_key, lead_permille, autotuned, shared_kv)
         else:
             plan_key = runtime.plan_key("decode", (q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes,
                                                    k_new, v_new),
                                         int(n_new), int(capacity), float(scale), tuple(window), softcap,
-                                        num_splits, lead_permille, autotuned)
+                                        num_splits, lead_permille, autotuned, shared_kv)
         plan = runtime.PLANS.get(plan_key) if plan_key is not None else None
         splits = _PLAN_SPLITS.get(plan_key) if plan is not None else None
         if splits is not None:   # (a plan without its split count is recorded again below)
-            out, lse = output_like(q), output_f32((b, hq, n_q), q.device)
+            out, lse = _output(q, dv), output_f32((b, hq, n_q), q.device)
             tensors = _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse,
-                                      k_new, v_new)
+                                      k_new, v_new, k_src)
             if splits > 1:
-                tensors["o_part"] = output_f32((b, hq, n_q, splits, d), q.device)
+                tensors["o_part"] = output_f32((b, hq, n_q, splits, dv), q.device)
                 tensors["l_part"] = output_f32((b, hq, n_q, splits), q.device)
             if runtime.aligned(*(tensors[k] for k in _DECODE_OUTPUTS if k in tensors)):
                 runtime.replay(plan, tensors)
@@ -308,7 +231,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     if plan_key is not None:
         runtime.begin_record()
     try:
-        out, lse = _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new,
+        out, lse = _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, k_src,
                                        n_new=n_new, capacity=capacity, scale=scale,
                                        window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                                        num_splits=num_splits, lead_permille=lead_permille, config=config,
@@ -319,8 +242,8 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     return out, lse
 
 
-def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, *, n_new, capacity, scale,
-                        window, softcap, alibi_slopes, num_splits, lead_permille, config, block_m, plan_key):
+def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, k_src, *, n_new, capacity,
+                        scale, window, softcap, alibi_slopes, num_splits, lead_permille, config, block_m, plan_key):
     """The launches of :func:`kvcache_attention` without a plan to replay;
     records one under ``plan_key`` when it is not None."""
     b, hq, n_q, d = q.shape
@@ -328,26 +251,28 @@ def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, 
     group = hq // hkv
     m_blocks = triton.cdiv(group * n_q, block_m)
     if num_splits == 0:
-        num_splits, lead = choose_splits(b * hkv * m_blocks, capacity, runtime.sm_count(q.device),
-                                         descriptor_tiles(k_cache, v_cache, block_table is not None))
+        by_descriptor = (descriptor_tiles(k_src, v_cache, block_table is not None)
+                         and not _shared_pages_by_pointer(k_src is not k_cache, block_table is not None, block_m,
+                                                          k_cache.element_size()))
+        num_splits, lead = choose_splits(b * hkv * m_blocks, capacity, runtime.sm_count(q.device), by_descriptor)
         lead_permille = lead if lead_permille is None else lead_permille
     lead_permille = lead_permille or 0
     if lead_permille and num_splits < 2:   # (before the append writes the cache)
         raise ValueError(f"a leading split needs num_splits >= 2, got {num_splits}")
     if k_new is not None:
         append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity)
-    out = output_like(q)
+    out = _output(q, v_cache.shape[3])
     lse = output_f32((b, hq, n_q), q.device)
     if b == 0 or n_q == 0:
         return out, lse
-    o_part, l_part = _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
+    o_part, l_part = _kvcache_launch(q, k_src, v_cache, cache_seqlens, block_table, out, lse,
                                      n_new=n_new, capacity=capacity, scale=scale, window=window,
                                      softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
                                      lead_permille=lead_permille, block_m=block_m, m_blocks=m_blocks,
-                                     config=config)
+                                     config=config, shared_kv=k_src is not k_cache)
     if plan_key is not None:
         tensors = _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse,
-                                  k_new, v_new)
+                                  k_new, v_new, k_src)
         if num_splits > 1:
             tensors.update(o_part=o_part, l_part=l_part)
         runtime.end_record(plan_key, tensors)
@@ -363,12 +288,35 @@ _PLAN_SPLITS: dict = {}
 _DECODE_OUTPUTS = ("out", "lse", "o_part", "l_part")
 
 
+def _shared_pages_by_pointer(shared_kv: bool, paged: bool, block_m: int, elem: int) -> bool:
+    """A shared cache's pages at 64+ packed rows load by pointer: by
+    descriptor the three loops' edge tiles, zeroed in registers, spilled
+    ~850 bytes a thread (sm_90, D = 576, 8 warps; by pointer, in one loop,
+    4 bytes)."""
+    return shared_kv and paged and configs.decode_uses_wgmma(block_m, elem)
+
+
+def _output(q: torch.Tensor, dv: int) -> torch.Tensor:
+    """The output: q's batch, heads and rows, V's head dim (q's layout when Dv = D)."""
+    if dv == q.shape[3]:
+        return output_like(q)
+    out = torch.empty((*q.shape[:3], dv), device=q.device, dtype=q.dtype)
+    if runtime.POISON_OUTPUTS:
+        out.fill_(float("nan"))
+    return out
+
+
 def _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse, k_new=None,
-                    v_new=None) -> dict:
-    """The per-call tensors of a decode launch, by name (optional ones only when given)."""
+                    v_new=None, k_src=None) -> dict:
+    """The per-call tensors of a decode launch, by name (optional ones only
+    when given; ``k_src``, K's last channels, only when it is not ``k_cache``)."""
     tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seqlens": cache_seqlens, "out": out, "lse": lse}
+    if k_src is not None and k_src is not k_cache:
+        tensors["k_src"] = k_src
     if k_new is not None:
-        tensors.update(k_new=k_new, v_new=v_new)
+        tensors["k_new"] = k_new
+    if v_new is not None:
+        tensors["v_new"] = v_new
     if block_table is not None:
         tensors["block_table"] = block_table
     if alibi_slopes is not None:
@@ -377,11 +325,13 @@ def _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slope
 
 
 def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *, n_new, capacity, scale, window,
-                    softcap, alibi_slopes, num_splits, lead_permille, block_m, m_blocks, config):
+                    softcap, alibi_slopes, num_splits, lead_permille, block_m, m_blocks, config, shared_kv=False):
     """The partial kernel (and, for several splits, the combine).  Returns the
-    partial outputs (``out``, ``lse`` themselves for one split)."""
+    partial outputs (``out``, ``lse`` themselves for one split).  With
+    ``shared_kv``, ``k_cache`` is the keys' last D - Dv channels and
+    ``v_cache`` their first Dv (the kernel's HEAD_DIM_HI)."""
     b, hq, n_q, d = q.shape
-    hkv = k_cache.shape[1]
+    hkv, dv = k_cache.shape[1], v_cache.shape[3]
     group = hq // hkv
     paged = block_table is not None
 
@@ -393,7 +343,8 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
     # 0.38-0.62x SDPA-cuDNN (H200, 16k / 64k keys,
     # docs/results/h200/v5/cfg_sweep) against 0.97x for the gathered 128-row
     # tiles.  With v4's configs the setting was 0.086 against 0.130 ms at 4k
-    tma = runtime.use_tma(k_cache, v_cache) and not (paged and page_size <= POINTER_PAGE_SIZE)
+    tma = (runtime.use_tma(k_cache, v_cache) and not (paged and page_size <= POINTER_PAGE_SIZE)
+           and not _shared_pages_by_pointer(shared_kv, paged, block_m, k_cache.element_size()))
 
     if num_splits == 1:
         o_part, l_part = out, lse
@@ -401,7 +352,7 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
                          stride_os=0, stride_od=out.stride(3))
         l_strides = dict(stride_lb=lse.stride(0), stride_lh=lse.stride(1), stride_ln=lse.stride(2), stride_ls=0)
     else:
-        o_part = output_f32((b, hq, n_q, num_splits, d), q.device)
+        o_part = output_f32((b, hq, n_q, num_splits, dv), q.device)
         l_part = output_f32((b, hq, n_q, num_splits), q.device)
         o_strides = dict(zip(("stride_ob", "stride_oh", "stride_on", "stride_os", "stride_od"), o_part.stride()))
         l_strides = dict(zip(("stride_lb", "stride_lh", "stride_ln", "stride_ls"), l_part.stride()))
@@ -423,8 +374,9 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
         softcap_scale=(scale / softcap) if softcap else 1.0,
         softcap_log2=(softcap * LOG2E) if softcap else 1.0,
         window_left=max(left, 0), window_right=max(right, 0), lead_permille=lead_permille,
-        HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=block_m,
-        PAGE_SIZE=page_size,
+        HEAD_DIM=d, BLOCK_D=configs.block_d(dv if shared_kv else d), BLOCK_M=block_m,
+        HEAD_DIM_V=dv, BLOCK_DV=configs.block_d(dv), HEAD_DIM_HI=d - dv if shared_kv else 0,
+        BLOCK_DHI=configs.block_d(d - dv) if shared_kv else 0, PAGE_SIZE=page_size,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
         HAS_ALIBI=alibi_slopes is not None,
         DOT_PRECISION=dot_precision(q.dtype), USE_TMA=tma,
@@ -438,10 +390,11 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
     def first_fit():
         if decode_autotune_enabled(block_m, elem):
             return None
-        return _first_fitting(block_m, d, elem, page_size, q.device, tma)
+        return _first_fitting(block_m, d, elem, page_size, q.device, tma, dv, shared_kv)
 
-    tuning.launch("decode", _decode_partial_kernel, grid, args, config=config, interpreter_config=configs.INTERPRETER_DECODE,
-                  first_fit=first_fit, build_autotuner=_tuned_partial,
+    tuning.launch("decode-shared" if shared_kv else "decode", _decode_partial_kernel, grid, args, config=config,
+                  interpreter_config=configs.INTERPRETER_DECODE, first_fit=first_fit,
+                  build_autotuner=lambda: _tuned_partial(shared_kv),
                   key=(q.device, q.dtype, *(args[name] for name in _TUNE_KEY)), set_boxes=_set_boxes)
 
     if num_splits > 1:
@@ -456,7 +409,8 @@ def combine_splits(o_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor
     b, hq, n_q, num_splits, d = o_part.shape
     n_rows = b * hq * n_q
     block_s = max(2, min(_COMBINE_SPLITS, triton.next_power_of_2(num_splits)))
-    block_r = max(1, min(_COMBINE_ROWS, _COMBINE_ELEMS // block_s))
+    block_r = max(1, min(_COMBINE_ROWS, _COMBINE_ELEMS // block_s,
+                         _COMBINE_FLOATS // (block_s * configs.block_d(d))))
     combine = dict(
         O_PART=o_part, LSE_PART=l_part, O=out, LSE=lse,
         **strides4(out, "o"),
