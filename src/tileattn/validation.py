@@ -15,9 +15,8 @@ value) naming it.  The rules that hold for every entry point:
 * ``sinks``: a float32 tensor (Hq,) on q's device, one logit per query head
   (float64 too for float64 inputs); differentiable;
 * ``deterministic``: a bool, or None (the faster backward for the call);
-* head dim 1..``MAX_HEAD_DIM``, q's = k's, v's (the output's) its own in
-  1..``MAX_HEAD_DIM`` (not in ``attention_with_kvcache``); on the kernels batch and heads at most
-  ``MAX_GRID_YZ`` (CUDA grid axes y and z); float64 only off the kernels.
+* head dim 1..``MAX_HEAD_DIM``, q's = k's, v's its own (``attention_with_kvcache``: one, 1..``MAX_DECODE_HEAD_DIM``);
+  on the kernels batch and heads at most ``MAX_GRID_YZ`` (CUDA grid axes y and z); float64 only off the kernels.
 
 This module depends on nothing of tileattn but ``block_mask``; the caller
 hands in the predicate that says whether a call runs the kernels
@@ -34,7 +33,8 @@ import torch
 
 from .block_mask import BLOCK_K, BLOCK_Q, BlockMask
 
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 512           # training and prefill: attention, attention_varlen, the SDPA drop-in
+MAX_DECODE_HEAD_DIM = 256    # attention_with_kvcache: its configs are sized up to 256
 MAX_GRID_YZ = 65535          # CUDA grid axes y and z (heads, batch)
 MAX_NUM_SPLITS = 256         # attention_with_kvcache's num_splits
 GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -87,9 +87,9 @@ def check_path_dtype(what: str, q, on_kernels: bool) -> None:
                         f"{', '.join(str(d) for d in allowed)}{hint}")
 
 
-def check_head_dim(d: int, what: str = "q, k, v") -> None:
-    if d == 0 or d > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim (last dimension of {what}) must be in 1..{MAX_HEAD_DIM}, got {d}")
+def check_head_dim(d: int, what: str = "q, k, v", limit: int = MAX_HEAD_DIM, where: str = "") -> None:
+    if d == 0 or d > limit:
+        raise ValueError(f"head_dim (last dimension of {what}) must be in 1..{limit}{where}, got {d}")
 
 
 def check_grid(on_kernels: bool, what: str, *sizes: int) -> None:
@@ -404,7 +404,7 @@ def check_kvcache(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
             check_device(name, t, q)
 
     b, hq, n_q, d = q.shape
-    check_head_dim(d, "q")
+    check_head_dim(d, "q", MAX_DECODE_HEAD_DIM, " in attention_with_kvcache (MAX_DECODE_HEAD_DIM)")
     if v_cache.shape[-1] != k_cache.shape[-1]:
         raise ValueError(f"v_cache's head dim ({v_cache.shape[-1]}) must equal k_cache's ({k_cache.shape[-1]}); "
                          f"a separate V head dim is supported by attention, attention_varlen and "
