@@ -5,6 +5,8 @@ launches it, adding dQ into a float32 accumulator.
 
     python benchmarks/compile_report.py --arch 90 [--head-dim 64 128] [--dtype bf16]
     python benchmarks/compile_report.py --head-dim 128 --variant varlen window   # with variants on
+    python benchmarks/compile_report.py --head-dim 512 --head-dim-v 256          # V of its own head dim
+    python benchmarks/compile_report.py --arch 89 --pointer-path --head-dim 512  # consumer parts (no TMA)
 
 ``compile_decode`` does the same for the decoding kernel (used by the test
 of its shared-memory estimate).
@@ -175,6 +177,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--head-dim-v", type=int, default=None, help="V's head dim (default: each --head-dim)")
     ap.add_argument("--dtype", default="bf16", choices=sorted(_TY))
     ap.add_argument("--pointer-path", action="store_true", help="the portable path instead of TMA")
     ap.add_argument("--variant", nargs="+", default=[], choices=sorted(VARIANTS),
@@ -182,16 +185,17 @@ def main():
     args = ap.parse_args()
     rows = []
     for d in args.head_dim:
-        for kind, kernel, cands in (("fwd", _attn_fwd_kernel, configs.candidates("fwd", d)),
-                                    ("dkdv", _attn_bwd_dkdv_kernel, configs.candidates("dkdv", d)),
-                                    ("dq", _attn_bwd_dq_kernel, configs.candidates("dq", d)),
-                                    ("dkdv_atomic", _attn_bwd_dkdv_kernel, configs.candidates("dkdv_atomic", d))):
+        dv = args.head_dim_v
+        for kind, kernel, cands in (("fwd", _attn_fwd_kernel, configs.candidates("fwd", d, dv)),
+                                    ("dkdv", _attn_bwd_dkdv_kernel, configs.candidates("dkdv", d, dv)),
+                                    ("dq", _attn_bwd_dq_kernel, configs.candidates("dq", d, dv)),
+                                    ("dkdv_atomic", _attn_bwd_dkdv_kernel, configs.candidates("dkdv_atomic", d, dv))):
             for cfg in cands:
                 for causal in (False, True):
                     try:
                         regs, smem, spills, wgmma, _ = compile_one(kernel, cfg, d, args.dtype, causal, args.arch,
                                                                    not args.pointer_path, tuple(args.variant),
-                                                                   atomic_dq=kind == "dkdv_atomic")
+                                                                   atomic_dq=kind == "dkdv_atomic", head_dim_v=dv)
                         rows.append((kind, d, cfg.name, causal, regs, smem, spills, wgmma))
                     except Exception as e:  # report and go on
                         msg = re.sub(r"\s+", " ", str(e))[:120]

@@ -3,17 +3,34 @@ checked (``validation.py``) before anything is launched; ``dispatch.py``
 picks the path and ``ops.py`` holds the autograd routes."""
 from __future__ import annotations
 
-from . import dispatch, ops
+import torch
+
+from . import configs, dispatch, ops
 from .sinks import with_sinks
 from . import validation as val
 
-__all__ = ["attention", "attention_varlen", "validate"]
+__all__ = ["attention", "attention_varlen", "validate", "check_shared_memory"]
 
 
 def validate(q, k, v, causal, scale) -> float:
     """The dense checks of :func:`attention` on the path ``q`` selects;
     returns the softmax scale to use."""
     return val.check_qkv(q, k, v, causal, scale, uses_kernels=dispatch.uses_triton)
+
+
+def check_shared_memory(q, k, v, sinks, deterministic: bool) -> None:
+    """On the kernels, before anything runs: the forward and, when a gradient
+    will be asked for, the backward have a tile that fits the GPU's shared
+    memory (ValueError otherwise, e.g. float32 at head dim 512 on a 99 KB
+    part; ``configs.check_fits``).  Under ``torch.compile`` the launchers'
+    own check runs instead."""
+    if (max(q.shape[-1], v.shape[-1]) <= configs.SMEM_CHECKED_ABOVE or not dispatch.uses_triton(q)
+            or torch.compiler.is_compiling()):
+        return
+    from .launch import attention as launch_attention
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks))
+    kinds = ("fwd",) + (launch_attention.bwd_kinds(deterministic) if grad else ())
+    launch_attention.check_shared_memory(q, v, kinds)
 
 
 def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=None, softcap=None,
@@ -83,6 +100,7 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
     plain = (left, right, cap, slopes, mask) == (-1, -1, 0.0, None, None)
     if det is None:
         det = dispatch.default_deterministic(q, k, v, plain)
+    check_shared_memory(q, k, v, sinks, det)
     if dispatch.eager_applies(q, k, v):
         # same launchers, without the custom-op dispatch (host time; see ops.py)
         out, lse = ops.eager_attention(q, k, v, causal, scale,
@@ -153,6 +171,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     det = val.check_deterministic(deterministic)
     if det is None:   # packed sequences run the portable kernels: deterministic is the faster there
         det = True
+    check_shared_memory(q, k, v, sinks, det)
     out, lse = ops.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_q), int(max_k), causal, scale,
                                         left, right, cap, slopes, det)
     out, lse = with_sinks(out, lse, sinks, head_dim=0)

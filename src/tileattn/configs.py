@@ -102,15 +102,27 @@ SMEM_ESTIMATORS = {"fwd": fwd_smem_bytes, "dkdv": dkdv_smem_bytes, "dkdv_atomic"
                    "dq": dq_smem_bytes}
 
 
+HEAD_DIM_BUCKETS = (64, 128, 256, 512)
+
+
 def _head_dim_bucket(head_dim: int) -> int:
-    for bucket in (64, 128, 256):
+    for bucket in HEAD_DIM_BUCKETS:
         if head_dim <= bucket:
             return bucket
-    raise ValueError(f"head_dim={head_dim} exceeds 256")
+    raise ValueError(f"head_dim={head_dim} exceeds {HEAD_DIM_BUCKETS[-1]}, the largest the kernels support")
 
 
 _C = "sm_90 compile report, triton 3.6: no register spills (docs/perf-notes.md)"
 _S = "H200 config sweep, triton 3.6 (benchmarks/config_sweep.py; docs/perf-notes.md v2)"
+# Head dims 257..512: sized for shared memory, not yet timed on a GPU.  Each
+# note gives the estimate and the compile report (triton 3.6, bf16 unless
+# float32 is named, compiled on a CPU for sm_90a with tensor descriptors or
+# for sm_89 by pointers; benchmarks/compile_report.py): registers, spill
+# stores non-causal/causal, the compiler's shared memory (docs/perf-notes.md
+# v13).  Without timings the order is the atomic table's rule: few spills
+# first, then wider tiles; each table has a tile that fits 227 KB (sm_90),
+# one that fits 99 KB (sm_86/sm_89) and float32's.
+_W = "d > 256, sized for shared memory, not yet timed on a GPU"
 
 # Candidates for autotuning on a GPU, by head-dim bucket; the first one that
 # fits is also the choice when autotuning is off (TILEATTN_AUTOTUNE=0).  The
@@ -133,6 +145,14 @@ FWD_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
         KernelConfig(64, 32, 4, 2, _C),
         KernelConfig(32, 32, 4, 1, "float32 head dims > 128: the only tile under 227 KB"),
     ),
+    512: (
+        KernelConfig(64, 32, 8, 2, _W + ": 198,656 B; sm_90a wgmma 241/245 regs, no spills, 196,640 B "
+                     "(by pointers 2,808/2,832 B)"),
+        KernelConfig(32, 16, 8, 2, _W + ": 100,352 B, fits 99 KB; sm_89 229/239 regs, no spills, 50,176 B; "
+                     "float32 on 227 KB: sm_90a spills 240/256 B"),
+        KernelConfig(32, 16, 8, 1, _W + ": float32 on 163 KB, 133,120 B; sm_90a 254 regs, no spills"),
+        KernelConfig(16, 16, 8, 1, _W + ": float32 on 99 KB, 100,352 B; sm_89 194 regs, no spills"),
+    ),
 }
 
 # dK/dV keeps two fp32 accumulators and the K, V tiles in registers: small
@@ -149,6 +169,19 @@ DKDV_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     256: (
         KernelConfig(32, 64, 8, 2, _C),
         KernelConfig(32, 32, 4, 1, "float32 head dims > 128: the only tile under 227 KB"),
+        KernelConfig(16, 16, 8, 1, "float32 on 99 KB, 67,584 B, not yet timed; sm_89 158 regs, no spills "
+                     "(dkdv_atomic 84,992 B: 198 regs, no spills)"),
+    ),
+    # dK and dV stay in registers (2 x BLOCK_N x 512 float32): BLOCK_N <= 32
+    # on 8 warps, no wgmma (its M is BLOCK_N); the causal diagonal stage's
+    # second loop spills on the descriptor path
+    512: (
+        KernelConfig(16, 16, 8, 2, _W + ": 100,352 B, fits 99 KB; sm_90a 192/255 regs, spills 0/708 B, "
+                     "66,200 B; sm_89 spills 48/48 B; float32 on 227 KB: sm_90a spills 252/336 B"),
+        KernelConfig(16, 32, 8, 2, _W + ": 133,120 B; sm_90a 255 regs, spills 24/2,392 B, 99,480 B (by "
+                     "pointers 292/412 B)"),
+        KernelConfig(32, 32, 8, 2, _W + ": 198,656 B; sm_90a 255 regs, spills 64/2,312 B, 133,400 B"),
+        KernelConfig(16, 16, 8, 1, _W + ": float32 on 163 KB, 133,120 B; sm_90a 254/255 regs, spills 0/328 B"),
     ),
 }
 
@@ -164,6 +197,16 @@ DQ_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     256: (
         KernelConfig(64, 64, 8, 2, _C),
         KernelConfig(32, 32, 4, 1, "float32 head dims > 128: the only tile under 227 KB"),
+        KernelConfig(16, 16, 8, 1, "float32 on 99 KB, 67,584 B, not yet timed; sm_89 112 regs, no spills"),
+    ),
+    # BLOCK_M = 64 takes wgmma on sm_90 (Q and dO read from shared memory);
+    # BLOCK_M = 32 on 8 warps compiled to 32 registers and 9 KB of spills
+    512: (
+        KernelConfig(64, 16, 8, 2, _W + ": 198,656 B; sm_90a wgmma 255 regs, spills 216/232 B, 196,624 B "
+                     "(by pointers 3,722 B)"),
+        KernelConfig(16, 16, 8, 2, _W + ": 100,352 B, fits 99 KB; sm_89 255 regs, no spills (sm_90a 700/712 B); "
+                     "float32 on 227 KB: sm_90a no spills"),
+        KernelConfig(16, 16, 8, 1, _W + ": float32 on 163 KB, 133,120 B; sm_90a 208 regs, no spills"),
     ),
 }
 
@@ -189,6 +232,11 @@ DKDV_ATOMIC_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     # the dK/dV table's: spills 24/168 B and 140/1396 B with the dQ adds
     # (0/32 and 12/1308 without); nothing better tried yet
     256: DKDV_CONFIGS[256],
+    512: (
+        KernelConfig(16, 32, 8, 2, _W + ": 166,912 B; sm_90a 255 regs, spills 28/2,364 B, 132,248 B"),
+        KernelConfig(16, 16, 8, 1, _W + ": 100,864 B, fits 99 KB; sm_90a 182/128 regs, spills 0/1,596 B; "
+                     "sm_89 spills 44/104 B; float32 (166,912 B) sm_90a spills 224/672 B"),
+    ),
 }
 
 TABLES = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dkdv_atomic": DKDV_ATOMIC_CONFIGS, "dq": DQ_CONFIGS}
@@ -228,6 +276,43 @@ def fitting(configs: Iterable[KernelConfig], head_dim: int, elem_bytes: int, sme
     if ok:
         return ok
     return [min(configs, key=est)]
+
+
+# Above this head dim (the 512 bucket) every table's estimates were checked
+# against the compiler (sm_90a and sm_89, docs/perf-notes.md v13): each
+# estimate is at or above the compiled kernel's shared memory, the
+# backward's smallest float32 tiles within 2 % of it.  A call there whose
+# smallest tile does not fit is refused (check_fits) before anything runs.
+# At or below it the smallest tile is launched and the compiler has the
+# last word: the estimate overshoots float32 there (d = 64, M64-N64-s3 on
+# sm_89: 116,736 B estimated, 98,304 B compiled, which runs).
+SMEM_CHECKED_ABOVE = 256
+
+KERNEL_NAMES = {"fwd": "forward kernel", "dkdv": "backward's dK/dV kernel", "dq": "backward's dQ kernel",
+                "dkdv_atomic": "atomic backward's dK/dV kernel (deterministic=False)"}
+
+
+def check_fits(kinds: Iterable[str], head_dim: int, elem_bytes: int, smem_limit: int,
+               head_dim_v: int | None = None, dtype: str = "") -> None:
+    """ValueError when a kernel of ``kinds`` has no config of its table whose
+    estimate fits ``smem_limit`` bytes per block, for head dims above
+    ``SMEM_CHECKED_ABOVE`` (the launch would fail in the compiler);
+    ``dtype`` names the inputs' dtype in the message."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    if max(head_dim, dv) <= SMEM_CHECKED_ABOVE:
+        return
+    for kind in kinds:
+        est = SMEM_ESTIMATORS[kind]
+        smallest = min(candidates(kind, head_dim, head_dim_v),
+                       key=lambda c: est(c.block_m, c.block_n, head_dim, elem_bytes, c.num_stages, head_dim_v))
+        need = est(smallest.block_m, smallest.block_n, head_dim, elem_bytes, smallest.num_stages, head_dim_v)
+        if need > smem_limit:
+            dims = f"head_dim={head_dim}" + ("" if dv == head_dim else f", v's head_dim={dv}")
+            hint = "float16 or bfloat16, or " if elem_bytes > 2 else ""
+            raise ValueError(
+                f"{dims} in {dtype or f'{elem_bytes}-byte elements'} does not fit this GPU's shared memory: "
+                f"the {KERNEL_NAMES[kind]}'s smallest tile ({smallest.name}) needs {need:,} bytes per block, "
+                f"the GPU has {smem_limit:,}; use {hint}head dims of at most {SMEM_CHECKED_ABOVE}")
 
 
 def all_configs() -> list[tuple[str, int, KernelConfig]]:

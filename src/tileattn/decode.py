@@ -83,7 +83,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
             Contiguous: (B, Hkv, max_seqlen, D) and (B, Hkv, max_seqlen, Dv).
             Paged (with block_table): (num_pages, Hkv, page_size, D) and
             (..., Dv), page_size a multiple of 16.  D and Dv (V's head dim,
-            the output's) each in 1..MAX_HEAD_DIM.  Hq must be a multiple
+            the output's) each in 1..MAX_DECODE_HEAD_DIM (256).  Hq must be a multiple
             of Hkv (GQA/MQA: the query heads sharing a kv head are computed
             together, the cache is never expanded).  Any strides.
             ``v_cache = k_cache[..., :Dv]`` (a view, Dv < D) says that each

@@ -1,8 +1,8 @@
 """A drop-in for ``torch.nn.functional.scaled_dot_product_attention``.
 
 ``scaled_dot_product_attention`` has torch's signature and torch's semantics;
-the calls tileattn can compute exactly (no ``attn_mask``, no dropout, a head
-dim of at most 256, ...) run ``tileattn.attention``, every other call runs
+the calls tileattn can compute exactly (no ``attn_mask``, no dropout, head
+dims of at most 512, ...) run ``tileattn.attention``, every other call runs
 torch's own function after a one-time warning per reason (so the answer is
 never wrong, only sometimes not accelerated).
 
@@ -154,7 +154,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     ``is_causal`` is aligned top-left as in torch (query i sees key j iff j <= i),
     which differs from ``tileattn.attention``'s bottom-right alignment when L != S.
 
-    Accelerated: no ``attn_mask``, ``dropout_p == 0``, E == Ev in 1..256, equal
+    Accelerated: no ``attn_mask``, ``dropout_p == 0``, E and Ev in 1..512, equal
     batch dimensions, Hq == H, H == 1 (broadcast) or ``enable_gqa`` with Hq a
     multiple of H; fp16/bf16/fp32 (and fp64 off the GPU).  Every other call runs
     torch's implementation after a one-time :class:`TileattnFallbackWarning`.

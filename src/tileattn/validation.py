@@ -18,8 +18,8 @@ point:
   (float64 too for float64 inputs); differentiable;
 * ``deterministic``: a bool, or None (the faster backward for the call);
 * head dim 1..``MAX_HEAD_DIM``, q's = k's, v's (the output's) its own in
-  1..``MAX_HEAD_DIM`` (``attention_with_kvcache`` also takes D = 576 with
-  Dv = 512 in the absorbed MLA layout); on the kernels batch and heads at most
+  1..``MAX_HEAD_DIM`` (``attention_with_kvcache``: each 1..``MAX_DECODE_HEAD_DIM``,
+  and D = 576 with Dv = 512 in the absorbed MLA layout); on the kernels batch and heads at most
   ``MAX_GRID_YZ`` (CUDA grid axes y and z); float64 only off the kernels.
 
 This module depends on nothing of tileattn but ``block_mask``; the caller
@@ -28,7 +28,6 @@ hands in the predicate that says whether a call runs the kernels
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
 from typing import Callable, Optional
@@ -37,7 +36,8 @@ import torch
 
 from .block_mask import BLOCK_K, BLOCK_Q, BlockMask
 
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 512           # training and prefill: attention, attention_varlen, the SDPA drop-in
+MAX_DECODE_HEAD_DIM = 256    # attention_with_kvcache: its configs are sized up to 256
 MAX_GRID_YZ = 65535          # CUDA grid axes y and z (heads, batch)
 MAX_NUM_SPLITS = 256         # attention_with_kvcache's num_splits
 GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -90,9 +90,9 @@ def check_path_dtype(what: str, q, on_kernels: bool) -> None:
                         f"{', '.join(str(d) for d in allowed)}{hint}")
 
 
-def check_head_dim(d: int, what: str = "q, k, v") -> None:
-    if d == 0 or d > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim (last dimension of {what}) must be in 1..{MAX_HEAD_DIM}, got {d}")
+def check_head_dim(d: int, what: str = "q, k, v", limit: int = MAX_HEAD_DIM, where: str = "") -> None:
+    if d == 0 or d > limit:
+        raise ValueError(f"head_dim (last dimension of {what}) must be in 1..{limit}{where}, got {d}")
 
 
 def check_grid(on_kernels: bool, what: str, *sizes: int) -> None:

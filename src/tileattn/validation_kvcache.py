@@ -2,11 +2,12 @@
 ones of ``validation.py``; checked before anything is launched or written.
 
 Head dims: q and k_cache (and k_new) have D, v_cache (and v_new, and the
-output) Dv, each in 1..``MAX_HEAD_DIM``.  The one exception is the absorbed
+output) Dv, each in 1..``MAX_DECODE_HEAD_DIM`` (the decoding configs are
+sized up to it; training and prefill go to ``MAX_HEAD_DIM``).  The one exception is the absorbed
 MLA layout (DeepSeek-V2/V3 decoding with the up-projections absorbed into the
 query and the output): a single 576-wide cache whose first 512 channels of
 every key are its value, passed as ``v_cache = k_cache[..., :512]``.  D = 576
-(and Dv = 512 while ``MAX_HEAD_DIM`` is below it) is accepted in that layout
+(and Dv = 512, above ``MAX_DECODE_HEAD_DIM``) is accepted in that layout
 only.  More generally, whenever v_cache is a view of the first Dv < D
 channels of k_cache (:func:`shares_kv`: the same first element and strides),
 the kernels read each cached key once and take V from it; the appended
@@ -20,7 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .validation import (MAX_GRID_YZ, MAX_HEAD_DIM, MAX_NUM_SPLITS, check_alibi, check_bool, check_device,
+from .validation import (MAX_DECODE_HEAD_DIM, MAX_GRID_YZ, MAX_NUM_SPLITS, check_alibi, check_bool, check_device,
                          check_head_dim, check_heads, check_index_tensor, check_path_dtype, check_scale,
                          check_softcap, check_tensor, check_window, fold_causal, is_int)
 
@@ -52,16 +53,17 @@ class KVCacheArgs:
 def _check_head_dims(d: int, dv: int, shared: bool) -> None:
     if shared and (d, dv) == (MLA_HEAD_DIM, MLA_HEAD_DIM_V):
         return
-    if d == MLA_HEAD_DIM and d > MAX_HEAD_DIM:
+    if d == MLA_HEAD_DIM:
         raise ValueError(f"head_dim {MLA_HEAD_DIM} is only supported for decoding with v_cache = "
                          f"k_cache[..., :{MLA_HEAD_DIM_V}] (the absorbed MLA layout: one cache, each key's first "
                          f"{MLA_HEAD_DIM_V} channels its value); got q and k_cache of head dim {d} and a v_cache "
                          f"of head dim {dv} {'(a view of k_cache)' if shared else '(not a view of k_cache)'}")
-    check_head_dim(d, "q, k_cache")
-    if dv == MLA_HEAD_DIM_V and dv > MAX_HEAD_DIM:
+    where = " in attention_with_kvcache (MAX_DECODE_HEAD_DIM)"
+    check_head_dim(d, "q, k_cache", MAX_DECODE_HEAD_DIM, where)
+    if dv == MLA_HEAD_DIM_V:
         raise ValueError(f"v_cache head dim {dv} is only supported as v_cache = k_cache[..., :{dv}] with "
                          f"k_cache of head dim {MLA_HEAD_DIM} (the absorbed MLA layout), got k_cache head dim {d}")
-    check_head_dim(dv, "v_cache")
+    check_head_dim(dv, "v_cache", MAX_DECODE_HEAD_DIM, where)
 
 
 def _check_new(k_new, v_new, b: int, hkv: int, d: int, dv: int, shared: bool) -> int:

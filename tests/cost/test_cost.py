@@ -316,7 +316,7 @@ def test_tiled_beats_standard_and_is_compute_bound_at_long_n():
 def test_solver_never_exceeds_smem(hw, kind):
     smem = CATALOGUE[hw].get_int("smem_per_block")
     est = configs.SMEM_ESTIMATORS[kind]
-    for d in (64, 128, 256):
+    for d in (64, 128, 256, 512):
         opts = feasible_tiles(smem, d, "bf16", kind=kind, num_stages=3)
         assert all(o.kind == kind for o in opts)
         for o in opts:
@@ -347,7 +347,7 @@ def test_solver_agrees_with_kernel_configs_on_h200(kind):
 def test_default_configs_are_first_fitting_of_each_table():
     # measured rows ran with autotuning off: the first config of each table that fits 227 KB
     smem = 232448
-    for d in (64, 128, 256):
+    for d in (64, 128, 256, 512):
         chosen = default_configs(d, 2, smem)
         for kind in ("fwd", "dkdv", "dq"):
             want = configs.fitting(configs.candidates(kind, d), d, 2, smem, kind=kind)[0]
@@ -355,6 +355,49 @@ def test_default_configs_are_first_fitting_of_each_table():
             assert chosen_configs(smem, d)[kind] == want
     assert default_configs(128, 2, smem).dq == configs.DQ_CONFIGS[128][0]
     assert default_configs(128, 2, smem).dkdv == configs.DKDV_CONFIGS[128][0]
+
+
+@pytest.mark.parametrize("hw", ["nvidia-h100-sxm", "nvidia-h200", "nvidia-rtx-4090", "nvidia-rtx-3090",
+                                "nvidia-a100-80gb-sxm4"])
+def test_solver_tiles_for_head_dim_512_fit(hw):
+    """d = 512, bf16: the solver finds tiles for every kernel within the GPU's
+    shared memory (227 KB on the H100/H200, 99 KB on the RTX 4090/3090, 163 KB
+    on the A100), and the config each kernel runs with autotuning off is one
+    of them; its HBM bytes are those of a 512-wide tile."""
+    smem = CATALOGUE[hw].get_int("smem_per_block")
+    assert smem == {"nvidia-h100-sxm": 227, "nvidia-h200": 227, "nvidia-a100-80gb-sxm4": 163}.get(hw, 99) * 1024
+    shape = AttentionShape(1, 8, 4096, 512, causal=True)
+    chosen = chosen_configs(smem, 512)
+    for kind in ("fwd", "dkdv", "dq"):
+        c = chosen[kind]
+        est = configs.SMEM_ESTIMATORS[kind](c.block_m, c.block_n, 512, 2, c.num_stages)
+        assert est <= smem, (hw, kind, c.name, est)
+        opts = feasible_tiles(smem, 512, "bf16", kind=kind, num_stages=c.num_stages, shape=shape)
+        assert (c.block_m, c.block_n) in {(o.block_m, o.block_n) for o in opts}
+        assert all(o.smem_bytes <= smem and o.hbm_bytes > 0 for o in opts)
+    if smem < 200 * 1024:   # the 227 KB tiles do not fit: the table's 99 KB ones run
+        assert chosen["dq"] == configs.DQ_CONFIGS[512][1]
+    else:
+        assert [chosen[k] for k in ("fwd", "dkdv", "dq")] == [configs.TABLES[k][512][0] for k in ("fwd", "dkdv", "dq")]
+
+
+def test_head_dim_512_traffic_and_flops():
+    """d = 512 in the IO model: FLOPs 4 B H N^2 d; the standard path's Q, K, V, O
+    bytes twice those at 256; the tiled forward re-reads K/V once per 64-row
+    query block (the H200's first config), reads Q once and writes O and lse once."""
+    s512, s256 = AttentionShape(1, 4, 2048, 512), AttentionShape(1, 4, 2048, 256)
+    assert attention_flops(1, 4, 2048, 2048, 512) == 4 * 4 * 2048 ** 2 * 512
+    assert flop_breakdown(s512).useful_fwd == 2 * flop_breakdown(s256).useful_fwd
+    t = tiled_traffic(s512, smem_per_block=232448)
+    assert t.params["fwd_config"] == "M64-N32-w8-s2"
+    fwd = next(p for p in t.passes if p.kernel == "fwd")
+    row = 512 * 2
+    assert fwd.tile_read_bytes == 4 * (2048 * row + (2048 // 64) * 2 * 2048 * row)
+    assert fwd.write_bytes == 4 * (2048 * row + 2048 * 4)
+    with pytest.raises(ValueError, match="head_dim=513 exceeds 512"):
+        AttentionShape(1, 4, 2048, 513)
+    with pytest.raises(ValueError, match="head_dim=513 exceeds 512"):
+        feasible_tiles(232448, 513)
 
 
 def test_tiled_backward_uses_dq_table_and_explicit_configs():

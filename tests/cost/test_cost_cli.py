@@ -36,8 +36,19 @@ def test_io_head_dim_v(capsys):
     assert (d["shape"]["head_dim"], d["shape"]["head_dim_v"]) == (192, 128)
     assert commands.main(argv) == 0
     assert "d=192 dv=128" in capsys.readouterr().out
-    assert commands.main(["io", "--hw", "nvidia-h200", *SHAPE, "--head-dim-v", "257"]) == 2
+    assert commands.main(["io", "--hw", "nvidia-h200", *SHAPE, "--head-dim-v", "513"]) == 2
     assert "head_dim_v" in capsys.readouterr().err
+
+
+def test_io_head_dim_512(capsys):
+    """d = 512 (the largest the kernels take) on the H200 and the RTX 4090; 513 is a usage error."""
+    for hw in ("nvidia-h200", "nvidia-rtx-4090"):
+        assert commands.main(["io", "--hw", hw, *SHAPE[:-1], "512", "--causal", "--json"]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["shape"]["head_dim"] == 512
+        assert d["tiled"]["prediction"]["fwd"]["bytes"] > 0
+    assert commands.main(["io", "--hw", "nvidia-h200", *SHAPE[:-1], "513"]) == 2
+    assert "head_dim=513 exceeds 512" in capsys.readouterr().err
 
 
 def test_unknown_hardware_exit_2(capsys):

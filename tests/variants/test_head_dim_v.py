@@ -63,6 +63,26 @@ def test_dense(path, d, dv, causal, dtype):
     _dense(f"dv-dense-{path}-d{d}-dv{dv}-{causal}-{NAMES[dtype]}", 2, 4, 2, 37, 53, d, dv, dtype, causal=causal)
 
 
+# past 256 (the 512 configs, chosen by the wider of the two): a wide K with a
+# narrower V, a narrower K with V of 512
+WIDE_PAIRS = [(512, 256), (320, 512)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=lambda t: NAMES[t])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d,dv", WIDE_PAIRS, ids=[f"d{d}-dv{dv}" for d, dv in WIDE_PAIRS])
+def test_dense_head_dims_above_256(path, d, dv, causal, dtype):
+    """GQA, Nq < Nk, odd lengths."""
+    _dense(f"dv-wide-{path}-d{d}-dv{dv}-{causal}-{NAMES[dtype]}", 1, 4, 2, 33, 70, d, dv, dtype, causal=causal)
+
+
+@pytest.mark.parametrize("d,dv", WIDE_PAIRS, ids=[f"d{d}-dv{dv}" for d, dv in WIDE_PAIRS])
+def test_head_dims_above_256_bf16_and_atomic(path, d, dv):
+    """bf16, Nq > Nk causal (rows that see no key), and the atomic backward (dQ's accumulator D wide)."""
+    _dense(f"dv-wide-bf16-{path}-d{d}-dv{dv}", 1, 2, 1, 70, 33, d, dv, torch.bfloat16, causal=True)
+    _dense(f"dv-wide-atomic-{path}-d{d}-dv{dv}", 1, 4, 2, 33, 70, d, dv, torch.float32, deterministic=False)
+
+
 @pytest.mark.parametrize("d,dv", [(64, 32), (40, 24)], ids=["d64-dv32", "d40-dv24"])
 def test_fully_masked_rows(path, d, dv):
     """Causal with Nq > Nk: the first Nq - Nk rows see no key (out 0, lse -inf)."""
@@ -227,7 +247,7 @@ def test_sdpa_drop_in(path):
         torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("dv", [0, 257], ids=["dv0", "dv257"])
+@pytest.mark.parametrize("dv", [0, 513], ids=["dv0", "dv513"])
 def test_bad_v_head_dim(dv):
     q = torch.randn(1, 2, 8, 32, device=DEVICE)
     k = torch.randn(1, 2, 8, 32, device=DEVICE)
@@ -300,6 +320,21 @@ def test_hopper_kernels_refuse_separate_v_head_dim(d, dv):
         assert dispatch.default_deterministic(q, k, other, True) is True
 
 
+@pytest.mark.parametrize("d,dv", [(256, 256), (512, 512), (512, 256)], ids=["d256", "d512", "d512-dv256"])
+def test_hopper_kernels_refuse_head_dims_above_128(d, dv):
+    """The Hopper kernels are built for d = 64 and 128: on a (pretended)
+    compute capability 9.0 device a call at 256 or 512 is not eligible for
+    either of them, so the portable kernels run it (with their 512 configs)."""
+    q, k, v, do = (_CudaTensorShape(1, 2, 4096, w) for w in (d, d, dv, dv))
+    with mock.patch.object(dispatch, "_hopper_device", return_value=True), \
+            mock.patch.object(dispatch, "interpreter_active", return_value=False), \
+            mock.patch.object(dispatch, "HOPPER_FWD", True), mock.patch.object(dispatch, "HOPPER_BWD", True), \
+            mock.patch.dict("os.environ", {"TILEATTN_HOPPER_FWD": "1", "TILEATTN_HOPPER_BWD": "1"}):
+        assert not dispatch.hopper_fwd_eligible(q, k, v)
+        assert not dispatch.hopper_bwd_eligible(q, k, v, do)
+        assert dispatch.default_deterministic(q, k, v, True) is True
+
+
 def test_cost_model_flops():
     """FLOPs with a V head dim: forward 2 B H pairs (D + Dv), backward 2 B H pairs (3 D + 2 Dv);
     the default (Dv = D) keeps the 4 B H pairs D of before."""
@@ -317,12 +352,15 @@ def test_cost_model_flops():
     assert narrow.useful_fwd == attention_flops(b, h, nq, nk, d, head_dim_v=dv)
     assert narrow.tiled_bwd_executed < same.tiled_bwd_executed
     with pytest.raises(ValueError, match="head_dim_v"):
-        AttentionShape(b, h, nq, d, head_dim_v=257)
+        AttentionShape(b, h, nq, d, head_dim_v=513)
+    assert AttentionShape(b, h, nq, 320, head_dim_v=512).head_dim_v == 512
 
 
 def test_config_tables_by_the_wider_head_dim():
     from tileattn import configs
     assert configs.candidates("fwd", 64, 256) == configs.candidates("fwd", 256)
+    assert configs.candidates("dkdv", 320, 512) == configs.candidates("dkdv", 512)
+    assert configs.candidates("dq", 512, 64) == configs.candidates("dq", 512) != configs.candidates("dq", 256)
     assert configs.candidates("dkdv", 192, 128) == configs.candidates("dkdv", 256)
     assert configs.candidates("dq", 64) == configs.candidates("dq", 64, 64)
     for est in configs.SMEM_ESTIMATORS.values():

@@ -48,6 +48,7 @@ import torch
 
 from tileattn.cost import io as cost_io
 from tileattn.reference import standard_attention
+from tileattn.validation import MAX_HEAD_DIM
 
 from . import providers as _providers
 from .results import METADATA_FIELDS, Row
@@ -112,8 +113,8 @@ class BenchConfig:
         if not self.seqlens or not self.head_dims or not self.modes or not self.causal or not self.providers:
             raise ValueError("--seqlens, --head-dims, --modes, --causal and --providers need at least one value")
         for d in self.head_dims:
-            if d > 256:
-                raise ValueError(f"--head-dims: {d} exceeds 256, the largest head dim tileattn supports")
+            if d > MAX_HEAD_DIM:
+                raise ValueError(f"--head-dims: {d} exceeds {MAX_HEAD_DIM}, the largest head dim tileattn supports")
         for flag, v in (("--tokens", self.tokens), ("--hidden", self.hidden), ("--kv-heads", self.kv_heads),
                         ("--batch", self.batch), ("--heads", self.heads), ("--warmup", self.warmup_ms),
                         ("--rep", self.rep_ms), ("--repeats", self.cpu_repeats), ("--rounds", self.rounds)):

@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 from .. import configs as _configs
 from ..configs import KernelConfig
+from ..validation import MAX_HEAD_DIM
 
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 FUSION_LEVELS = ("textbook", "eager")
@@ -64,11 +65,12 @@ class AttentionShape:
         set_("heads", _check_int("heads", self.heads))
         set_("seqlen_q", _check_int("seqlen_q", self.seqlen_q))
         set_("head_dim", _check_int("head_dim", self.head_dim))
-        if self.head_dim > 256:
-            raise ValueError(f"head_dim={self.head_dim} exceeds 256, the largest the kernels support")
+        if self.head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"head_dim={self.head_dim} exceeds {MAX_HEAD_DIM}, the largest the kernels support")
         set_("head_dim_v", self.head_dim if self.head_dim_v is None else _check_int("head_dim_v", self.head_dim_v))
-        if self.head_dim_v > 256:
-            raise ValueError(f"head_dim_v={self.head_dim_v} exceeds 256, the largest the kernels support")
+        if self.head_dim_v > MAX_HEAD_DIM:
+            raise ValueError(f"head_dim_v={self.head_dim_v} exceeds {MAX_HEAD_DIM}, the largest the kernels "
+                             f"support")
         set_("seqlen_k", self.seqlen_q if self.seqlen_k is None else _check_int("seqlen_k", self.seqlen_k))
         set_("kv_heads", self.heads if self.kv_heads is None else _check_int("kv_heads", self.kv_heads))
         if self.heads % self.kv_heads:

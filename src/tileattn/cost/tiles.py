@@ -25,6 +25,7 @@ import dataclasses
 import math
 
 from ..configs import SMEM_ESTIMATORS, KernelConfig, candidates
+from ..validation import MAX_HEAD_DIM
 from .io import AttentionShape, default_configs, dtype_bytes, tiled_traffic
 
 BLOCK_CHOICES = (16, 32, 64, 128, 256)
@@ -86,12 +87,12 @@ def feasible_tiles(smem_bytes: int, head_dim: int, dtype: str = "bf16", *, backw
     V's head dim where it differs from ``head_dim``."""
     _check("smem_bytes", smem_bytes)
     _check("head_dim", head_dim)
-    if head_dim > 256:
-        raise ValueError(f"head_dim={head_dim} exceeds 256")
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim={head_dim} exceeds {MAX_HEAD_DIM}")
     if head_dim_v is not None:
         _check("head_dim_v", head_dim_v)
-        if head_dim_v > 256:
-            raise ValueError(f"head_dim_v={head_dim_v} exceeds 256")
+        if head_dim_v > MAX_HEAD_DIM:
+            raise ValueError(f"head_dim_v={head_dim_v} exceeds {MAX_HEAD_DIM}")
     _check("num_stages", num_stages)
     e = dtype_bytes(dtype)
     kind = _kind(kind, backward)

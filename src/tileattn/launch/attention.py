@@ -6,6 +6,8 @@ reaches this module) and no autograd (``ops.py``).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -145,6 +147,32 @@ def _launch(kind: str, kernel, grid_of, config: KernelConfig | None, interpreter
                   check=check)
 
 
+def bwd_kinds(deterministic: bool) -> tuple[str, ...]:
+    """The configurable kernels a portable backward launches."""
+    return ("dkdv", "dq") if deterministic else ("dkdv_atomic",)
+
+
+def _device_smem(q: torch.Tensor) -> int | None:
+    """Shared memory per block of q's GPU; None under the interpreter (no limit)."""
+    if interpreter_active() or not q.is_cuda:
+        return None
+    return smem_limit(q.device)
+
+
+@functools.lru_cache(maxsize=None)
+def _check_fits(kinds: tuple, head_dim: int, head_dim_v: int, dtype: torch.dtype, limit: int) -> None:
+    configs.check_fits(kinds, head_dim, dtype.itemsize, limit, head_dim_v, str(dtype))
+
+
+def check_shared_memory(q: torch.Tensor, v: torch.Tensor, kinds: tuple) -> None:
+    """ValueError, before any launch, when a kernel of ``kinds`` has no tile
+    that fits the GPU's shared memory (``configs.check_fits``: head dims above
+    256, e.g. float32 at 512 on a 99 KB part)."""
+    limit = _device_smem(q)
+    if limit is not None:
+        _check_fits(tuple(kinds), q.shape[-1], v.shape[-1], q.dtype, limit)
+
+
 class _Variants:
     """The kernel arguments of the variants that are on (none for a plain call).
 
@@ -238,6 +266,8 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     if n_k == 0:  # nothing to attend to: every row is empty (or its sink alone)
         lse.fill_(float("-inf"))
         return (o.zero_(), lse) if sinks is None else with_sinks(o.zero_(), lse, sinks)
+    if config is None:
+        check_shared_memory(q, v, ("fwd",))
     if plan_key is not None:
         begin_record()
     try:
@@ -315,6 +345,8 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
         return zeros + (_sink_grad(sinks, lse, dlse, None, None),)
     delta = output_f32((b, hq, n_q), q.device)
     lse2 = output_f32((b, hq, n_q), q.device)
+    if config is None:
+        check_shared_memory(q, v, bwd_kinds(deterministic))
     dq_acc = None if deterministic else _dq_accumulator(q)
     ds_sum = None if sinks is None else torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32)
     if plan_key is not None:
