@@ -411,9 +411,9 @@ BAD = {
     "576-v-576": (lambda: (lambda k: _mla(k_cache=k, v_cache=k))(_t(2, 1, 32, 576)), ValueError,
                   "head_dim 576 is only supported"),
     "640-shared": (lambda: (lambda k: _mla(q=_t(2, 16, 1, 640), k_cache=k, v_cache=k[..., :512]))(_t(2, 1, 32, 640)),
-                   ValueError, rf"1\.\.{validation.MAX_HEAD_DIM}"),
-    "v-head-dim-too-big": (lambda: _dv(v_cache=_t(2, 2, 32, validation.MAX_HEAD_DIM + 1)), ValueError,
-                           rf"last dimension of v_cache\) must be in 1\.\.{validation.MAX_HEAD_DIM}"),
+                   ValueError, rf"1\.\.{validation.MAX_DECODE_HEAD_DIM}"),
+    "v-head-dim-too-big": (lambda: _dv(v_cache=_t(2, 2, 32, validation.MAX_DECODE_HEAD_DIM + 1)), ValueError,
+                           rf"last dimension of v_cache\) must be in 1\.\.{validation.MAX_DECODE_HEAD_DIM}"),
     "v-shape": (lambda: _dv(v_cache=_t(2, 2, 24, 16)), ValueError, "same shape but for the head dim"),
     "v_new-not-a-view": (lambda: (lambda kn: _mla(k_new=kn, v_new=kn[..., :512].clone()))(_k_new_mla()),
                          ValueError, r"v_new must be None or k_new\[\.\.\., :512\]"),
@@ -429,7 +429,7 @@ BAD = {
     "mla-dtype": (lambda: _mla(q=_t(2, 16, 1, 576).float()), TypeError, "k_cache dtype"),
     "mla-seqlens": (lambda: _mla(cache_seqlens=_seq(3, 40)), ValueError, r"cache_seqlens\[1\] = 40 exceeds"),
 }
-if MLA_HEAD_DIM_V > validation.MAX_HEAD_DIM:
+if MLA_HEAD_DIM_V > validation.MAX_DECODE_HEAD_DIM:
     BAD["v-512-unshared"] = (lambda: _dv(v_cache=_t(2, 2, 32, 512)), ValueError,
                              r"v_cache head dim 512 is only supported as v_cache = k_cache\[\.\.\., :512\]")
 

@@ -261,16 +261,17 @@ def test_bad_v_head_dim(dv):
                                       8, 8)
 
 
-def test_kvcache_refuses_separate_v_head_dim():
-    """Decoding keeps one head dim: v_cache wider or narrower than k_cache is a
-    ValueError naming v_cache, raised before the cache is written."""
+def test_kvcache_refuses_v_new_of_another_width_than_v_cache():
+    """Decoding takes a V head dim of its own (tests/decode/test_decode_head_dim_v.py),
+    but v_new must match v_cache's: a ValueError naming v_new, raised before
+    either cache is written."""
     q = torch.randn(1, 2, 1, 32, device=DEVICE)
     k_cache = torch.zeros(1, 2, 16, 32, device=DEVICE)
     v_cache = torch.zeros(1, 2, 16, 16, device=DEVICE)
     k_new = torch.randn(1, 2, 1, 32, device=DEVICE)
-    v_new = torch.randn(1, 2, 1, 16, device=DEVICE)
+    v_new = torch.randn(1, 2, 1, 24, device=DEVICE)
     seqlens = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="v_cache"):
+    with pytest.raises(ValueError, match="v_new's head dim"):
         tileattn.attention_with_kvcache(q, k_cache, v_cache, seqlens, k_new=k_new, v_new=v_new)
     assert not k_cache.any() and not v_cache.any()
 
