@@ -5,9 +5,11 @@ The float64 reference is ``standard_attention`` with an explicit sink column
 (``reference.standard_attention(..., sinks=)``); out, lse, dq, dk, dv and
 dsinks follow the accuracy rule.  Cases: causal and not, Nq != Nk, rows that
 see no key (output 0, lse = sink), GQA, large logits, dominant and negligible
-sinks, the variants, packed sequences, KV-cache decoding with any number of
+sinks, the variants, the atomic backward, packed sequences, KV-cache decoding with any number of
 splits, and bad input rejected before anything runs or is written.
 """
+import functools
+
 import pytest
 import torch
 
@@ -75,6 +77,21 @@ def test_dense_against_float64(case, dtype, path):
     with tileattn.use_backend("torch"):
         ref = _fwd_bwd(standard_attention, leaves64, causal, kw64, do.double(), dlse.double())
     _check(f"{case}-{DT_NAME[dtype]}", mine, lowp, ref, dtype)
+
+
+@pytest.mark.parametrize("case", ["full-37x50", "gqa4-causal-33x130", "softcap"])
+def test_atomic_backward_against_float64(case, kernels):
+    """deterministic=False: the dK/dV kernel adds dQ and each row's dS sum with
+    atomics; key counts that are not a multiple of the tile leave keys past N_K
+    in the last tile, which must stay out of the sinks' sums."""
+    leaves, causal, kw, do, dlse = _inputs(case, torch.float32)
+    mine = _fwd_bwd(functools.partial(tileattn.attention, deterministic=False), leaves, causal, kw, do, dlse)
+    lowp = _fwd_bwd(standard_attention, leaves, causal, kw, do, dlse)
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    kw64 = {n: (t.double() if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+    with tileattn.use_backend("torch"):
+        ref = _fwd_bwd(standard_attention, leaves64, causal, kw64, do.double(), dlse.double())
+    _check(f"{case}-atomic", mine, lowp, ref, torch.float32)
 
 
 @pytest.mark.parametrize("logit_scale", [30.0], ids=["large-logits"])

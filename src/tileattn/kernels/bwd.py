@@ -125,7 +125,9 @@ def _dkdv_stage(dk, dv, k, v, q_head, do_head, dq_head, lse2_ptrs, delta_ptrs, d
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
         if SUM_DS:
-            tl.atomic_add(ds_sum_ptrs + offs_m, tl.sum(ds_t, axis=0), mask=m_ok, sem="relaxed")
+            # keys past N_K load as zeros, so their P is not 0: kept out of the row sums
+            ds_keys = tl.where((offs_n < N_K)[:, None], ds_t, 0.0)
+            tl.atomic_add(ds_sum_ptrs + offs_m, tl.sum(ds_keys, axis=0), mask=m_ok, sem="relaxed")
         if HAS_SOFTCAP:
             ds_t = ds_t * (1.0 - t_t * t_t)
         ds_t = ds_t.to(q.dtype)

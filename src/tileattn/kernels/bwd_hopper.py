@@ -179,7 +179,13 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         delta = gl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do2, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=[dpt])
-        ds16 = (pt * (dpt - delta[None, :])).to(dtype)
+        ds = pt * (dpt - delta[None, :])
+        if SUM_DS:
+            # keys past N_K read as zeros, so their P is not 0: harmless for dQ
+            # (a zero K row) and dK/dV (not stored), not for the row sums of dS
+            if key0 + BLOCK_N > N_K:
+                ds = gl.where(offs_n[:, None] < N_K, ds, 0.0)
+        ds16 = ds.to(dtype)
         # dSᵀ to shared memory for dQ (both halves); with DK_FROM_SMEM dK += dSᵀ Q
         # reads this warpgroup's half from there too, so no registers are held
         # while it runs, else it takes dSᵀ from registers and starts sooner
