@@ -60,6 +60,16 @@ def _fwd_bwd(fn, leaves, causal, kw, do, dlse):
     return (out, lse) + torch.autograd.grad(loss, leaves)
 
 
+def _references(leaves, causal, kw, do, dlse):
+    """(standard attention in the inputs' precision, the same in float64)."""
+    lowp = _fwd_bwd(standard_attention, leaves, causal, kw, do, dlse)
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    kw64 = {n: (t.double() if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+    with tileattn.use_backend("torch"):
+        ref = _fwd_bwd(standard_attention, leaves64, causal, kw64, do.double(), dlse.double())
+    return lowp, ref
+
+
 def _check(name, mine, lowp, ref, dtype):
     for part, got, r64, rlp in zip(("out", "lse", "dq", "dk", "dv", "dsinks"), mine, ref, lowp):
         check_accuracy(f"{name} {part}", got, r64, rlp, dtype)
@@ -71,12 +81,7 @@ def test_dense_against_float64(case, dtype, path):
     leaves, causal, kw, do, dlse = _inputs(case, dtype)
     mine = _fwd_bwd(tileattn.attention, leaves, causal, kw, do, dlse)
     assert mine[0].dtype == dtype and mine[1].dtype == torch.float32
-    lowp = _fwd_bwd(standard_attention, leaves, causal, kw, do, dlse)
-    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
-    kw64 = {n: (t.double() if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
-    with tileattn.use_backend("torch"):
-        ref = _fwd_bwd(standard_attention, leaves64, causal, kw64, do.double(), dlse.double())
-    _check(f"{case}-{DT_NAME[dtype]}", mine, lowp, ref, dtype)
+    _check(f"{case}-{DT_NAME[dtype]}", mine, *_references(leaves, causal, kw, do, dlse), dtype)
 
 
 @pytest.mark.parametrize("case", ["full-37x50", "gqa4-causal-33x130", "softcap"])
@@ -86,12 +91,7 @@ def test_atomic_backward_against_float64(case, kernels):
     in the last tile, which must stay out of the sinks' sums."""
     leaves, causal, kw, do, dlse = _inputs(case, torch.float32)
     mine = _fwd_bwd(functools.partial(tileattn.attention, deterministic=False), leaves, causal, kw, do, dlse)
-    lowp = _fwd_bwd(standard_attention, leaves, causal, kw, do, dlse)
-    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
-    kw64 = {n: (t.double() if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
-    with tileattn.use_backend("torch"):
-        ref = _fwd_bwd(standard_attention, leaves64, causal, kw64, do.double(), dlse.double())
-    _check(f"{case}-atomic", mine, lowp, ref, torch.float32)
+    _check(f"{case}-atomic", mine, *_references(leaves, causal, kw, do, dlse), torch.float32)
 
 
 @pytest.mark.parametrize("logit_scale", [30.0], ids=["large-logits"])
