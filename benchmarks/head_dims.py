@@ -15,14 +15,13 @@ are against FlexAttention measured in the same run.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 
 import torch
-import triton
 
 import tileattn
 from tileattn.cost.flops import attention_flops
+from vs_cudnn import time_interleaved, write_json  # this folder is on sys.path when run as a script
 
 
 def providers() -> dict:
@@ -97,11 +96,7 @@ def main():
                     outs[name] = [r.float() for r in (res if isinstance(res, tuple) else (res,))]
                 ref = outs.get("flex")
                 names = list(steps)
-                times = {name: [] for name in names}
-                for r in range(args.rounds):
-                    order = names[r % len(names):] + names[:r % len(names)] if names else []
-                    for name in order:
-                        times[name].append(triton.testing.do_bench(steps[name], warmup=25, rep=100))
+                times = time_interleaved(steps, args.rounds)
                 flops = attention_flops(b, h, n, n, d, causal=causal, mode=args.mode, head_dim_v=dv)
                 base = statistics.median(times["flex"]) if "flex" in times else None
                 cells = []
@@ -125,9 +120,7 @@ def main():
                     print(f"    {name}: {why}", flush=True)
                 del steps, outs
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "triton": triton.__version__, "rows": rows}, f, indent=1)
+        write_json(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -117,6 +117,24 @@ def _peak_ratio(fn, q, k, v, do, causal) -> float:
     return (torch.cuda.max_memory_allocated() - base) / must
 
 
+def time_interleaved(steps: dict, rounds: int) -> dict:
+    """name -> do_bench milliseconds, one per round; each round times every
+    step once, starting one further along the list (rotated order)."""
+    names = list(steps)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)] if names else []
+        for name in order:
+            times[name].append(triton.testing.do_bench(steps[name], warmup=25, rep=100))
+    return times
+
+
+def write_json(path: str, rows: list) -> None:
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                   "triton": triton.__version__, "rows": rows}, f, indent=1)
+
+
 def _bwd_step(fn, q, k, v, do, causal):
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     out = fn(*leaves, causal)
@@ -163,11 +181,7 @@ def main():
                     for name, step in steps.items():
                         errs[name] = max(float((g.float() - r).abs().max()) for g, r in zip(step(), ref))
                 names = list(steps)
-                times = {name: [] for name in names}
-                for r in range(args.rounds):
-                    order = names[r % len(names):] + names[:r % len(names)]
-                    for name in order:
-                        times[name].append(triton.testing.do_bench(steps[name], warmup=25, rep=100))
+                times = time_interleaved(steps, args.rounds)
                 flops = attention_flops(b, h, n, n, d, causal=causal, mode=args.mode)
                 base = statistics.median(times["sdpa-cudnn"])
                 for name in names:
@@ -183,9 +197,7 @@ def main():
                         f"{name}={_peak_ratio(fn, q, k, v, do, causal):.3f}" for name, fn in provs.items()), flush=True)
                 print(f"{args.mode} {args.dtype} d={d} causal={int(causal)} N={n}: {line}", flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "triton": triton.__version__, "rows": rows}, f, indent=1)
+        write_json(args.json, rows)
 
 
 if __name__ == "__main__":
