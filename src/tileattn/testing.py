@@ -422,3 +422,47 @@ def hopper_inputs(b, hq, hkv, n_q, n_k, d, dtype, seed, layout="bhnd", logit_sca
         return torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=g)
     return make(hq, n_q) * logit_scale, make(hkv, n_k), make(hkv, n_k), make(hq, n_q)
 
+
+
+# ---------------------------------------------------------------------------
+# KV caches for decoding tests (tests/decode)
+# ---------------------------------------------------------------------------
+def shuffled_block_table(used: list, max_blocks: int, num_pages: int, unused: int) -> torch.Tensor:
+    """(B, max_blocks) int32 on the CPU: batch element i owns ``used[i]``
+    pages drawn from a shuffle of ``num_pages``; the entries it does not use
+    hold ``unused`` (out of range on purpose: never read)."""
+    perm = torch.randperm(num_pages).tolist()
+    table = torch.full((len(used), max_blocks), unused, dtype=torch.int32)
+    for i, u in enumerate(used):
+        table[i, :u] = torch.tensor([perm.pop() for _ in range(u)], dtype=torch.int32)
+    return table
+
+
+def write_tokens(cache, block_table, b, start, data) -> None:
+    """Write ``data`` (H, n, D) at logical positions start.. of batch element
+    ``b`` of a contiguous (block_table None) or paged cache."""
+    n = data.shape[1]
+    if block_table is None:
+        cache[b, :, start:start + n] = data
+        return
+    page = cache.shape[2]
+    for t in range(n):
+        pos = start + t
+        cache[int(block_table[b, pos // page]), :, pos % page] = data[:, t]
+
+
+# ---------------------------------------------------------------------------
+# Token batches for the transformers tests (tests/integration)
+# ---------------------------------------------------------------------------
+def token_ids(*shape, seed: int, vocab: int, device=None) -> torch.Tensor:
+    """Random token ids in [3, vocab) (0..2 left to special tokens), seeded."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, shape, generator=g).to(device or DEVICE)
+
+
+def left_padding(batch: int, length: int, pads=(5, 0, 2), device=None) -> torch.Tensor:
+    """(batch, length) attention mask: row r starts with ``pads[r]`` zeros."""
+    mask = torch.ones(batch, length, dtype=torch.long)
+    for row, p in enumerate(pads[:batch]):
+        mask[row, :p] = 0
+    return mask.to(device or DEVICE)

@@ -26,7 +26,8 @@ import tileattn
 from tileattn import configs, reference_decode
 from tileattn.launch import decode as launch_decode, runtime, tuning
 from tileattn.reference import standard_attention
-from tileattn.testing import FLOOR, check_accuracy, forbidden, variant_id_parts
+from tileattn.testing import (FLOOR, check_accuracy, forbidden, shuffled_block_table, variant_id_parts,
+                              write_tokens)
 
 from conftest import DEVICE, DT_NAME as DT, HAS_CUDA, INTERPRETED, SEED_OFFSET
 
@@ -95,32 +96,14 @@ def _nan_cache(shape, dtype, layout):
     return x.fill_(float("nan"))
 
 
-def _write(cache, block_table, b, start, data):
-    """Write data (H, n, D) at logical positions start.. of batch element b."""
-    n = data.shape[1]
-    if block_table is None:
-        cache[b, :, start:start + n] = data
-        return
-    page = cache.shape[2]
-    for t in range(n):
-        pos = start + t
-        cache[int(block_table[b, pos // page]), :, pos % page] = data[:, t]
-
-
 def make_inputs(c: Case, input_scale: float = 1.0) -> Inputs:
     torch.manual_seed(zlib.crc32(c.id.encode()) + SEED_OFFSET)
     b, dt = c.b, c.dtype
     need = max([s + c.n_new for s in c.seqlens] + [1])
     if c.page:
-        max_blocks = -(-need // c.page) + 1
         used = [-(-(s + c.n_new) // c.page) for s in c.seqlens]
         num_pages = sum(used) + 3
-        perm = torch.randperm(num_pages).tolist()
-        # entries past what a sequence uses are out of range on purpose: never read
-        table = torch.full((b, max_blocks), num_pages + 1000, dtype=torch.int32)
-        for i, u in enumerate(used):
-            table[i, :u] = torch.tensor([perm.pop() for _ in range(u)], dtype=torch.int32)
-        block_table = table.to(DEVICE)
+        block_table = shuffled_block_table(used, -(-need // c.page) + 1, num_pages, num_pages + 1000).to(DEVICE)
         cache_shape = (num_pages, c.hkv, c.page, c.d)
     else:
         block_table = None
@@ -138,8 +121,8 @@ def make_inputs(c: Case, input_scale: float = 1.0) -> Inputs:
     for i, s in enumerate(c.seqlens):
         ks = (torch.randn(c.hkv, s, c.d, device=DEVICE) * input_scale).to(dt)
         vs = torch.randn(c.hkv, s, c.d, device=DEVICE).to(dt)
-        _write(k_cache, block_table, i, 0, ks)
-        _write(v_cache, block_table, i, 0, vs)
+        write_tokens(k_cache, block_table, i, 0, ks)
+        write_tokens(v_cache, block_table, i, 0, vs)
         if c.n_new:
             ks, vs = torch.cat([ks, k_new[i]], dim=1), torch.cat([vs, v_new[i]], dim=1)
         k_seq.append(ks)
@@ -147,8 +130,8 @@ def make_inputs(c: Case, input_scale: float = 1.0) -> Inputs:
     k_expected, v_expected = k_cache.clone(), v_cache.clone()
     if c.n_new:
         for i, s in enumerate(c.seqlens):
-            _write(k_expected, block_table, i, s, k_new[i])
-            _write(v_expected, block_table, i, s, v_new[i])
+            write_tokens(k_expected, block_table, i, s, k_new[i])
+            write_tokens(v_expected, block_table, i, s, v_new[i])
     alibi = None
     if c.alibi == "heads":
         alibi = torch.tensor([2.0 ** (-4.0 * (h + 1) / c.hq) for h in range(c.hq)], device=DEVICE)

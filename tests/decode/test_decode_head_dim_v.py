@@ -23,7 +23,7 @@ import tileattn
 from tileattn import configs, reference_decode, validation
 from tileattn.launch import decode as launch_decode, runtime
 from tileattn.reference import standard_attention
-from tileattn.testing import check_accuracy, forbidden, seed_case
+from tileattn.testing import check_accuracy, forbidden, seed_case, shuffled_block_table, write_tokens
 from tileattn.validation_kvcache import MLA_HEAD_DIM, MLA_HEAD_DIM_V, shares_kv
 
 from conftest import DEVICE, DT_NAME as DT, HAS_CUDA, INTERPRETED
@@ -90,17 +90,6 @@ def _tensor(shape, dtype, layout, fill=None):
     return x.fill_(fill) if fill is not None else x
 
 
-def _write(cache, table, b, start, data):
-    n = data.shape[1]
-    if table is None:
-        cache[b, :, start:start + n] = data
-        return
-    page = cache.shape[2]
-    for t in range(n):
-        pos = start + t
-        cache[int(table[b, pos // page]), :, pos % page] = data[:, t]
-
-
 def make_inputs(c: Case) -> Inputs:
     seed_case(c.id)
     b = len(c.seqlens)
@@ -108,11 +97,7 @@ def make_inputs(c: Case) -> Inputs:
     if c.page:
         used = [-(-(s + c.n_new) // c.page) for s in c.seqlens]
         num_pages = sum(used) + 2
-        perm = torch.randperm(num_pages).tolist()
-        table = torch.full((b, -(-need // c.page) + 1), num_pages + 100, dtype=torch.int32)  # unused: out of range
-        for i, u in enumerate(used):
-            table[i, :u] = torch.tensor([perm.pop() for _ in range(u)], dtype=torch.int32)
-        table = table.to(DEVICE)
+        table = shuffled_block_table(used, -(-need // c.page) + 1, num_pages, num_pages + 100).to(DEVICE)
         rows, first = c.page, num_pages
     else:
         table, rows, first = None, need + 5, b
@@ -130,12 +115,12 @@ def make_inputs(c: Case) -> Inputs:
     k_seq, v_seq = [], []
     for i, s in enumerate(c.seqlens):
         ks = torch.randn(c.hkv, s, c.d, device=DEVICE).to(c.dtype)
-        _write(k_cache, table, i, 0, ks)
+        write_tokens(k_cache, table, i, 0, ks)
         if c.shared:
             vs = ks[..., :c.dv]
         else:
             vs = torch.randn(c.hkv, s, c.dv, device=DEVICE).to(c.dtype)
-            _write(v_cache, table, i, 0, vs)
+            write_tokens(v_cache, table, i, 0, vs)
         if c.n_new:
             ks = torch.cat([ks, k_new[i]], dim=1)
             vs = ks[..., :c.dv] if c.shared else torch.cat([vs, v_new[i]], dim=1)
@@ -144,9 +129,9 @@ def make_inputs(c: Case) -> Inputs:
     k_expected, v_expected = k_cache.clone(), v_cache.clone()
     if c.n_new:
         for i, s in enumerate(c.seqlens):
-            _write(k_expected, table, i, s, k_new[i])
+            write_tokens(k_expected, table, i, s, k_new[i])
             if not c.shared:
-                _write(v_expected, table, i, s, v_new[i])
+                write_tokens(v_expected, table, i, s, v_new[i])
         if c.shared:
             v_expected = k_expected[..., :c.dv]
     seqlens = torch.tensor(c.seqlens, dtype=torch.int32, device=DEVICE)

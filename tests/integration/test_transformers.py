@@ -26,7 +26,7 @@ import torch
 
 import tileattn
 from tileattn.sdpa import TileattnFallbackWarning
-from tileattn.testing import check_accuracy
+from tileattn.testing import check_accuracy, left_padding, token_ids
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, DynamicCache, GPT2Config, LlamaConfig, Qwen2Config  # noqa: E402
@@ -79,18 +79,6 @@ def models(arch: str, **config_kw) -> dict:
     return out
 
 
-def _ids(*shape, seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, VOCAB, shape, generator=g).to(DEVICE)
-
-
-def _left_padding(batch: int, length: int, pads=(5, 0, 2)) -> torch.Tensor:
-    mask = torch.ones(batch, length, dtype=torch.long)
-    for row, p in enumerate(pads[:batch]):
-        mask[row, :p] = 0
-    return mask.to(DEVICE)
-
-
 def _path_for(dtype):
     """float64 runs the PyTorch path (the kernels take fp16/bf16/fp32 on a GPU)."""
     return tileattn.use_backend("torch") if dtype == torch.float64 else contextlib.nullcontext()
@@ -129,7 +117,7 @@ def _check_logits(name, ms, fwd, dtype, select=None):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_logits_match_eager(arch, dtype, attention_calls):
     ms = models(arch)
-    ids = _ids(2, 21, seed=_seed(arch, "ids", dtype))
+    ids = token_ids(2, 21, vocab=VOCAB, seed=_seed(arch, "ids", dtype))
     _check_logits(f"{arch} logits", ms, lambda m: m(ids).logits, dtype)
     assert attention_calls and all(c[2] is True for c in attention_calls)  # tileattn ran, causal
 
@@ -137,7 +125,7 @@ def test_logits_match_eager(arch, dtype, attention_calls):
 def test_logits_match_eager_on_kernels(kernels, attention_calls):
     """The same through the Triton kernels (the interpreter here; the GPU path on CUDA)."""
     ms = models("llama")
-    ids = _ids(2, 19, seed=_seed("kernels", "ids"))
+    ids = token_ids(2, 19, vocab=VOCAB, seed=_seed("kernels", "ids"))
     _check_logits("llama logits (kernels)", ms, lambda m: m(ids).logits, torch.float32)
     assert attention_calls
 
@@ -146,8 +134,8 @@ def test_logits_match_eager_on_kernels(kernels, attention_calls):
 def test_left_padded_batch(arch):
     """Padding runs torch's SDPA with the padding mask (warned once); logits of real tokens match."""
     ms = models(arch)
-    ids = _ids(3, 17, seed=_seed(arch, "pad"))
-    mask = _left_padding(3, 17)
+    ids = token_ids(3, 17, vocab=VOCAB, seed=_seed(arch, "pad"))
+    mask = left_padding(3, 17)
     tileattn.sdpa.reset_fallback_warnings()
     with pytest.warns(TileattnFallbackWarning, match="explicit mask"):
         _check_logits(f"{arch} padded logits", ms, lambda m: m(ids, attention_mask=mask).logits, torch.float32,
@@ -159,7 +147,7 @@ def test_kv_cache_chunk(arch, attention_calls):
     """A chunk of 6 tokens after a cached prefix of 9: Nq = 6, Nk = 15, queries at the
     end of the keys (bottom-right causal) -- on tileattn, no mask."""
     ms = models(arch)
-    ids = _ids(2, 15, seed=_seed(arch, "chunk"))
+    ids = token_ids(2, 15, vocab=VOCAB, seed=_seed(arch, "chunk"))
 
     def chunked(m):
         cache = DynamicCache(config=m.config)
@@ -177,10 +165,10 @@ def test_kv_cache_chunk(arch, attention_calls):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_generate_greedy_identical(arch, mode, attention_calls):
     ms = models(arch)
-    ids = _ids(3, 8, seed=_seed(arch, "gen", mode))
+    ids = token_ids(3, 8, vocab=VOCAB, seed=_seed(arch, "gen", mode))
     kw = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
     if mode == "left-padded":
-        kw["attention_mask"] = _left_padding(3, 8, pads=(3, 0, 1))
+        kw["attention_mask"] = left_padding(3, 8, pads=(3, 0, 1))
     if mode == "static-cache":  # unfilled cache slots: an explicit mask, torch's SDPA
         kw["cache_implementation"] = "static"
     with warnings.catch_warnings():
@@ -199,7 +187,7 @@ def test_generate_greedy_identical(arch, mode, attention_calls):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_backward_matches_eager(arch, attention_calls):
     ms = models(arch)
-    ids = _ids(2, 16, seed=_seed(arch, "bwd"))
+    ids = token_ids(2, 16, vocab=VOCAB, seed=_seed(arch, "bwd"))
     grads = {}
     for key in (("tileattn", torch.float32), ("eager", torch.float32), ("sdpa", torch.float64)):
         m = ms[key].train()
@@ -222,7 +210,7 @@ def test_training_dropout_runs_torch_sdpa():
     mine.load_state_dict(ref.state_dict())
     ref, mine = ref.to(DEVICE).train(), mine.to(DEVICE).train()
     assert (ref.config._attn_implementation, mine.config._attn_implementation) == ("sdpa", "tileattn")
-    ids = _ids(2, 12, seed=_seed("dropout", "ids"))
+    ids = token_ids(2, 12, vocab=VOCAB, seed=_seed("dropout", "ids"))
     tileattn.sdpa.reset_fallback_warnings()
     torch.manual_seed(1)
     with pytest.warns(TileattnFallbackWarning, match="dropout"):

@@ -38,7 +38,7 @@ import torch
 
 import tileattn
 from tileattn.sdpa import TileattnFallbackWarning
-from tileattn.testing import check_accuracy
+from tileattn.testing import check_accuracy, left_padding, token_ids
 
 transformers = pytest.importorskip("transformers")
 if int(transformers.__version__.split(".")[0]) < 5:
@@ -169,18 +169,6 @@ def attention_calls(monkeypatch):
     return calls
 
 
-def _ids(*shape, seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, VOCAB, shape, generator=g).to(DEVICE)
-
-
-def _left_padding(batch: int, length: int, pads=(5, 0, 2)) -> torch.Tensor:
-    mask = torch.ones(batch, length, dtype=torch.long)
-    for row, p in enumerate(pads[:batch]):
-        mask[row, :p] = 0
-    return mask.to(DEVICE)
-
-
 def _check_logits(name, arch, fwd, select=None):
     with torch.no_grad():
         got, ref, low = (fwd(m) for m in _triple(arch))
@@ -211,7 +199,7 @@ def _check_calls(arch, calls, n):
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ARCHS)
 def test_logits_match_eager(arch, attention_calls):
-    ids = _ids(2, 21, seed=_seed(arch, "logits"))
+    ids = token_ids(2, 21, vocab=VOCAB, seed=_seed(arch, "logits"))
     _check_logits(f"{arch} logits", arch, lambda m: m(ids).logits)
     _check_calls(arch, attention_calls, 21)
 
@@ -219,7 +207,7 @@ def test_logits_match_eager(arch, attention_calls):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_logits_on_kernels(arch, kernels, attention_calls):
     """The same through the Triton kernels (the interpreter here; the GPU path on CUDA)."""
-    ids = _ids(1, 19, seed=_seed(arch, "kernels"))
+    ids = token_ids(1, 19, vocab=VOCAB, seed=_seed(arch, "kernels"))
     _check_logits(f"{arch} logits (kernels)", arch, lambda m: m(ids).logits)
     _check_calls(arch, attention_calls, 19)
 
@@ -228,8 +216,8 @@ def test_logits_on_kernels(arch, kernels, attention_calls):
 def test_left_padded_batch_falls_back(arch):
     """Padding: torch's SDPA with the mask, or (Gemma 2's softcap) the
     materialised computation; logits of real tokens match."""
-    ids = _ids(3, 17, seed=_seed(arch, "pad"))
-    mask = _left_padding(3, 17)
+    ids = token_ids(3, 17, vocab=VOCAB, seed=_seed(arch, "pad"))
+    mask = left_padding(3, 17)
     tileattn.sdpa.reset_fallback_warnings()
     with pytest.warns(TileattnFallbackWarning, match="explicit mask"):
         _check_logits(f"{arch} padded logits", arch, lambda m: m(ids, attention_mask=mask).logits,
@@ -240,7 +228,7 @@ def test_left_padded_batch_falls_back(arch):
 def test_kv_cache_chunk(arch, attention_calls):
     """6 tokens after a cached prefix of 9: Nq = 6, bottom-right causal, no mask
     (Gemma's sliding layers keep only the last W - 1 keys: Nk = 4 + 6 there)."""
-    ids = _ids(2, 15, seed=_seed(arch, "chunk"))
+    ids = token_ids(2, 15, vocab=VOCAB, seed=_seed(arch, "chunk"))
 
     def chunked(m):
         cache = DynamicCache(config=m.config)
@@ -258,10 +246,10 @@ def test_kv_cache_chunk(arch, attention_calls):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_generate_greedy_identical(arch, mode, attention_calls):
     """10 new tokens after 8 (past the window of 5)."""
-    ids = _ids(3, 8, seed=_seed(arch, "generate", mode))
+    ids = token_ids(3, 8, vocab=VOCAB, seed=_seed(arch, "generate", mode))
     kw = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
     if mode == "left-padded":
-        kw["attention_mask"] = _left_padding(3, 8, pads=(3, 0, 1))
+        kw["attention_mask"] = left_padding(3, 8, pads=(3, 0, 1))
     if mode == "static-cache":   # unfilled cache slots: an explicit mask, the fallback
         kw["cache_implementation"] = "static"
     got_model, _, eager = _triple(arch)
@@ -280,7 +268,7 @@ def test_generate_greedy_identical(arch, mode, attention_calls):
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ARCHS)
 def test_gradients_match_eager(arch, attention_calls):
-    ids = _ids(2, 16, seed=_seed(arch, "backward"))
+    ids = token_ids(2, 16, vocab=VOCAB, seed=_seed(arch, "backward"))
     names = ("tileattn", "ref", "eager")
     grads = {}
     for name, m in zip(names, _triple(arch)):
@@ -310,8 +298,8 @@ def test_gemma2_reference_is_eager():
     mine = AutoModelForCausalLM.from_config(spec.config(), attn_implementation=REF64)
     mine.load_state_dict(eager.state_dict())
     mine = mine.to(DEVICE).eval()
-    ids = _ids(2, 13, seed=_seed("gemma2", "reference"))
-    mask = _left_padding(2, 13)
+    ids = token_ids(2, 13, vocab=VOCAB, seed=_seed("gemma2", "reference"))
+    mask = left_padding(2, 13)
     with torch.no_grad():
         for kw in ({}, {"attention_mask": mask}):
             assert torch.equal(mine(ids, **kw).logits, eager(ids, **kw).logits)
@@ -327,7 +315,7 @@ def test_gemma2_softcap_matters():
     assert all(layer.self_attn.attn_logit_softcapping is None for layer in uncapped.model.layers)
     uncapped.load_state_dict(eager.state_dict())
     uncapped = uncapped.to(DEVICE).eval()
-    ids = _ids(2, 21, seed=_seed("gemma2", "logits"))
+    ids = token_ids(2, 21, vocab=VOCAB, seed=_seed("gemma2", "logits"))
     with torch.no_grad():
         assert (uncapped(ids).logits - eager(ids).logits).abs().max() > 1e-2
 

@@ -19,7 +19,7 @@ import torch
 
 import tileattn
 from tileattn.sdpa import TileattnFallbackWarning
-from tileattn.testing import check_accuracy
+from tileattn.testing import check_accuracy, token_ids
 
 transformers = pytest.importorskip("transformers")
 if int(transformers.__version__.split(".")[0]) < 5:
@@ -77,11 +77,6 @@ def attention_calls(monkeypatch):
     return calls
 
 
-def _ids(*shape, seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, VOCAB, shape, generator=g).to(DEVICE)
-
-
 def _logits(models, ids, **kw):
     """(tileattn float32, eager float64, eager float32) logits."""
     with torch.no_grad():
@@ -90,7 +85,7 @@ def _logits(models, ids, **kw):
 
 
 def test_logits_match_eager(models, attention_calls):
-    ids = _ids(2, 21, seed=_seed("logits"))
+    ids = token_ids(2, 21, vocab=VOCAB, seed=_seed("logits"))
     check_accuracy("gpt-oss logits", *_logits(models, ids), torch.float32)
     # layer 0 slides (window W: keys i - W < j <= i), layer 1 attends to all; both with their sinks
     assert ((2, 4, 21, 16), (2, 2, 21, 16), (WINDOW - 1, 0), True) in attention_calls
@@ -98,13 +93,13 @@ def test_logits_match_eager(models, attention_calls):
 
 
 def test_logits_on_kernels(models, kernels, attention_calls):
-    ids = _ids(1, 19, seed=_seed("kernels"))
+    ids = token_ids(1, 19, vocab=VOCAB, seed=_seed("kernels"))
     check_accuracy("gpt-oss logits (kernels)", *_logits(models, ids), torch.float32)
     assert attention_calls
 
 
 def test_padded_batch_falls_back_with_sinks(models):
-    ids = _ids(2, 13, seed=_seed("pad"))
+    ids = token_ids(2, 13, vocab=VOCAB, seed=_seed("pad"))
     mask = torch.ones(2, 13, dtype=torch.long, device=DEVICE)
     mask[0, :4] = 0
     tileattn.sdpa.reset_fallback_warnings()
@@ -115,7 +110,7 @@ def test_padded_batch_falls_back_with_sinks(models):
 
 
 def test_generate_greedy_identical(models, attention_calls):
-    ids = _ids(2, 8, seed=_seed("generate"))
+    ids = token_ids(2, 8, vocab=VOCAB, seed=_seed("generate"))
     kw = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TileattnFallbackWarning)
@@ -126,7 +121,7 @@ def test_generate_greedy_identical(models, attention_calls):
 
 
 def test_gradients_match_eager_sinks_included(models, attention_calls):
-    ids = _ids(2, 16, seed=_seed("backward"))
+    ids = token_ids(2, 16, vocab=VOCAB, seed=_seed("backward"))
     grads = {}
     for key in (("tileattn", torch.float32), ("eager", torch.float32), ("eager", torch.float64)):
         m = models[key].train()
