@@ -57,7 +57,7 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
                 128: [dict(num_stages=2), dict(num_stages=3), dict(num_stages=2, pingpong=False),
                       dict(num_stages=2, overlap=False)]}
     if not per_config:
-        out["hopper"] = hopper(configs.HOPPER_FWD[head_dim])
+        out["hopper"] = hopper(configs.HOPPER_FWD[(head_dim, head_dim)])
         out["tileattn"] = lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal)
         return out
     for kw in variants.get(head_dim, [{}]):

@@ -171,10 +171,10 @@ def hopper_fwd_preferred(head_dim: int, causal: bool, n_k: int) -> bool:
 
 def hopper_fwd_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether a plain (no variant) forward of these tensors runs the Hopper
-    kernel: a CUDA device of compute capability 9.0, fp16 or bf16, a head dim
-    the kernel is built for (``configs.HOPPER_FWD_HEAD_DIMS``) and tensors the
-    copy engine can address.  Gluon is imported on first use only."""
-    if (not HOPPER_FWD or q.shape[-1] not in configs.HOPPER_FWD_HEAD_DIMS
+    kernel: a CUDA device of compute capability 9.0, fp16 or bf16, a (QK, V)
+    pair of head dims the kernel has a config for (``configs.HOPPER_FWD``) and
+    tensors the copy engine can address.  Gluon is imported on first use only."""
+    if (not HOPPER_FWD or (q.shape[-1], v.shape[-1]) not in configs.HOPPER_FWD
             or env("TILEATTN_HOPPER_FWD", "1") == "0"):
         return False
     return _hopper_eligible(q, k, v)
@@ -182,8 +182,8 @@ def hopper_fwd_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bo
 
 def _hopper_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """The rules the Hopper forward and backward share (among them one head
-    dim for q, k and v: the Hopper kernels have no separate V width)."""
-    if k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1]:
+    dim for q and k; V's is each kernel's own rule)."""
+    if k.shape[-1] != q.shape[-1]:
         return False
     if not q.is_cuda or q.dtype not in _HOPPER_DTYPES or interpreter_active():
         return False

@@ -411,17 +411,18 @@ HOPPER_CASES = {
 }
 
 
-def hopper_inputs(b, hq, hkv, n_q, n_k, d, dtype, seed, layout="bhnd", logit_scale=1.0):
+def hopper_inputs(b, hq, hkv, n_q, n_k, d, dtype, seed, layout="bhnd", logit_scale=1.0, dv=None):
     """(q, k, v, do) on the GPU; ``layout="bnhd"``: (B, N, H, D) storage
-    viewed as (B, H, N, D); q scaled by ``logit_scale``."""
+    viewed as (B, H, N, D); q scaled by ``logit_scale``; v and do ``dv``
+    wide (default ``d``)."""
     g = torch.Generator(device="cuda").manual_seed(seed + SEED_OFFSET)
+    dv = d if dv is None else dv
 
-    def make(h, n):
+    def make(h, n, width):
         if layout == "bnhd":
-            return torch.randn(b, n, h, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
-        return torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=g)
-    return make(hq, n_q) * logit_scale, make(hkv, n_k), make(hkv, n_k), make(hq, n_q)
-
+            return torch.randn(b, n, h, width, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+        return torch.randn(b, h, n, width, device="cuda", dtype=dtype, generator=g)
+    return make(hq, n_q, d) * logit_scale, make(hkv, n_k, d), make(hkv, n_k, dv), make(hq, n_q, dv)
 
 
 # ---------------------------------------------------------------------------

@@ -28,13 +28,20 @@ from conftest import HAS_CUDA
 ON_HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a compute capability 9.0 GPU")
 
-# every table config, plus the variants of the softmax loop, forced once each
-FORCED = [(d, c) for d, c in configs.HOPPER_FWD.items()] + [
-    (64, HopperFwdConfig(num_stages=2, overlap=False)),
-    (128, HopperFwdConfig(num_stages=2, overlap=False, pingpong=False)),
-    (128, HopperFwdConfig(num_stages=2, overlap=True, pingpong=False)),
-    (128, HopperFwdConfig(num_stages=3)),
+# every table config ((QK head dim, V head dim) -> config), plus the variants
+# of the softmax loop, forced once each
+FORCED = list(configs.HOPPER_FWD.items()) + [
+    ((64, 64), HopperFwdConfig(num_stages=2, overlap=False)),
+    ((128, 128), HopperFwdConfig(num_stages=2, overlap=False, pingpong=False)),
+    ((128, 128), HopperFwdConfig(num_stages=2, overlap=True, pingpong=False)),
+    ((128, 128), HopperFwdConfig(num_stages=3)),
+    ((192, 128), HopperFwdConfig(num_stages=2, overlap=False)),
 ]
+
+
+def _dims_id(dims):
+    d, dv = dims
+    return f"d{d}" if d == dv else f"d{d}-dv{dv}"
 
 
 def _compile_reports():
@@ -45,13 +52,14 @@ def _compile_reports():
     code = (
         "import json, sys; from tileattn.configs import HopperFwdConfig; from tileattn.launch import hopper as launch_hopper\n"
         "cases = json.loads(sys.argv[1])\n"
-        "print(json.dumps([launch_hopper.compile_report(d, HopperFwdConfig(**c), causal, sinks=sinks)\n"
-        "                  for d, c, causal, sinks in cases]))")
-    arg = json.dumps([(d, dataclasses.asdict(c), causal, name.endswith("sinks")) for d, c, causal, name in cases])
+        "print(json.dumps([launch_hopper.compile_report(d, HopperFwdConfig(**c), causal, sinks=sinks, head_dim_v=dv)\n"
+        "                  for (d, dv), c, causal, sinks in cases]))")
+    arg = json.dumps([(dims, dataclasses.asdict(c), causal, name.endswith("sinks")) for dims, c, causal, name in cases])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {(d, name, causal): r for (d, c, causal, name), r in zip(cases, json.loads(proc.stdout.splitlines()[-1]))}
+    return {(dims, name, causal): r
+            for (dims, c, causal, name), r in zip(cases, json.loads(proc.stdout.splitlines()[-1]))}
 
 
 @pytest.fixture(scope="module")
@@ -60,21 +68,23 @@ def reports():
     return _compile_reports()
 
 
-# (head dim, config, causal, case name): every forced config, and the table's with sinks
-COMPILED = ([(d, c, True, c.name) for d, c in FORCED] + [(d, c, False, c.name) for d, c in configs.HOPPER_FWD.items()]
-            + [(d, c, True, c.name + "-sinks") for d, c in configs.HOPPER_FWD.items()])
+# ((QK, V head dims), config, causal, case name): every forced config, and the table's with sinks
+COMPILED = ([(dims, c, True, c.name) for dims, c in FORCED]
+            + [(dims, c, False, c.name) for dims, c in configs.HOPPER_FWD.items()]
+            + [(dims, c, True, c.name + "-sinks") for dims, c in configs.HOPPER_FWD.items()])
 
 
-@pytest.mark.parametrize("head_dim,cfg,causal,name", COMPILED,
-                         ids=[f"d{d}-{n}-{'causal' if causal else 'full'}" for d, c, causal, n in COMPILED])
-def test_compiles_for_sm90(reports, head_dim, cfg, causal, name):
-    rep = reports[(head_dim, name, causal)]
+@pytest.mark.parametrize("dims,cfg,causal,name", COMPILED,
+                         ids=[f"{_dims_id(dims)}-{n}-{'causal' if causal else 'full'}" for dims, c, causal, n in COMPILED])
+def test_compiles_for_sm90(reports, dims, cfg, causal, name):
+    head_dim, head_dim_v = dims
+    rep = reports[(dims, name, causal)]
     assert rep["wgmma"] > 0, "no warpgroup MMA in the PTX"
     assert rep["tma"], "no TMA copy in the PTX"
     assert {"24", "240"} <= set(rep["setmaxnreg"]), \
         f"register reallocation {rep['setmaxnreg']}: not 24 for the loader and 240 for the softmax warps"
     assert not rep["local"], "local memory in the PTX (a register array indexed at run time)"
-    expect = 2 * cfg.block_m * head_dim * 2 + 2 * cfg.num_stages * cfg.block_n * head_dim * 2
+    expect = 2 * cfg.block_m * head_dim * 2 + cfg.num_stages * cfg.block_n * (head_dim + head_dim_v) * 2
     assert expect <= rep["shared"] <= expect + 1024, \
         f"shared memory {rep['shared']} is not Q + K/V stages ({expect}) + barriers"
     assert rep["shared"] <= 227 * 1024, "more shared memory than a Hopper block may have"
@@ -96,13 +106,14 @@ def _inputs(*args, **kwargs):
 def _check(name, q, k, v, causal, cfg=None):
     runtime.POISON_OUTPUTS = True
     assert dispatch.hopper_fwd_eligible(q, k, v)
-    cfg = cfg or launch_hopper.config_for(q.shape[-1])   # forced: the Hopper kernel at every size
+    cfg = cfg or launch_hopper.config_for(q.shape[-1], v.shape[-1])   # forced: the Hopper kernel at every size
     out, lse = launch.attn_fwd(q, k, v, causal, q.shape[-1] ** -0.5, config=cfg)
     ref, ref_lse = standard_attention(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
     low, low_lse = standard_attention(q, k, v, causal=causal, return_lse=True)
     check_accuracy(f"{name} out", out, ref, low, q.dtype)
     check_accuracy(f"{name} lse", lse, ref_lse, low_lse.float(), q.dtype)
-    assert out.stride() == q.stride() or q.is_contiguous() is False
+    assert out.shape == (*q.shape[:-1], v.shape[-1])
+    assert out.stride() == q.stride() or q.is_contiguous() is False or v.shape[-1] != q.shape[-1]
 
 
 CASES = HOPPER_CASES
@@ -120,9 +131,9 @@ def test_against_float64(case, causal, dtype):
 
 @needs_hopper
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim,cfg", FORCED, ids=[f"d{d}-{c.name}" for d, c in FORCED])
-def test_every_config(head_dim, cfg, causal):
-    q, k, v = _inputs(2, 4, 2, 700, 900, head_dim, torch.bfloat16, seed=7)
+@pytest.mark.parametrize("dims,cfg", FORCED, ids=[f"{_dims_id(dims)}-{c.name}" for dims, c in FORCED])
+def test_every_config(dims, cfg, causal):
+    q, k, v = _inputs(2, 4, 2, 700, 900, dims[0], torch.bfloat16, seed=7, dv=dims[1])
     _check(cfg.name, q, k, v, causal, cfg)
 
 
@@ -159,9 +170,12 @@ def test_dispatch_plain_only():
 
 
 @needs_hopper
-def test_backward_after_hopper_forward():
-    q, k, v = (t.requires_grad_() for t in _inputs(1, 4, 2, 2049, 2049, 128, torch.bfloat16, seed=5))
-    do = torch.randn_like(q)
+@pytest.mark.parametrize("d,dv", [(128, 128), (192, 128)], ids=["d128", "d192-dv128"])
+def test_backward_after_hopper_forward(d, dv):
+    """The default call's gradients after the Hopper forward (QK 192 / V 128:
+    the portable backward on the Hopper forward's out and lse)."""
+    q, k, v, do = hopper_inputs(1, 4, 2, 2049, 2049, d, torch.bfloat16, seed=5, dv=dv)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = tileattn.attention(q, k, v, causal=True)
     got = torch.autograd.grad(out, (q, k, v), do)
     leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
@@ -189,3 +203,67 @@ def test_sinks_in_the_kernel(case):
     low, low_lse = standard_attention(q, k, v, causal=causal, sinks=sinks, return_lse=True)
     check_accuracy(f"{case} out", out, ref, low, q.dtype)
     check_accuracy(f"{case} lse", lse, ref_lse, low_lse.float(), q.dtype)
+
+
+# QK 192 / V 128 (MLA training and prefill): Q and K in two pieces, V's
+# width (128) and a 64-column tail; name: (b, hq, hkv, n_q, n_k)
+MLA_CASES = {
+    "square-1000": (2, 4, 4, 1000, 1000),
+    "odd-1": (1, 2, 2, 1, 1),
+    "odd-17x129": (1, 2, 2, 17, 129),
+    "nq<nk-129x1000": (1, 4, 4, 129, 1000),
+    "nq>nk-1000x129": (1, 4, 4, 1000, 129),   # causal: the first rows see no key
+    "gqa4-777": (2, 8, 2, 777, 777),
+    "tiles-even-2048": (1, 2, 2, 2048, 2048),
+}
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", list(MLA_CASES))
+def test_separate_v_head_dim_against_float64(case, causal, dtype):
+    b, hq, hkv, n_q, n_k = MLA_CASES[case]
+    q, k, v = _inputs(b, hq, hkv, n_q, n_k, 192, dtype, seed=hash(case) % 1000, dv=128)
+    _check(f"192/128 {case}", q, k, v, causal)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_separate_v_head_dim_strided_large_logits_sinks(causal):
+    """(B, N, H, D) storage (the pieces are column views of it), logits
+    scaled 30x, and a sink per head, rows that see no key included."""
+    q, k, v = _inputs(2, 4, 2, 700, 300, 192, torch.bfloat16, seed=17, layout="bnhd", logit_scale=30.0, dv=128)
+    assert not q.is_contiguous()
+    sinks = torch.linspace(-4.0, 4.0, 4, device="cuda")
+    runtime.POISON_OUTPUTS = True
+    out, lse = launch_hopper.attn_fwd(q, k, v, causal, 192 ** -0.5, launch_hopper.config_for(192, 128), poison=True,
+                                      sinks=sinks)
+    ref, ref_lse = standard_attention(q.double(), k.double(), v.double(), causal=causal, sinks=sinks.double(),
+                                      return_lse=True)
+    low, low_lse = standard_attention(q, k, v, causal=causal, sinks=sinks, return_lse=True)
+    check_accuracy("192/128 bnhd sinks out", out, ref, low, q.dtype)
+    check_accuracy("192/128 bnhd sinks lse", lse, ref_lse, low_lse.float(), q.dtype)
+
+
+@needs_hopper
+def test_dispatch_takes_separate_v_head_dim():
+    """A plain 192/128 call takes the Hopper forward at every size; 128/64
+    (no config) does not."""
+    calls = []
+    real = launch_hopper.attn_fwd
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    launch_hopper.attn_fwd = spy
+    try:
+        q, k, v = _inputs(1, 2, 2, 512, 512, 192, torch.bfloat16, seed=3, dv=128)
+        tileattn.attention(q, k, v, causal=True)
+        assert calls, "a plain bf16 192/128 call did not take the Hopper kernel"
+        calls.clear()
+        q, k, v = _inputs(1, 2, 2, 2048, 2048, 128, torch.bfloat16, seed=3, dv=64)
+        tileattn.attention(q, k, v, causal=True)
+        assert not calls, "a 128/64 call (no Hopper config) took the Hopper kernel"
+    finally:
+        launch_hopper.attn_fwd = real

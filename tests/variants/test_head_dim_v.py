@@ -300,11 +300,14 @@ class _CudaTensorShape:
         return 0
 
 
-@pytest.mark.parametrize("d,dv", [(128, 64), (64, 128), (128, 256)], ids=["d128-dv64", "d64-dv128", "d128-dv256"])
-def test_hopper_kernels_refuse_separate_v_head_dim(d, dv):
-    """The Hopper kernels have one head dim: on a (pretended) compute
-    capability 9.0 device the same call with v as wide as q is eligible, with
-    Dv != D it is not, so the portable kernels run it."""
+@pytest.mark.parametrize("d,dv", [(128, 64), (64, 128), (128, 256), (192, 128)],
+                         ids=["d128-dv64", "d64-dv128", "d128-dv256", "d192-dv128"])
+def test_hopper_kernels_and_separate_v_head_dim(d, dv):
+    """On a (pretended) compute capability 9.0 device: the same call with v
+    as wide as q is eligible for both Hopper kernels where they have that
+    head dim; with Dv != D the forward is eligible only for a (D, Dv) pair
+    it has a config for (192/128), the backward never, so the portable
+    kernels run the rest and the default backward is the deterministic one."""
     q, k = _CudaTensorShape(1, 2, 4096, d), _CudaTensorShape(1, 2, 4096, d)
     same, other = _CudaTensorShape(1, 2, 4096, d), _CudaTensorShape(1, 2, 4096, dv)
     do_same, do_other = _CudaTensorShape(1, 2, 4096, d), _CudaTensorShape(1, 2, 4096, dv)
@@ -312,12 +315,12 @@ def test_hopper_kernels_refuse_separate_v_head_dim(d, dv):
             mock.patch.object(dispatch, "interpreter_active", return_value=False), \
             mock.patch.object(dispatch, "HOPPER_FWD", True), mock.patch.object(dispatch, "HOPPER_BWD", True), \
             mock.patch.dict("os.environ", {"TILEATTN_HOPPER_FWD": "1", "TILEATTN_HOPPER_BWD": "1"}):
-        assert dispatch.hopper_fwd_eligible(q, k, same) and dispatch.hopper_bwd_eligible(q, k, same, do_same)
-        assert not dispatch._hopper_eligible(q, k, other)
-        assert not dispatch.hopper_fwd_eligible(q, k, other)
+        has_same = d in (64, 128)
+        assert dispatch.hopper_fwd_eligible(q, k, same) is has_same
+        assert dispatch.hopper_bwd_eligible(q, k, same, do_same) is has_same
+        assert dispatch.hopper_fwd_eligible(q, k, other) is ((d, dv) == (192, 128))
         assert not dispatch.hopper_bwd_eligible(q, k, other, do_other)
-        # with Dv != D the default backward is the deterministic portable one (no Hopper kernel to prefer)
-        assert dispatch.default_deterministic(q, k, same, True) is False
+        assert dispatch.default_deterministic(q, k, same, True) is (not has_same)
         assert dispatch.default_deterministic(q, k, other, True) is True
 
 

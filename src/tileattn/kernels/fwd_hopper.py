@@ -26,7 +26,12 @@ row starts from its head's sink logit (max = sink, sum = 1), so the lse
 includes it and a row that sees no key returns 0 and lse = sink.  Tensors are addressed
 through rank-4 (B, H, N, D) TMA descriptors, so rows past N read as zeros and
 stores past N are clipped by the copy engine; masking handles the key edge
-and the causal diagonal.
+and the causal diagonal.  Q and K are ``HEAD_DIM`` wide, V and O
+``HEAD_DIM_V``.  A copy box is a power of two wide, so a QK head dim that is
+not one (192 = 128 + 64, MLA) comes as two pieces, V's width and a
+``TAIL_DIM`` tail, each with its own descriptors and buffers, and S = Q Kᵀ
+is two products into one accumulator; O is staged in the first piece's
+buffer.
 
 This module imports Gluon at load time: only the Hopper launcher imports it,
 lazily, so a CPU install never does.
@@ -60,46 +65,63 @@ def _key_tiles(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, 
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                    turns, off_b, off_h, off_hk, start_m, n_tiles,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+def _load_rows(desc, tail_desc, coords, bar, smem, tail_smem, TAIL_DIM: gl.constexpr):
+    """One tile of Q or K: its first HEAD_DIM - TAIL_DIM columns through
+    ``desc`` and, with a tail, the last TAIL_DIM through ``tail_desc`` (a
+    copy box is a power of two wide), both completing ``bar``."""
+    if TAIL_DIM > 0:
+        mbarrier.expect(bar, desc.block_type.nbytes + tail_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, coords, bar, smem)
+        tma.async_copy_global_to_shared(tail_desc, coords, bar, tail_smem)
+    else:
+        mbarrier.expect(bar, desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, coords, bar, smem)
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
+                    k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr):
     # one Q tile of BLOCK_M rows per softmax warpgroup
     for wg in gl.static_range(2):
-        mbarrier.expect(q_bars.index(wg), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [off_b, off_h, start_m + wg * BLOCK_M, 0], q_bars.index(wg),
-                                        q_smem.index(wg))
+        _load_rows(q_desc, qt_desc, [off_b, off_h, start_m + wg * BLOCK_M, 0], q_bars.index(wg), q_smem.index(wg),
+                   qt_smem.index(wg), TAIL_DIM)
     for j in range(n_tiles):
         s = j % NUM_STAGES
         # a slot starts empty: the first wait on each passes (phase 1)
         phase = ((j // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(s), phase)
-        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+        _load_rows(k_desc, kt_desc, [off_b, off_hk, j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s),
+                   kt_smem.index(s), TAIL_DIM)
         mbarrier.wait(v_empty.index(s), phase)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
 
 
 @gluon.jit
-def _issue_qk(q2, k_smem, k_ready, j, s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """Wait for key tile ``j`` and issue S = Q Kᵀ asynchronously."""
+def _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, j, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """Wait for key tile ``j`` and issue S = Q Kᵀ asynchronously (with a
+    tail: one more product of the last TAIL_DIM columns into the same S)."""
     s = j % NUM_STAGES
     mbarrier.wait(k_ready.index(s), (j // NUM_STAGES) & 1)
-    k_t = k_smem.index(s).reshape([BLOCK_N, HEAD_DIM]).permute([1, 0])
+    k_t = k_smem.index(s).reshape([BLOCK_N, HEAD_DIM - TAIL_DIM]).permute([1, 0])
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    return warpgroup_mma(q2, k_t, zero, use_acc=False, is_async=True)
+    qk = warpgroup_mma(q2, k_t, zero, use_acc=False, is_async=True)
+    if TAIL_DIM > 0:
+        qk = warpgroup_mma(qt2, kt_smem.index(s).reshape([BLOCK_N, TAIL_DIM]).permute([1, 0]), qk, is_async=True)
+    return qk
 
 
 @gluon.jit
-def _issue_pv(p, acc, v_smem, v_ready, j, o_layout: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+def _issue_pv(p, acc, v_smem, v_ready, j, o_layout: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               NUM_STAGES: gl.constexpr):
     """Wait for value tile ``j`` and issue O += P V asynchronously (P from
     registers)."""
     s = j % NUM_STAGES
     p16 = gl.convert_layout(p.to(v_smem.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
     mbarrier.wait(v_ready.index(s), (j // NUM_STAGES) & 1)
-    return warpgroup_mma(p16, v_smem.index(s).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+    return warpgroup_mma(p16, v_smem.index(s).reshape([BLOCK_N, HEAD_DIM_V]), acc, is_async=True)
 
 
 @gluon.jit
@@ -157,18 +179,20 @@ def _your_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turns,
+def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready,
+                       k_empty, v_empty, turns,
                        o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                       PINGPONG: gl.constexpr, HAS_SINKS: gl.constexpr):
+                       HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+                       IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+                       HAS_SINKS: gl.constexpr):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of the program's query tile.
     Both warpgroups run every key tile of the program (the loader's ring is
     shared), each with its own mask boundary ``n_full``."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+                                                       instr_shape=[16, HEAD_DIM_V, 16])
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     row0 = start_m + WG * BLOCK_M
@@ -181,11 +205,15 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready
     else:
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
         l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM_V], gl.float32, o_layout)
 
     q_tile = q_smem.index(WG)
     mbarrier.wait(q_bars.index(WG), 0)
-    q2 = q_tile.reshape([BLOCK_M, HEAD_DIM])
+    q2 = q_tile.reshape([BLOCK_M, HEAD_DIM - TAIL_DIM])
+    if TAIL_DIM > 0:
+        qt2 = qt_smem.index(WG).reshape([BLOCK_M, TAIL_DIM])
+    else:
+        qt2 = q2
     if OVERLAP:
         # Software pipeline across key tiles: S_j = Q K_j^T and O += P_{j-1} V_{j-1}
         # are issued together, then the softmax of tile j runs while the
@@ -193,7 +221,8 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready
         # order, so waiting with one group outstanding returns S_j.
         if n_tiles > 0:
             _my_turn(turns, 0, WG, PINGPONG)
-            qk = _issue_qk(q2, k_smem, k_ready, 0, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)
+            qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, 0, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
+                           TAIL_DIM, NUM_STAGES)
             _your_turn(turns, WG, PINGPONG)
             qk = warpgroup_mma_wait(0, deps=[qk])
             mbarrier.arrive(k_empty.index(0), count=1)
@@ -201,8 +230,9 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready
                                                BLOCK_N, IS_CAUSAL)
             for j in range(1, n_tiles):
                 _my_turn(turns, j, WG, PINGPONG)
-                qk = _issue_qk(q2, k_smem, k_ready, j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)
-                acc = _issue_pv(p, acc, v_smem, v_ready, j - 1, o_layout, BLOCK_N, HEAD_DIM, NUM_STAGES)
+                qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
+                               TAIL_DIM, NUM_STAGES)
+                acc = _issue_pv(p, acc, v_smem, v_ready, j - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
                 _your_turn(turns, WG, PINGPONG)
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
@@ -212,14 +242,15 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready
                 mbarrier.arrive(v_empty.index((j - 1) % NUM_STAGES), count=1)
                 acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, n_tiles, WG, PINGPONG)
-            acc = _issue_pv(p, acc, v_smem, v_ready, n_tiles - 1, o_layout, BLOCK_N, HEAD_DIM, NUM_STAGES)
+            acc = _issue_pv(p, acc, v_smem, v_ready, n_tiles - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
             _your_turn(turns, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=[acc])
             mbarrier.arrive(v_empty.index((n_tiles - 1) % NUM_STAGES), count=1)
     else:
         for j in range(n_tiles):
             _my_turn(turns, 2 * j, WG, PINGPONG)
-            qk = _issue_qk(q2, k_smem, k_ready, j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)
+            qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
+                           TAIL_DIM, NUM_STAGES)
             _your_turn(turns, WG, PINGPONG)
             qk = warpgroup_mma_wait(0, deps=[qk])
             mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
@@ -227,7 +258,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready
                                                BLOCK_N, IS_CAUSAL)
             acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, 2 * j + 1, WG, PINGPONG)
-            acc = _issue_pv(p, acc, v_smem, v_ready, j, o_layout, BLOCK_N, HEAD_DIM, NUM_STAGES)
+            acc = _issue_pv(p, acc, v_smem, v_ready, j, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
             _your_turn(turns, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=[acc])
             mbarrier.arrive(v_empty.index(j % NUM_STAGES), count=1)
@@ -238,7 +269,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready
     lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
     gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < N_Q)
     out = acc / gl.convert_layout(l_safe, o_row_layout)[:, None]
-    # the Q tile is dead: stage O in its buffer for the TMA store
+    # the Q tile is dead: stage O in its buffer (as wide as V) for the TMA store
     q2.store(out.to(q_smem.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], q_tile)
@@ -250,8 +281,13 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             GROUP_SIZE, N_Q, N_K, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr,
-                            PINGPONG: gl.constexpr, HAS_SINKS: gl.constexpr):
-    """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup."""
+                            PINGPONG: gl.constexpr, HAS_SINKS: gl.constexpr, HEAD_DIM_V: gl.constexpr,
+                            TAIL_DIM: gl.constexpr = 0, qt_desc=None, kt_desc=None):
+    """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
+    ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
+    and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
+    without a tail)."""
+    gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     # heaviest causal tiles (last rows) first: better tail balance
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
     off_h = gl.program_id(1)
@@ -265,6 +301,12 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    if TAIL_DIM > 0:
+        qt_smem = gl.allocate_shared_memory(dtype, [2] + qt_desc.block_type.shape, qt_desc.layout)
+        kt_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + kt_desc.block_type.shape, kt_desc.layout)
+    else:   # unused
+        qt_smem = q_smem
+        kt_smem = k_smem
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -284,14 +326,19 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     # the two softmax partitions' argument tuples are written out: a tuple
     # built by concatenation in the kernel loses its constexpr entries (triton 3.6)
     gl.warp_specialize([
-        (_softmax_partition, (0, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turns, o_desc,
+        (_softmax_partition, (0, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
+                              v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, HAS_SINKS)),
-        (_softmax_partition, (1, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turns, o_desc,
+                              BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
+                              PINGPONG, HAS_SINKS)),
+        (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
+                              v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, HAS_SINKS)),
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
-                           v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles, BLOCK_M, BLOCK_N, NUM_STAGES)),
+                              BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
+                              PINGPONG, HAS_SINKS)),
+        (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
+                           q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
+                           BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM)),
     ], [4, 1], [240, 24])
 
     for i in gl.static_range(2):

@@ -35,38 +35,55 @@ def _descriptor(t: torch.Tensor, rows: int):
     return TensorDescriptor(t, shape, strides, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
-def config_for(head_dim: int) -> HopperFwdConfig:
-    return configs.HOPPER_FWD[head_dim]
+def _qk_descriptors(q: torch.Tensor, k: torch.Tensor, dv: int, cfg: HopperFwdConfig) -> dict:
+    """Q's and K's descriptors: whole rows where the head dim is V's, else
+    the first ``dv`` columns and the rest as a tail (``TAIL_DIM``) through
+    descriptors of their own (a copy box is a power of two wide: QK 192 with
+    V 128 is 128 + 64)."""
+    d = q.shape[-1]
+    if d == dv:
+        return dict(q_desc=_descriptor(q, cfg.block_m), k_desc=_descriptor(k, cfg.block_n))
+    return dict(q_desc=_descriptor(q[..., :dv], cfg.block_m), k_desc=_descriptor(k[..., :dv], cfg.block_n),
+                qt_desc=_descriptor(q[..., dv:], cfg.block_m), kt_desc=_descriptor(k[..., dv:], cfg.block_n),
+                TAIL_DIM=d - dv)
+
+
+def config_for(head_dim: int, head_dim_v: int | None = None) -> HopperFwdConfig:
+    """The table's config for Q/K head dim ``head_dim`` and V head dim
+    ``head_dim_v`` (default: the same)."""
+    return configs.HOPPER_FWD[(head_dim, head_dim if head_dim_v is None else head_dim_v)]
 
 
 def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None = None, poison: bool = False,
              sinks: torch.Tensor | None = None):
-    """Forward on the Hopper kernel. Returns (out like q, lse float32 (B, Hq, Nq));
-    ``sinks`` (float32 (Hq,)) enter every row's denominator and the lse."""
+    """Forward on the Hopper kernel. Returns (out like q, as wide as v; lse
+    float32 (B, Hq, Nq)); ``sinks`` (float32 (Hq,)) enter every row's
+    denominator and the lse."""
     from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel
     b, hq, n_q, d = q.shape
-    hkv, n_k = k.shape[1], k.shape[2]
-    cfg = config or config_for(d)
-    o = torch.empty_like(q)
-    if not tma_addressable(o):   # empty_like kept an unaddressable layout: a dense one instead
-        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
+    cfg = config or config_for(d, dv)
+    o = torch.empty_like(q) if dv == d else None
+    if o is None or not tma_addressable(o):   # a V width of its own, or an unaddressable layout: a dense one
+        o = torch.empty((b, hq, n_q, dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, hq, n_q), device=q.device, dtype=torch.float32)
     if poison:
         o.fill_(float("nan"))
         lse.fill_(float("nan"))
     grid = (triton.cdiv(n_q, 2 * cfg.block_m), hq, b)
     _attn_fwd_hopper_kernel[grid](
-        q_desc=_descriptor(q, cfg.block_m), k_desc=_descriptor(k, cfg.block_n), v_desc=_descriptor(v, cfg.block_n),
-        o_desc=_descriptor(o, cfg.block_m), LSE=lse, SINKS=lse if sinks is None else sinks.float().contiguous(),
+        **_qk_descriptors(q, k, dv, cfg), v_desc=_descriptor(v, cfg.block_n), o_desc=_descriptor(o, cfg.block_m),
+        LSE=lse, SINKS=lse if sinks is None else sinks.float().contiguous(),
         stride_lb=lse.stride(0), stride_lh=lse.stride(1),
         GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
-        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
+        HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
         NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks is not None,
         num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
     return o, lse
 
 
-def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False):
+def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False,
+                 head_dim_v: int | None = None):
     """Compile the kernel for sm_90a without a GPU (Triton bundles ptxas).
     Not under ``TRITON_INTERPRET``: Gluon cannot be compiled once the
     interpreter has wrapped its library, so callers in an interpreted
@@ -75,14 +92,22 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
     from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel as kernel
-    t = torch.empty(1, 2, 256, head_dim, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
-    rows = {"q_desc": cfg.block_m, "k_desc": cfg.block_n, "v_desc": cfg.block_n, "o_desc": cfg.block_m}
-    sig = {name: mangle_type(_descriptor(t, r)) for name, r in rows.items()}
+    dv = head_dim if head_dim_v is None else head_dim_v
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
+    t, tv = (torch.empty(1, 2, 256, w, dtype=torch_dtype) for w in (head_dim, dv))
+    descs = dict(_qk_descriptors(t, t, dv, cfg), v_desc=_descriptor(tv, cfg.block_n),
+                 o_desc=_descriptor(tv, cfg.block_m))
+    const = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
+                 NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks,
+                 HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0))
+    sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
-    const = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
-                 NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks)
     sig.update({name: "constexpr" for name in const})
+    if dv == head_dim:   # no tail: its descriptors are None
+        sig.update(qt_desc="constexpr", kt_desc="constexpr")
+        const.update(qt_desc=None, kt_desc=None)
+    sig = {name: sig[name] for name in kernel.arg_names}
     src = GluonASTSource(fn=kernel, signature=sig,
                          constexprs={(kernel.arg_names.index(k),): v for k, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -90,10 +115,10 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
 
 
 def compile_report(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16",
-                   sinks: bool = False) -> dict:
+                   sinks: bool = False, head_dim_v: int | None = None) -> dict:
     """What the sm_90a compile says of one config: shared memory, the
     instructions the design relies on, and local memory (spills)."""
-    compiled = compile_sm90(head_dim, cfg, causal, dtype, sinks)
+    compiled = compile_sm90(head_dim, cfg, causal, dtype, sinks, head_dim_v)
     ptx = compiled.asm["ptx"]
     return {"shared": int(compiled.metadata.shared), "wgmma": ptx.count("wgmma.mma_async"),
             "tma": "cp.async.bulk.tensor" in ptx, "setmaxnreg": sorted(set(
