@@ -58,16 +58,25 @@ def test_step_bytes_by_hand():
     assert ring_step_bytes(s, "fwd") == kv * 2
     assert ring_step_bytes(s, "bwd") == kv * (2 + 4)  # the dK/dV accumulator travels in float32
     assert ring_step_bytes(s, "fwd_bwd") == kv * 8
+    # V of its own head dim: K at 64, V at 32 channels
+    s = RingShape(batch=2, heads=8, kv_heads=2, seqlen=4096, head_dim=64, world_size=4, dtype="bf16", head_dim_v=32)
+    kv = 2 * 2 * 1024 * (64 + 32)
+    assert ring_step_bytes(s, "fwd") == kv * 2 and ring_step_bytes(s, "bwd") == kv * (2 + 4)
+    assert step_costs(s, H100, "bwd")[-1].bytes == kv * 4  # the last dK/dV hop
 
 
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("world", [1, 2, 3, 8])
 @pytest.mark.parametrize("phase", ["fwd", "bwd"])
-def test_step_flops_add_up_to_the_whole_attention(world, causal, layout, phase):
-    s = RingShape(1, 4, 2, 2 * world * 96, 64, world, causal, layout)
+@pytest.mark.parametrize("dv", [64, 40], ids=["Dv64", "Dv40"])
+def test_step_flops_add_up_to_the_whole_attention(dv, world, causal, layout, phase):
+    s = RingShape(1, 4, 2, 2 * world * 96, 64, world, causal, layout, head_dim_v=dv)
     total = sum(ring_step_flops(s, r, t, phase) for r in range(world) for t in range(world))
-    assert total == attention_flops(1, 4, s.seqlen, s.seqlen, 64, causal=causal, mode=phase)
+    assert total == attention_flops(1, 4, s.seqlen, s.seqlen, 64, causal=causal, mode=phase, head_dim_v=dv)
+    single = ic._single_gpu_s(s, H100, phase, None, "datasheet")
+    assert single > ic._single_gpu_s(RingShape(1, 4, 2, s.seqlen, 64, world, causal, layout, head_dim_v=8), H100,
+                                     phase, None, "datasheet")
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
@@ -95,17 +104,20 @@ def test_prediction_sums_its_steps():
 
 
 # ---- when the transfer hides --------------------------------------------------
-@pytest.mark.parametrize("name", sorted(CATALOGUE))
+BREAK_EVEN = [(name, hkv, 128) for name in sorted(CATALOGUE) for hkv in (8, 32)] + \
+    [("nvidia-h100-sxm", 8, 64), ("nvidia-h200", 32, 256)]   # V of its own head dim (D = 128)
+
+
 @pytest.mark.parametrize("phase", ["fwd", "bwd"])
-@pytest.mark.parametrize("hkv", [8, 32])
-def test_break_even_separates_hidden_from_exposed(name, phase, hkv):
+@pytest.mark.parametrize("name,hkv,dv", BREAK_EVEN, ids=[f"{n}-Hkv{h}-Dv{d}" for n, h, d in BREAK_EVEN])
+def test_break_even_separates_hidden_from_exposed(name, hkv, dv, phase):
     hw = get_hardware(name)
     world = 2 if name == "nvidia-rtx-3090" else 8
-    n = break_even_tokens(hw, heads=32, kv_heads=hkv, head_dim=128, world_size=world, phase=phase)
+    n = break_even_tokens(hw, heads=32, kv_heads=hkv, head_dim=128, world_size=world, phase=phase, head_dim_v=dv)
 
     def hidden(n_local):
         n_local += n_local % 2  # zigzag: even shards
-        return transfer_hidden(RingShape(1, 32, hkv, world * n_local, 128, world), hw, phase)
+        return transfer_hidden(RingShape(1, 32, hkv, world * n_local, 128, world, head_dim_v=dv), hw, phase)
 
     assert hidden(int(n * 1.1) + 2)
     assert not hidden(max(2, n // 2))
@@ -126,6 +138,7 @@ def test_faster_link_or_slower_compute_hides_more():
     (dict(kv_heads=3), "kv_heads=3 must divide"),
     (dict(dtype="fp8"), "dtype="),
     (dict(world_size=0), "world_size=0 must be >= 1"),
+    (dict(head_dim_v=0), "head_dim_v=0 must be >= 1"),
 ])
 def test_shape_validation_names_the_argument(kw, match):
     args = dict(batch=1, heads=8, kv_heads=2, seqlen=1024, head_dim=64, world_size=8)

@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 
 import tileattn
 from tileattn import ops
-from tileattn.cost import visible_pairs
+from tileattn.cost import attention_flops, visible_pairs
 from tileattn.distributed import (LAYOUTS, RingCommunicationError, RingProfile, ring_attention, ring_plan,
                                   shard_sequence, unshard_sequence)
 from tileattn.distributed.ring import _merge_
@@ -60,12 +60,22 @@ class Case:
     d: int
     lse: str = "grad"       # "grad": lse in the loss; "value": returned, unused; "none": return_lse=False
     strided: bool = False   # (B, N, H, D) tensors transposed to (B, H, N, D)
+    dv: int = 0             # V's head dim where it differs from D
+    sinks: bool = False     # float32 attention sinks, one per query head
+
+    @property
+    def d_v(self) -> int:
+        return self.dv or self.d
+
+    @property
+    def profiled(self) -> bool:
+        return self.strided or bool(self.dv)
 
     @property
     def id(self) -> str:
         return (f"W{self.world}-{self.layout}-{'causal' if self.causal else 'full'}-{self.dtype}-B{self.b}-"
-                f"H{self.hq}x{self.hkv}-Nl{self.n_local}-D{self.d}-lse_{self.lse}"
-                + ("-bnhd" if self.strided else ""))
+                f"H{self.hq}x{self.hkv}-Nl{self.n_local}-D{self.d}" + (f"-Dv{self.dv}" if self.dv else "")
+                + f"-lse_{self.lse}" + ("-bnhd" if self.strided else "") + ("-sinks" if self.sinks else ""))
 
 
 def _cases(w: int) -> list[Case]:
@@ -78,6 +88,11 @@ def _cases(w: int) -> list[Case]:
         Case(w, "contiguous", True, "fp64", 1, 3, 1, 5, 8, lse="value"),
         Case(w, "zigzag", True, "bf16", 1, 4, 2, 16, 32),
         Case(w, "zigzag", True, "fp32", 1, 2, 1, 8, 16, strided=True),
+        # V's head dim of its own: narrower (D 64, Dv 32) and wider odd (D 40, Dv 56)
+        Case(w, "zigzag", True, "fp32", 1, 4, 2, 8, 64, dv=32, sinks=True),
+        Case(w, "zigzag", False, "fp32", 2, 2, 2, 6, 64, dv=32, lse="value"),
+        Case(w, "contiguous", True, "fp64", 1, 3, 1, 5, 40, dv=56),
+        Case(w, "contiguous", False, "fp32", 1, 4, 2, 7, 40, dv=56, sinks=True, strided=True),
     ]
 
 
@@ -94,9 +109,10 @@ def _full_inputs(c: Case):
             return torch.randn(c.b, n, h, d, generator=g).to(dt).transpose(1, 2)
         return torch.randn(c.b, h, n, d, generator=g).to(dt)
 
-    q, k, v, do = make(c.hq, c.d), make(c.hkv, c.d), make(c.hkv, c.d), make(c.hq, c.d)
+    q, k, v, do = make(c.hq, c.d), make(c.hkv, c.d), make(c.hkv, c.d_v), make(c.hq, c.d_v)
     dlse = torch.randn(c.b, c.hq, n, generator=g)
-    return q, k, v, do, dlse
+    sinks = torch.randn(c.hq, generator=g) if c.sinks else None
+    return q, k, v, do, dlse, sinks
 
 
 def _shard(c: Case, x, rank):
@@ -165,14 +181,18 @@ def _case_worker(rank: int, world: int, port: int, outdir: str) -> None:
     out = Path(outdir)
     _init(rank, world, port, timeout_s=60)
     for c in _cases(world):
-        q, k, v, do, dlse = (_shard(c, x, rank) for x in _full_inputs(c))
-        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-        prof = RingProfile() if c.strided else None
-        res = ring_attention(q, k, v, causal=c.causal, layout=c.layout, return_lse=c.lse != "none", profile=prof)
+        *qkv, do, dlse, sinks = _full_inputs(c)
+        q, k, v = (_shard(c, x, rank).detach().requires_grad_() for x in qkv)
+        do, dlse = _shard(c, do, rank), _shard(c, dlse, rank)
+        sinks = None if sinks is None else sinks.requires_grad_()
+        prof = RingProfile() if c.profiled else None
+        res = ring_attention(q, k, v, causal=c.causal, layout=c.layout, sinks=sinks, return_lse=c.lse != "none",
+                             profile=prof)
         o, lse = res if c.lse != "none" else (res, None)
         _loss(c, o, lse, do, dlse).backward()
         torch.save({"out": o.detach(), "lse": None if lse is None else lse.detach(), "dq": q.grad, "dk": k.grad,
-                    "dv": v.grad, "q_strides": q.stride(), "out_strides": o.stride(),
+                    "dv": v.grad, "dsinks": None if sinks is None else sinks.grad,
+                    "q_strides": q.stride(), "out_strides": o.stride(),
                     "records": None if prof is None else [r.as_dict() for r in prof.records()]},
                    out / f"{c.id}.rank{rank}.pt")
     # calls that must fail on every rank, none of them hanging
@@ -185,6 +205,7 @@ def _case_worker(rank: int, world: int, port: int, outdir: str) -> None:
         "one-rank-rejects": lambda: ring_attention(x, x, x, layout="zigzagg" if rank == world - 1 else "zigzag"),
         "causal-mismatch": lambda: ring_attention(x, x, x, causal=rank == 0),
         "scale-mismatch": lambda: ring_attention(x, x, x, scale=0.5 if rank == 0 else 0.25),
+        "dv-mismatch": lambda: ring_attention(x, x, x[..., :6] if rank == 0 else x),
     }
     for name, call in bad.items():
         try:
@@ -228,6 +249,8 @@ def _gather(d: Path, c: Case, name: str):
     parts = [torch.load(d / f"{c.id}.rank{r}.pt")[name] for r in range(c.world)]
     if parts[0] is None:
         return None
+    if name == "dsinks":  # each rank's share of the replicated parameter's gradient
+        return torch.stack(parts).sum(0)
     if c.strided and parts[0].dim() == 4:
         return unshard_sequence([p.transpose(1, 2) for p in parts], c.layout, dim=1).transpose(1, 2)
     return unshard_sequence(parts, c.layout, dim=2)
@@ -235,14 +258,16 @@ def _gather(d: Path, c: Case, name: str):
 
 def _single_process(c: Case):
     """tileattn.attention, standard attention in the case's dtype and in
-    float64, each on the whole sequence: (out, lse, dq, dk, dv)."""
-    q, k, v, do, dlse = _full_inputs(c)
+    float64, each on the whole sequence: (out, lse, dq, dk, dv, dsinks)."""
+    q, k, v, do, dlse, sinks = _full_inputs(c)
 
     def run(fn, dtype=None):
         qq, kk, vv = (t.detach().to(dtype or t.dtype).requires_grad_() for t in (q, k, v))
-        o, lse = fn(qq, kk, vv, causal=c.causal, return_lse=True)
-        grads = torch.autograd.grad(_loss(c, o, lse, do.to(dtype or do.dtype), dlse), (qq, kk, vv))
-        return (o, lse) + grads
+        ss = None if sinks is None else sinks.to(dtype or sinks.dtype).requires_grad_()
+        o, lse = fn(qq, kk, vv, causal=c.causal, return_lse=True, sinks=ss)
+        wrt = (qq, kk, vv) + (() if ss is None else (ss,))
+        grads = torch.autograd.grad(_loss(c, o, lse, do.to(dtype or do.dtype), dlse), wrt)
+        return (o, lse) + grads + ((None,) if ss is None else ())
 
     return run(tileattn.attention), run(standard_attention), run(standard_attention, torch.float64)
 
@@ -255,13 +280,15 @@ def test_ring_matches_single_process(case, ring_results):
     d = ring_results(case.world)
     single, lowp, ref64 = _single_process(case)
     dtype = DT[case.dtype]
-    for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
+    for i, name in enumerate(("out", "lse", "dq", "dk", "dv", "dsinks")):
         got = _gather(d, case, name)
-        if name == "lse" and case.lse == "none":
+        if (name == "lse" and case.lse == "none") or (name == "dsinks" and not case.sinks):
             assert got is None
             continue
-        assert got.shape == ref64[i].shape and got.dtype == (torch.float32 if name == "lse" else dtype), name
-        # the public lse is float32 for every input dtype (as tileattn.attention's)
+        # the public lse is float32 for every input dtype (as tileattn.attention's), and so are the sinks
+        want_dtype = torch.float32 if name in ("lse", "dsinks") else dtype
+        assert got is not None, name
+        assert got.shape == ref64[i].shape and got.dtype == want_dtype, name
         floor = 1e-6 if name == "lse" and dtype == torch.float64 else None
         _, allowed = check_accuracy(f"{case.id} {name}", got, ref64[i], lowp[i], dtype, floor=floor)
         err = max_error(got, single[i])
@@ -274,9 +301,10 @@ def test_output_keeps_query_layout(ring_results):
     assert rank0["out_strides"] == rank0["q_strides"]
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_profile_records_every_step(world, ring_results):
-    c = next(c for c in CASES if c.strided and c.world == world)
+@pytest.mark.parametrize("case", [c for c in CASES if c.profiled], ids=lambda c: c.id)
+def test_profile_records_every_step(case, ring_results):
+    c, world = case, case.world
+    flops = {"forward": 0.0, "backward": 0.0}
     for rank in range(world):
         recs = torch.load(ring_results(world) / f"{c.id}.rank{rank}.pt")["records"]
         plan = ring_plan(c.layout, c.causal, rank, world, c.n_local)
@@ -286,19 +314,30 @@ def test_profile_records_every_step(world, ring_results):
         assert [r["kind"] for r in bwd] == [p.kind for p in plan] + ["dkdv-return"]
         assert [r["source"] for r in fwd] == [p.source for p in plan]
         assert all(r["compute_ms"] >= 0 and r["wait_ms"] >= 0 for r in recs)
-        # K/V blocks leave on every step but the last; the forward moves (W-1) blocks
-        kv_bytes = 2 * c.b * c.hkv * c.n_local * c.d * torch.finfo(DT[c.dtype]).bits // 8
+        # K/V blocks (V at its own head dim) leave on every step but the last; the
+        # forward moves (W-1) blocks, the backward those and W dK/dV accumulators
+        kv_elems = c.b * c.hkv * c.n_local * (c.d + c.d_v)
+        kv_bytes = kv_elems * torch.finfo(DT[c.dtype]).bits // 8
+        acc_bytes = kv_elems * (8 if c.dtype == "fp64" else 4)
         assert sum(r["bytes_sent"] for r in fwd) == (world - 1) * kv_bytes
-        assert sum(r["flops"] for r in fwd) > 0
+        assert sum(r["bytes_sent"] for r in bwd) == (world - 1) * kv_bytes + world * acc_bytes
+        for phase, rs in (("forward", fwd), ("backward", bwd)):
+            flops[phase] += sum(r["flops"] for r in rs)
+    # over all ranks and steps: the FLOPs of the whole attention, with Dv
+    n = world * c.n_local
+    for phase, mode in (("forward", "fwd"), ("backward", "bwd")):
+        want = attention_flops(c.b, c.hq, n, n, c.d, causal=c.causal, mode=mode, head_dim_v=c.d_v)
+        assert flops[phase] == pytest.approx(want), phase
 
 
 @pytest.mark.parametrize("name,who,match", [
     ("length-mismatch", "all", "disagree on the local sequence length"),
     ("causal-mismatch", "all", "causal: the ranks' calls disagree on the causal flag"),
     ("scale-mismatch", "all", r"scale: .*softmax scale \(rank 0: 0\.5, rank 1: 0\.25"),
+    ("dv-mismatch", "all", r"v: the ranks' calls disagree on the value head_dim \(rank 0: 6, rank 1: 8"),
     ("one-rank-rejects", "last", "layout must be one of"),
     ("one-rank-rejects", "others", r"rank\(s\) \[\d\] rejected their arguments"),
-], ids=["length-all", "causal-all", "scale-all", "rejects-last", "rejects-others"])
+], ids=["length-all", "causal-all", "scale-all", "dv-all", "rejects-last", "rejects-others"])
 @pytest.mark.parametrize("world", [2, 4])
 def test_disagreeing_calls_fail_on_every_rank(world, name, who, match, ring_results):
     d = ring_results(world)
@@ -492,12 +531,13 @@ def single_rank_group():
     dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("dv", [8, 6], ids=["Dv8", "Dv6"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_world_size_one_is_plain_attention(layout, causal, single_rank_group):
+def test_world_size_one_is_plain_attention(layout, causal, dv, single_rank_group):
     g = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(1, 4 // h, 10, 8, generator=g, dtype=torch.float64).requires_grad_()
-               for h in (1, 2, 2))
+    q, k, v = (torch.randn(1, 4 // h, 10, d, generator=g, dtype=torch.float64).requires_grad_()
+               for h, d in ((1, 8), (2, 8), (2, dv)))
     out, lse = ring_attention(q, k, v, causal=causal, layout=layout, return_lse=True)
     ref_out, ref_lse = tileattn.attention(q, k, v, causal=causal, return_lse=True)
     assert max_error(out, ref_out) <= FLOOR[torch.float64] and max_error(lse, ref_lse) == 0
@@ -524,8 +564,8 @@ BAD_CALLS = {
     "check-type": (lambda: (_t(1, 2, 8, 4),) * 3, {"check_shards": 1}, TypeError, "check_shards must be a bool"),
     "group-type": (lambda: (_t(1, 2, 8, 4),) * 3, {"group": "world"}, TypeError, "group must be"),
     "empty": (lambda: (_t(1, 2, 0, 4),) * 3, {"layout": "contiguous"}, ValueError, "local shard is empty"),
-    "v-head-dim": (lambda: (_t(1, 2, 8, 4), _t(1, 2, 8, 4), _t(1, 2, 8, 6)), {}, ValueError,
-                   "v: ring attention needs v's head dim equal to k's"),
+    "v-head-dim-limit": (lambda: (_t(1, 2, 8, 4), _t(1, 2, 8, 4), _t(1, 2, 8, 513)), {}, ValueError,
+                         r"head_dim \(last dimension of v\) must be in 1\.\.512"),
 }
 
 

@@ -10,14 +10,16 @@ with ``t_compute = FLOPs_step / achieved FLOP/s`` and ``t_transfer =
 bytes_step / link bandwidth + latency``.  The transfer hides behind the
 compute when ``t_transfer <= t_compute``.  Per rank and step:
 
-* forward bytes: the K and V block, ``2 B Hkv N_loc D e``;
+* forward bytes: the K and V block, ``B Hkv N_loc (D + Dv) e`` (Dv: V's head
+  dim, ``head_dim_v``, default D);
 * backward bytes: the K/V block again plus its dK/dV accumulator, which
-  travels in float32: ``2 B Hkv N_loc D (e + 4)``; one more dK/dV hop at the
-  end brings each block's gradient home and is not overlapped;
+  travels in float32: ``B Hkv N_loc (D + Dv) (e + 4)``; one more dK/dV hop at
+  the end brings each block's gradient home and is not overlapped;
 * FLOPs: ``tileattn.cost.attention_flops`` of the part of the block the
   schedule computes (``tileattn.distributed.schedule``): a full block
-  ``4 B Hq N_loc^2 D``; with the causal zigzag layout half of that on every
-  step (the diagonal step: the causal shard); backward 2.5x.
+  ``2 B Hq N_loc^2 (D + Dv)``; with the causal zigzag layout half of that on
+  every step (the diagonal step: the causal shard); backward
+  ``2 B Hq N_loc^2 (3 D + 2 Dv)`` (2.5x when Dv = D).
 
 FLOPs grow as N_loc^2 and bytes as N_loc, so the transfer hides once the
 local shard is long enough: for zigzag causal forward steps,
@@ -90,9 +92,12 @@ class RingShape:
     causal: bool = True
     layout: str = "zigzag"
     dtype: str = "bf16"
+    head_dim_v: int | None = None  # V's head dim Dv, default head_dim
 
     def __post_init__(self) -> None:
-        for f in ("batch", "heads", "kv_heads", "seqlen", "head_dim", "world_size"):
+        if self.head_dim_v is None:
+            object.__setattr__(self, "head_dim_v", self.head_dim)
+        for f in ("batch", "heads", "kv_heads", "seqlen", "head_dim", "head_dim_v", "world_size"):
             object.__setattr__(self, f, _check_int(f, getattr(self, f)))
         if self.heads % self.kv_heads:
             raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads}")
@@ -112,6 +117,11 @@ class RingShape:
     @property
     def elem_bytes(self) -> int:
         return dtype_bytes(self.dtype)
+
+    @property
+    def kv_elems(self) -> int:
+        """Elements of one rank's K and V shards (what a ring step moves)."""
+        return self.batch * self.kv_heads * self.n_local * (self.head_dim + self.head_dim_v)
 
     def plan(self, rank: int, step: int) -> BlockPlan:
         return block_plan(self.layout, self.causal, rank, source_rank(rank, step, self.world_size), self.n_local)
@@ -143,7 +153,7 @@ def link_bandwidth(hw: Hardware, world_size: int, basis: str = "datasheet") -> t
 def ring_step_bytes(shape: RingShape, phase: str = "fwd") -> int:
     """Bytes one rank sends in a step that transfers: the K/V block (``fwd``),
     plus its float32 dK/dV accumulator (``bwd``); ``fwd_bwd`` is their sum."""
-    kv = 2 * shape.batch * shape.kv_heads * shape.n_local * shape.head_dim
+    kv = shape.kv_elems
     fwd, bwd = kv * shape.elem_bytes, kv * (shape.elem_bytes + ACC_BYTES)
     return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd}[_phase(phase)]
 
@@ -154,7 +164,7 @@ def ring_step_flops(shape: RingShape, rank: int, step: int, phase: str = "fwd") 
     if not plan.computes:
         return 0.0
     return attention_flops(shape.batch, shape.heads, plan.n_q, plan.n_k, shape.head_dim, causal=plan.causal,
-                           mode=_phase(phase))
+                           mode=_phase(phase), head_dim_v=shape.head_dim_v)
 
 
 def achieved_flops(hw: Hardware, dtype: str, phase: str, basis: str = "datasheet") -> float:
@@ -209,7 +219,7 @@ def step_costs(shape: RingShape, hw: Hardware, phase: str = "fwd", *, tflops: fl
     flops_s, bw = _resolve(hw, shape, phase, tflops, link_bw, basis)
     w = shape.world_size
     kv_bytes = ring_step_bytes(shape, "fwd")
-    acc_bytes = 2 * shape.batch * shape.kv_heads * shape.n_local * shape.head_dim * ACC_BYTES
+    acc_bytes = shape.kv_elems * ACC_BYTES
     out = []
     for t in range(w):
         per_rank = [_rank_step_compute(shape, hw, r, t, phase, flops_s, basis) for r in range(w)]
@@ -233,12 +243,12 @@ def _rank_step_compute(shape: RingShape, hw: Hardware, rank: int, step: int, pha
     if not plan.computes:
         return 0.0, 0.0
     flops = ring_step_flops(shape, rank, step, phase)
-    b, e, d = shape.batch, shape.elem_bytes, shape.head_dim
-    if phase == "fwd":
-        kernels, moved = 1, (b * shape.heads * plan.n_q * d * (e + MERGE_BYTES) if step > 0 else 0)
-    else:
+    b, e, d, dv = shape.batch, shape.elem_bytes, shape.head_dim, shape.head_dim_v
+    if phase == "fwd":  # the merged output has V's head dim
+        kernels, moved = 1, (b * shape.heads * plan.n_q * dv * (e + MERGE_BYTES) if step > 0 else 0)
+    else:  # dQ and dK at D, dV at Dv
         kernels = 3
-        moved = (b * shape.heads * plan.n_q + 2 * b * shape.kv_heads * plan.n_k) * d * (e + ACCUMULATE_BYTES)
+        moved = (b * shape.heads * plan.n_q * d + b * shape.kv_heads * plan.n_k * (d + dv)) * (e + ACCUMULATE_BYTES)
     return flops, flops / flops_s + moved / hw.bandwidth(basis) + kernels * LAUNCH_OVERHEAD_S
 
 
@@ -286,7 +296,7 @@ class RingPrediction:
 
 def _single_gpu_s(shape: RingShape, hw: Hardware, phase: str, tflops, basis) -> float:
     f = attention_flops(shape.batch, shape.heads, shape.seqlen, shape.seqlen, shape.head_dim, causal=shape.causal,
-                        mode=phase)
+                        mode=phase, head_dim_v=shape.head_dim_v)
     rate = achieved_flops(hw, shape.dtype, phase, basis) if tflops is None else float(tflops) * 1e12
     return f / rate + (1 if phase == "fwd" else 3) * LAUNCH_OVERHEAD_S
 
@@ -312,19 +322,19 @@ def predict_ring(shape: RingShape, hw: Hardware, phase: str = "fwd", *, tflops: 
 
 def break_even_tokens(hw: Hardware, *, heads: int, kv_heads: int, head_dim: int, world_size: int = 8,
                       causal: bool = True, layout: str = "zigzag", dtype: str = "bf16", phase: str = "fwd",
-                      basis: str = "datasheet") -> int:
+                      basis: str = "datasheet", head_dim_v: int | None = None) -> int:
     """Smallest local shard length N_loc (tokens per GPU) at which a ring step's
     transfer fits behind its kernel's compute (batch 1; batch scales both
     sides; the merge work, which also hides transfers, is left out)."""
     if phase not in ("fwd", "bwd"):
         raise ValueError(f"phase={phase!r} must be 'fwd' or 'bwd'")
-    flops_s, bw = _resolve(hw, RingShape(1, heads, kv_heads, 2 * world_size, head_dim, world_size, causal, layout,
-                                         dtype), phase, None, None, basis)
-    mult = 1.0 if phase == "fwd" else 2.5
+    shape = RingShape(1, heads, kv_heads, 2 * world_size, head_dim, world_size, causal, layout, dtype, head_dim_v)
+    flops_s, bw = _resolve(hw, shape, phase, None, None, basis)
     # zigzag causal steps are half blocks; contiguous causal has full blocks on the slowest rank
     frac = 0.5 if causal and layout == "zigzag" else 1.0
-    per_token = 2 * kv_heads * head_dim * (dtype_bytes(dtype) + (ACC_BYTES if phase == "bwd" else 0))
-    a = 4.0 * heads * head_dim * frac * mult / flops_s      # compute seconds per N_loc^2
+    per_token = kv_heads * (head_dim + shape.head_dim_v) * (dtype_bytes(dtype) + (ACC_BYTES if phase == "bwd" else 0))
+    per_pair = attention_flops(1, heads, 1, 1, head_dim, mode=phase, head_dim_v=shape.head_dim_v)
+    a = per_pair * frac / flops_s                           # compute seconds per N_loc^2
     b = per_token / bw                                      # transfer seconds per N_loc
     c = STEP_LATENCY_S - (3 if phase == "bwd" else 1) * LAUNCH_OVERHEAD_S
     n = (b + math.sqrt(b * b + 4 * a * max(c, 0.0))) / (2 * a)

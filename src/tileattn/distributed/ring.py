@@ -22,6 +22,7 @@ rowsum(dO * O) - dlse is the full row's, so the per-block gradients are exact.
 """
 from __future__ import annotations
 
+import math
 import struct
 
 import torch
@@ -46,18 +47,15 @@ _DKV_TAG = 1
 # Validation
 # ---------------------------------------------------------------------------
 _DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
-_FIELDS = ("status", "batch", "query heads", "key/value heads", "local sequence length", "head_dim", "dtype",
-           "causal flag", "layout", "softmax scale", "gradient requirement")
+_FIELDS = ("status", "batch", "query heads", "key/value heads", "local sequence length", "head_dim",
+           "value head_dim", "dtype", "causal flag", "layout", "softmax scale", "gradient requirement")
 _FIELD_ARGS = {"batch": "q", "query heads": "q", "key/value heads": "k, v", "local sequence length": "q, k, v",
-               "head_dim": "q, k, v", "dtype": "q, k, v", "causal flag": "causal", "layout": "layout",
-               "softmax scale": "scale", "gradient requirement": "q, k, v"}
+               "head_dim": "q, k", "value head_dim": "v", "dtype": "q, k, v", "causal flag": "causal",
+               "layout": "layout", "softmax scale": "scale", "gradient requirement": "q, k, v"}
 
 
 def _validate_local(q, k, v, causal, scale, layout, group, check_shards, profile) -> float:
-    scale = api.validate(q, k, v, causal, scale)
-    if v.shape[-1] != k.shape[-1]:
-        raise ValueError(f"v: ring attention needs v's head dim equal to k's, got k {k.shape[-1]} and "
-                         f"v {v.shape[-1]} (a separate V head dim runs on tileattn.attention)")
+    scale = api.validate(q, k, v, causal, scale)  # v's head dim Dv may differ from q's and k's D
     layout = check_layout(layout)
     if not isinstance(check_shards, bool):
         raise TypeError(f"check_shards must be a bool, got {type(check_shards).__name__}")
@@ -83,13 +81,13 @@ def _validate_local(q, k, v, causal, scale, layout, group, check_shards, profile
     return scale
 
 
-def _meta_row(ok: bool, q, k, causal, scale, layout) -> list[int]:
+def _meta_row(ok: bool, q, k, v, causal, scale, layout) -> list[int]:
     if not ok:
         return [1] + [-1] * (len(_FIELDS) - 1)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k))
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     scale_bits = struct.unpack("<q", struct.pack("<d", float(scale)))[0]
-    return [0, q.shape[0], q.shape[1], k.shape[1], q.shape[2], q.shape[3], _DTYPE_CODES[q.dtype], int(causal),
-            LAYOUTS.index(layout), scale_bits, int(needs_grad)]
+    return [0, q.shape[0], q.shape[1], k.shape[1], q.shape[2], q.shape[3], v.shape[3], _DTYPE_CODES[q.dtype],
+            int(causal), LAYOUTS.index(layout), scale_bits, int(needs_grad)]
 
 
 def _shown(field: str, value: int):
@@ -169,6 +167,19 @@ def _merge_(out_acc, lse_acc, out_blk, lse_blk) -> None:
     lse_acc.copy_(lse_new)
 
 
+def _pack(k, v) -> torch.Tensor:
+    """K and V of a block in one flat buffer, K first: one send and one receive
+    per step, whatever V's head dim."""
+    return torch.cat((k.reshape(-1), v.reshape(-1)))
+
+
+def _unpack(buf: torch.Tensor, k_shape, v_shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of ``buf`` (from :func:`_pack`, or an accumulator of its size) as
+    the block's K (or dK) and V (or dV)."""
+    n_k = math.prod(k_shape)
+    return buf[:n_k].view(k_shape), buf[n_k:].view(v_shape)
+
+
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -177,11 +188,11 @@ def _like(template: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(template).copy_(values)
 
 
-def _step_flops(q, plan: BlockPlan, mode: str) -> float:
+def _step_flops(q, v, plan: BlockPlan, mode: str) -> float:
     if not plan.computes:
         return 0.0
     b, hq, _, d = q.shape
-    return attention_flops(b, hq, plan.n_q, plan.n_k, d, causal=plan.causal, mode=mode)
+    return attention_flops(b, hq, plan.n_q, plan.n_k, d, causal=plan.causal, mode=mode, head_dim_v=v.shape[-1])
 
 
 # ---------------------------------------------------------------------------
@@ -190,20 +201,20 @@ def _step_flops(q, plan: BlockPlan, mode: str) -> float:
 def _ring_forward(q, k, v, causal: bool, scale: float, layout: str, ring: _Ring, profile):
     world, rank, n_local = ring.world, ring.rank, q.shape[2]
     acc_t = _acc_dtype(q.dtype)
-    kv = torch.stack((k, v))  # one contiguous buffer: one send and one receive per step
+    kv = _pack(k, v)
     spare = torch.empty_like(kv) if world > 1 else None
     kv_bytes = kv.numel() * kv.element_size()
     out_acc = lse_acc = None
     for step in range(world):
         plan = block_plan(layout, causal, rank, source_rank(rank, step, world), n_local)
         last = step == world - 1
-        timer = _step_timer(profile, "forward", step, plan.source, plan.kind, _step_flops(q, plan, "fwd"),
+        timer = _step_timer(profile, "forward", step, plan.source, plan.kind, _step_flops(q, v, plan, "fwd"),
                             0 if last else kv_bytes, q.device)
         what = f"forward step {step}"
         works = [] if last else ring.start(kv, spare, _KV_TAG, what)  # travels while this block computes
         with timer.time("compute"):
             if plan.computes:
-                out_blk, lse_blk = _block_forward(q, kv[0], kv[1], plan, scale)
+                out_blk, lse_blk = _block_forward(q, *_unpack(kv, k.shape, v.shape), plan, scale)
                 if out_acc is None:  # step 0 is the rank's own block: it covers every query row
                     out_acc, lse_acc = out_blk.to(acc_t), lse_blk.to(acc_t)
                 else:
@@ -219,7 +230,7 @@ def _ring_forward(q, k, v, causal: bool, scale: float, layout: str, ring: _Ring,
 def _ring_backward(dout, dlse, q, k, v, out, lse, causal: bool, scale: float, layout: str, ring: _Ring, profile):
     world, rank, n_local = ring.world, ring.rank, q.shape[2]
     acc_t = _acc_dtype(q.dtype)
-    kv = torch.stack((k, v))
+    kv = _pack(k, v)
     spare = torch.empty_like(kv) if world > 1 else None
     kv_bytes = kv.numel() * kv.element_size()
     dq = torch.zeros(q.shape, dtype=acc_t, device=q.device)
@@ -233,13 +244,14 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, causal: bool, scale: float, la
     for step in range(world):
         plan = block_plan(layout, causal, rank, source_rank(rank, step, world), n_local)
         last = step == world - 1
-        timer = _step_timer(profile, "backward", step, plan.source, plan.kind, _step_flops(q, plan, "bwd"),
+        timer = _step_timer(profile, "backward", step, plan.source, plan.kind, _step_flops(q, v, plan, "bwd"),
                             (0 if last else kv_bytes) + (dkv_bytes if world > 1 else 0), q.device)
         what = f"backward step {step}"
         works = [] if last else ring.start(kv, spare, _KV_TAG, what)
         with timer.time("compute"):
             if plan.computes:
-                dq_blk, dk_blk, dv_blk = _block_backward(dout, q, kv[0], kv[1], out, lse, dlse, plan, scale)
+                dq_blk, dk_blk, dv_blk = _block_backward(dout, q, *_unpack(kv, k.shape, v.shape), out, lse, dlse,
+                                                         plan, scale)
                 dq[:, :, plan.q_start:plan.q_stop].add_(dq_blk)
         with timer.time("wait"):
             ring.finish(incoming, what + " (dK/dV accumulator)")
@@ -247,8 +259,9 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, causal: bool, scale: float, la
         with timer.time("compute"):
             if plan.computes:
                 keys = slice(plan.k_start, plan.k_stop)
-                acc[0][:, :, keys].add_(dk_blk)
-                acc[1][:, :, keys].add_(dv_blk)
+                acc_k, acc_v = _unpack(acc, k.shape, v.shape)
+                acc_k[:, :, keys].add_(dk_blk)
+                acc_v[:, :, keys].add_(dv_blk)
         if world > 1:
             incoming = ring.start(acc, dkv_bufs[(step + 1) % 2], _DKV_TAG, what + " (dK/dV accumulator)")
         with timer.time("wait"):
@@ -260,14 +273,14 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, causal: bool, scale: float, la
         with timer.time("wait"):
             ring.finish(incoming, "backward dK/dV return")
     dkv = dkv_bufs[world % 2 if world > 1 else 0]  # this rank's own block, with every rank's share
-    return dq, dkv[0], dkv[1]
+    return (dq,) + _unpack(dkv, k.shape, v.shape)
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, layout, ring, profile):
         out_acc, lse = _ring_forward(q, k, v, causal, scale, layout, ring, profile)
-        out = _like(q, out_acc)
+        out = ops._out_like(q, v).copy_(out_acc)  # q's layout when Dv = D, as tileattn.attention
         # the op's lse dtype (float64 for float64 inputs keeps the backward exact)
         lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -298,8 +311,9 @@ def ring_attention(q, k, v, *, group=None, causal=False, scale=None, layout="zig
 
     Args:
         q: (B, Hq, N_local, D) this rank's queries.
-        k, v: (B, Hkv, N_local, D) this rank's keys and values; Hq a multiple
-            of Hkv (GQA/MQA).
+        k, v: (B, Hkv, N_local, D) this rank's keys, (B, Hkv, N_local, Dv)
+            its values: V's head dim Dv may differ from D (1..512, as in
+            ``tileattn.attention``); Hq a multiple of Hkv (GQA/MQA).
         group: the process group (default: the default group).  NCCL for
             CUDA tensors, gloo for CPU tensors.
         causal: causal mask over the *global* positions (query i sees key j
@@ -324,7 +338,8 @@ def ring_attention(q, k, v, *, group=None, causal=False, scale=None, layout="zig
             wait times of the forward and backward.
 
     Returns:
-        out (B, Hq, N_local, D) in the input dtype, or (out, lse).
+        out (B, Hq, N_local, Dv) in the input dtype (in q's layout when
+        Dv = D), or (out, lse).
 
     Every rank must call the forward, and the backward, the same number of
     times.  A rank that fails mid-run makes the others raise
@@ -341,10 +356,10 @@ def ring_attention(q, k, v, *, group=None, causal=False, scale=None, layout="zig
         sinks = val.check_sinks(sinks, q, q.shape[1])
     except (TypeError, ValueError):
         if check_shards is True:  # let the other ranks stop too instead of waiting for this one
-            _agree(ring, _meta_row(False, q, k, causal, scale, layout), _comm_device(group, q))
+            _agree(ring, _meta_row(False, q, k, v, causal, scale, layout), _comm_device(group, q))
         raise
     if check_shards:
-        _agree(ring, _meta_row(True, q, k, causal, scale, layout), q.device)
+        _agree(ring, _meta_row(True, q, k, v, causal, scale, layout), q.device)
     out, lse = _RingAttention.apply(q, k, v, causal, scale, layout, ring, profile)
     out, lse = with_sinks(out, lse, sinks)
     return (out, lse) if return_lse else out
