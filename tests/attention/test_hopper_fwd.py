@@ -164,16 +164,17 @@ def test_dispatch_plain_only():
         tileattn.attention(q[..., :96].contiguous(), k[..., :96].contiguous(), v[..., :96].contiguous())
         short = [t[:, :, :1024].contiguous() for t in (q, k, v)]
         tileattn.attention(*short, causal=True)
+        tileattn.attention(*(torch.cat([t, t], -1) for t in short), causal=True)   # 256 below its bound
         assert not calls, "a variant, fp32, an unsupported head dim or a short sequence took the Hopper kernel"
     finally:
         launch_hopper.attn_fwd = real
 
 
 @needs_hopper
-@pytest.mark.parametrize("d,dv", [(128, 128), (192, 128)], ids=["d128", "d192-dv128"])
+@pytest.mark.parametrize("d,dv", [(128, 128), (192, 128), (256, 256)], ids=["d128", "d192-dv128", "d256"])
 def test_backward_after_hopper_forward(d, dv):
-    """The default call's gradients after the Hopper forward (QK 192 / V 128:
-    the portable backward on the Hopper forward's out and lse)."""
+    """The default call's gradients after the Hopper forward (QK 192 / V 128
+    and 256: the portable backward on the Hopper forward's out and lse)."""
     q, k, v, do = hopper_inputs(1, 4, 2, 2049, 2049, d, torch.bfloat16, seed=5, dv=dv)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = tileattn.attention(q, k, v, causal=True)
@@ -205,9 +206,11 @@ def test_sinks_in_the_kernel(case):
     check_accuracy(f"{case} lse", lse, ref_lse, low_lse.float(), q.dtype)
 
 
-# QK 192 / V 128 (MLA training and prefill): Q and K in two pieces, V's
-# width (128) and a 64-column tail; name: (b, hq, hkv, n_q, n_k)
-MLA_CASES = {
+# The wide head dims: QK 192 / V 128 (MLA training and prefill: Q and K in
+# two pieces, V's width and a 64-column tail) and 256 (64-key tiles);
+# name: (b, hq, hkv, n_q, n_k)
+WIDE_DIMS = [(192, 128), (256, 256)]
+WIDE_CASES = {
     "square-1000": (2, 4, 4, 1000, 1000),
     "odd-1": (1, 2, 2, 1, 1),
     "odd-17x129": (1, 2, 2, 17, 129),
@@ -221,11 +224,12 @@ MLA_CASES = {
 @needs_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("case", list(MLA_CASES))
-def test_separate_v_head_dim_against_float64(case, causal, dtype):
-    b, hq, hkv, n_q, n_k = MLA_CASES[case]
-    q, k, v = _inputs(b, hq, hkv, n_q, n_k, 192, dtype, seed=hash(case) % 1000, dv=128)
-    _check(f"192/128 {case}", q, k, v, causal)
+@pytest.mark.parametrize("case", list(WIDE_CASES))
+@pytest.mark.parametrize("dims", WIDE_DIMS, ids=[_dims_id(x) for x in WIDE_DIMS])
+def test_wide_head_dims_against_float64(dims, case, causal, dtype):
+    b, hq, hkv, n_q, n_k = WIDE_CASES[case]
+    q, k, v = _inputs(b, hq, hkv, n_q, n_k, dims[0], dtype, seed=hash(case) % 1000, dv=dims[1])
+    _check(f"{_dims_id(dims)} {case}", q, k, v, causal)
 
 
 @needs_hopper

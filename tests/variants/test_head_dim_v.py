@@ -315,7 +315,7 @@ def test_hopper_kernels_and_separate_v_head_dim(d, dv):
             mock.patch.object(dispatch, "interpreter_active", return_value=False), \
             mock.patch.object(dispatch, "HOPPER_FWD", True), mock.patch.object(dispatch, "HOPPER_BWD", True), \
             mock.patch.dict("os.environ", {"TILEATTN_HOPPER_FWD": "1", "TILEATTN_HOPPER_BWD": "1"}):
-        has_same = d in (64, 128)
+        has_same = d in (64, 128)   # both Hopper kernels have these head dims (and no other here)
         assert dispatch.hopper_fwd_eligible(q, k, same) is has_same
         assert dispatch.hopper_bwd_eligible(q, k, same, do_same) is has_same
         assert dispatch.hopper_fwd_eligible(q, k, other) is ((d, dv) == (192, 128))
@@ -325,16 +325,17 @@ def test_hopper_kernels_and_separate_v_head_dim(d, dv):
 
 
 @pytest.mark.parametrize("d,dv", [(256, 256), (512, 512), (512, 256)], ids=["d256", "d512", "d512-dv256"])
-def test_hopper_kernels_refuse_head_dims_above_128(d, dv):
-    """The Hopper kernels are built for d = 64 and 128: on a (pretended)
-    compute capability 9.0 device a call at 256 or 512 is not eligible for
-    either of them, so the portable kernels run it (with their 512 configs)."""
+def test_hopper_kernels_above_128(d, dv):
+    """On a (pretended) compute capability 9.0 device: the Hopper forward has
+    a config for 256 (none for 512), the Hopper backward is built for 64 and
+    128 only, so the portable kernels run the rest (with their 512 configs)
+    and the default backward is the deterministic one."""
     q, k, v, do = (_CudaTensorShape(1, 2, 4096, w) for w in (d, d, dv, dv))
     with mock.patch.object(dispatch, "_hopper_device", return_value=True), \
             mock.patch.object(dispatch, "interpreter_active", return_value=False), \
             mock.patch.object(dispatch, "HOPPER_FWD", True), mock.patch.object(dispatch, "HOPPER_BWD", True), \
             mock.patch.dict("os.environ", {"TILEATTN_HOPPER_FWD": "1", "TILEATTN_HOPPER_BWD": "1"}):
-        assert not dispatch.hopper_fwd_eligible(q, k, v)
+        assert dispatch.hopper_fwd_eligible(q, k, v) is ((d, dv) == (256, 256))
         assert not dispatch.hopper_bwd_eligible(q, k, v, do)
         assert dispatch.default_deterministic(q, k, v, True) is True
 
