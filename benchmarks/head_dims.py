@@ -10,7 +10,8 @@ out of shared memory) is reported as refused with its error, not dropped.
                                    [--tokens 16384] [--rounds 3] [--json out.json]
 
 TFLOP/s by ``tileattn.cost.attention_flops`` (with ``head_dim_v``); ratios
-are against FlexAttention measured in the same run.
+are against FlexAttention measured in the same run: its default tiles, or
+above head dim 256, where those do not fit, ``flex-small`` (``FLEX_SMALL``).
 """
 from __future__ import annotations
 
@@ -24,20 +25,30 @@ from tileattn.cost.flops import attention_flops
 from vs_cudnn import time_interleaved, write_json  # this folder is on sys.path when run as a script
 
 
+# FlexAttention's tiles for head dims above 256, where its default ones
+# need more shared memory than a Hopper block has (the forward's 262,144 B
+# at d = 512): the smallest its block masks allow, one stage
+FLEX_SMALL = {"BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1,
+              "BLOCK_M1": 16, "BLOCK_N1": 32, "BLOCK_M2": 32, "BLOCK_N2": 16}
+
+
 def providers() -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     flex = torch.compile(flex_attention, dynamic=False)
     masks = {}
 
-    def flex_call(q, k, v, causal):
-        if not causal:
-            return flex(q, k, v)
-        key = (q.shape[2], k.shape[2], q.device)
-        if key not in masks:
-            masks[key] = create_block_mask(lambda b, h, i, j: i >= j, None, None, q.shape[2], k.shape[2],
-                                           device=q.device)
-        return flex(q, k, v, block_mask=masks[key])
+    def flex_with(options):
+        def call(q, k, v, causal):
+            kw = {} if options is None else {"kernel_options": options}
+            if not causal:
+                return flex(q, k, v, **kw)
+            key = (q.shape[2], k.shape[2], q.device)
+            if key not in masks:
+                masks[key] = create_block_mask(lambda b, h, i, j: i >= j, None, None, q.shape[2], k.shape[2],
+                                               device=q.device)
+            return flex(q, k, v, block_mask=masks[key], **kw)
+        return call
 
     def sdpa(backend):
         def fn(q, k, v, causal):
@@ -45,7 +56,7 @@ def providers() -> dict:
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return fn
 
-    return {"flex": flex_call,
+    return {"flex": flex_with(None), "flex-small": flex_with(FLEX_SMALL),
             "tileattn": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
             "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
             "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
@@ -85,6 +96,8 @@ def main():
                 do = torch.randn(b, h, n, dv, device="cuda", dtype=dtype)
                 steps, refused, outs = {}, {}, {}
                 for name, fn in provs.items():
+                    if name == "flex-small" and d <= 256:   # its default tiles fit there
+                        continue
                     try:
                         step = _step(fn, q, k, v, do, causal, args.mode)
                         res = step()
@@ -94,11 +107,12 @@ def main():
                         continue
                     steps[name] = step
                     outs[name] = [r.float() for r in (res if isinstance(res, tuple) else (res,))]
-                ref = outs.get("flex")
+                base_name = next((x for x in ("flex", "flex-small") if x in steps), None)
+                ref = outs.get(base_name)
                 names = list(steps)
                 times = time_interleaved(steps, args.rounds)
                 flops = attention_flops(b, h, n, n, d, causal=causal, mode=args.mode, head_dim_v=dv)
-                base = statistics.median(times["flex"]) if "flex" in times else None
+                base = statistics.median(times[base_name]) if base_name else None
                 cells = []
                 for name in names:
                     ms = statistics.median(times[name])
