@@ -11,14 +11,18 @@ floor.  Paths:
 * ``torch``: the pure-PyTorch tiled path (what CPU tensors run).
 
 Functions: ``attention`` (plain, causal with Nq != Nk, GQA), its variants
-(sliding window, softcap, ALiBi, block-sparse layouts), ``attention_varlen``,
-``attention_with_kvcache``, ``scaled_dot_product_attention`` (against torch's
-SDPA), attention sinks (gradients of the sinks included) and, when
-transformers is installed, a tiny Llama, a tiny gpt-oss (sinks, sliding
-windows), a tiny DeepSeek-V3 (a V head dim below the Q/K one) and a tiny
-Gemma 2 (head dim 256, softcap, sliding windows) with
-``attn_implementation="tileattn"``.  The entries and their shapes:
-``tileattn.check_cases``.
+(sliding window, softcap, ALiBi, block-sparse layouts), a V head dim below
+the Q/K one (DeepSeek's 192 / 128), head dim 512 (float32 where its tiles
+fit the GPU's shared memory, else skipped with the reason),
+``attention_varlen`` (also with a V head dim of its own),
+``attention_with_kvcache`` (also with a V head dim of its own, and the
+absorbed MLA layout: D = 576, one kv head, ``v_cache = k_cache[..., :512]``),
+``scaled_dot_product_attention`` (against torch's SDPA), attention sinks
+(gradients of the sinks included) and, when transformers is installed, a
+tiny Llama, a tiny gpt-oss (sinks, sliding windows), a tiny DeepSeek-V3 (a V
+head dim below the Q/K one) and a tiny Gemma 2 (head dim 256, softcap,
+sliding windows) with ``attn_implementation="tileattn"``.  The entries and
+their shapes: ``tileattn.check_cases``.
 
 Exit codes: 0 every check passed, 1 a check failed, 2 bad arguments,
 3 ``--device cuda`` without a GPU.

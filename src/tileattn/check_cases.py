@@ -49,10 +49,44 @@ def _fwd_bwd_pairs(fn, ref_fn, tensors, do, dtype, names=("out", "dq", "dk", "dv
     return list(zip(names, got, ref, low))
 
 
+def _dims(d, dv):
+    return f"D{d}" + ("" if dv == d else f" Dv{dv}")
+
+
+def _dense_shape(b, hq, hkv, nq, nk, d, dv, causal):
+    return f"B{b} H{hq}:{hkv} {nq}x{nk} {_dims(d, dv)}{' causal' if causal else ''}"
+
+
+def _qkv_do(b, hq, hkv, nq, nk, d, dv, dtype, device, gen):
+    """q (b, hq, nq, d), k (b, hkv, nk, d), v (b, hkv, nk, dv) and the output's gradient."""
+    q = _randn((b, hq, nq, d), dtype, device, gen)
+    k = _randn((b, hkv, nk, d), dtype, device, gen)
+    v = _randn((b, hkv, nk, dv), dtype, device, gen)
+    do = _randn((b, hq, nq, dv), dtype, device, gen)
+    return q, k, v, do
+
+
+def _fits_or_skip(q, k, v, plain):
+    """Skip where the kernels have no tile of this head dim that fits the
+    GPU's shared memory for a forward and backward (float32 at 512 on a
+    99 KB part): there ``attention`` raises ValueError before any launch, by
+    design, and the check says so instead of failing."""
+    from .api import check_shared_memory
+    from .dispatch import default_deterministic
+    q = _leaf(q)
+    try:
+        check_shared_memory(q, k, v, None, default_deterministic(q, k, v, plain))
+    except ValueError as exc:
+        raise Skip(f"attention refuses it here (ValueError): {exc}") from None
+
+
 # ---------------------------------------------------------------------------
 # the library's functions
 # ---------------------------------------------------------------------------
-def _dense_check(b, hq, hkv, nq, nk, d, causal, **variant):
+def _dense_check(b, hq, hkv, nq, nk, d, causal, dv=None, **variant):
+    """``attention`` forward and backward; ``dv``: V's head dim (default d)."""
+    dv = d if dv is None else dv
+
     def run(dtype, device, gen):
         import tileattn
         from .reference import standard_attention
@@ -62,14 +96,12 @@ def _dense_check(b, hq, hkv, nq, nk, d, causal, **variant):
         if kw.get("block_mask") == "make":
             kw["block_mask"] = tileattn.block_mask_from_fn(
                 lambda bb, h, i, j: (j <= i) | (j >= nk - 40), None, None, nq, nk, device=device).mask
-        q = _randn((b, hq, nq, d), dtype, device, gen)
-        k = _randn((b, hkv, nk, d), dtype, device, gen)
-        v = _randn((b, hkv, nk, d), dtype, device, gen)
-        do = _randn((b, hq, nq, d), dtype, device, gen)
+        q, k, v, do = _qkv_do(b, hq, hkv, nq, nk, d, dv, dtype, device, gen)
+        _fits_or_skip(q, k, v, plain=not kw)
         pairs = _fwd_bwd_pairs(lambda q, k, v: tileattn.attention(q, k, v, causal=causal, **kw),
                                lambda q, k, v: standard_attention(q, k, v, causal=causal, **kw),
                                (q, k, v), do, dtype)
-        return f"B{b} H{hq}:{hkv} {nq}x{nk} D{d}{' causal' if causal else ''}", pairs
+        return _dense_shape(b, hq, hkv, nq, nk, d, dv, causal), pairs
     return run
 
 
@@ -78,19 +110,19 @@ def _sinks_check(b, hq, hkv, nq, nk, d, causal):
     def run(dtype, device, gen):
         import tileattn
         from .reference import standard_attention
-        q = _randn((b, hq, nq, d), dtype, device, gen)
-        k = _randn((b, hkv, nk, d), dtype, device, gen)
-        v = _randn((b, hkv, nk, d), dtype, device, gen)
+        q, k, v, do = _qkv_do(b, hq, hkv, nq, nk, d, d, dtype, device, gen)
         sinks = _randn((hq,), torch.float32, device, gen, scale=2.0)
-        do = _randn((b, hq, nq, d), dtype, device, gen)
         pairs = _fwd_bwd_pairs(lambda q, k, v, s: tileattn.attention(q, k, v, causal=causal, sinks=s),
                                lambda q, k, v, s: standard_attention(q, k, v, causal=causal, sinks=s),
                                (q, k, v, sinks), do, dtype, names=("out", "dq", "dk", "dv", "dsinks"))
-        return f"B{b} H{hq}:{hkv} {nq}x{nk} D{d}{' causal' if causal else ''}", pairs
+        return _dense_shape(b, hq, hkv, nq, nk, d, d, causal), pairs
     return run
 
 
-def _varlen_check(lengths, hq, hkv, d, causal):
+def _varlen_check(lengths, hq, hkv, d, causal, dv=None):
+    """``attention_varlen`` forward and backward; ``dv``: V's head dim (default d)."""
+    dv = d if dv is None else dv
+
     def run(dtype, device, gen):
         import tileattn
         from .reference import standard_attention_varlen
@@ -98,37 +130,44 @@ def _varlen_check(lengths, hq, hkv, d, causal):
         total, longest = sum(lengths), max(lengths)
         q = _randn((total, hq, d), dtype, device, gen)
         k = _randn((total, hkv, d), dtype, device, gen)
-        v = _randn((total, hkv, d), dtype, device, gen)
-        do = _randn((total, hq, d), dtype, device, gen)
+        v = _randn((total, hkv, dv), dtype, device, gen)
+        do = _randn((total, hq, dv), dtype, device, gen)
         pairs = _fwd_bwd_pairs(
             lambda q, k, v: tileattn.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal),
             lambda q, k, v: standard_attention_varlen(q, k, v, cu, cu, causal=causal),
             (q, k, v), do, dtype)
-        return f"{'+'.join(map(str, lengths))} H{hq}:{hkv} D{d}{' causal' if causal else ''}", pairs
+        return f"{'+'.join(map(str, lengths))} H{hq}:{hkv} {_dims(d, dv)}{' causal' if causal else ''}", pairs
     return run
 
 
-def _kvcache_check(seqlens, n_new, hq, hkv, d, capacity):
+def _kvcache_check(seqlens, n_new, hq, hkv, d, capacity, dv=None, shared=False):
+    """``attention_with_kvcache`` after appending ``n_new`` tokens to each
+    sequence; ``dv``: V's head dim (default d); ``shared``: v_cache is
+    k_cache[..., :dv] (the absorbed MLA layout: each key's first dv channels
+    are its value, and only k_new is appended)."""
+    dv = d if dv is None else dv
+
     def run(dtype, device, gen):
         import tileattn
         from .reference import standard_attention
         b = len(seqlens)
         q = _randn((b, hq, n_new, d), dtype, device, gen)
         k_cache = _randn((b, hkv, capacity, d), dtype, device, gen)
-        v_cache = _randn((b, hkv, capacity, d), dtype, device, gen)
+        v_cache = k_cache[..., :dv] if shared else _randn((b, hkv, capacity, dv), dtype, device, gen)
         k_new = _randn((b, hkv, n_new, d), dtype, device, gen)
-        v_new = _randn((b, hkv, n_new, d), dtype, device, gen)
+        v_new = None if shared else _randn((b, hkv, n_new, dv), dtype, device, gen)
         lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
         with torch.no_grad():
             out = tileattn.attention_with_kvcache(q, k_cache, v_cache, lens, k_new=k_new, v_new=v_new, causal=True)
         pairs = []
         for i, n in enumerate(seqlens):  # the reference: each sequence after the append, bottom-right causal
             kk = torch.cat((k_cache[i:i + 1, :, :n], k_new[i:i + 1]), dim=2)
-            vv = torch.cat((v_cache[i:i + 1, :, :n], v_new[i:i + 1]), dim=2)
+            vv = kk[..., :dv] if shared else torch.cat((v_cache[i:i + 1, :, :n], v_new[i:i + 1]), dim=2)
             low = standard_attention(q[i:i + 1], kk, vv, causal=True)
             ref = standard_attention(q[i:i + 1].double(), kk.double(), vv.double(), causal=True)
             pairs.append((f"out[{i}]", out[i:i + 1], ref, low))
-        return f"cache {'/'.join(map(str, seqlens))}+{n_new} H{hq}:{hkv} D{d}", pairs
+        layout = f" v = k[..., :{dv}]" if shared else ""
+        return f"cache {'/'.join(map(str, seqlens))}+{n_new} H{hq}:{hkv} {_dims(d, dv)}{layout}", pairs
     return run
 
 
@@ -143,12 +182,9 @@ def _sdpa_check(b, hq, hkv, nq, nk, d):
         def theirs(q, k, v):
             return _torch_sdpa(q, k, v, is_causal=True, enable_gqa=hq != hkv)
 
-        q = _randn((b, hq, nq, d), dtype, device, gen)
-        k = _randn((b, hkv, nk, d), dtype, device, gen)
-        v = _randn((b, hkv, nk, d), dtype, device, gen)
-        do = _randn((b, hq, nq, d), dtype, device, gen)
+        q, k, v, do = _qkv_do(b, hq, hkv, nq, nk, d, d, dtype, device, gen)
         pairs = _fwd_bwd_pairs(ours, theirs, (q, k, v), do, dtype)
-        return f"B{b} H{hq}:{hkv} {nq}x{nk} D{d} causal", pairs
+        return _dense_shape(b, hq, hkv, nq, nk, d, d, True), pairs
     return run
 
 
@@ -252,8 +288,16 @@ CHECKS = (
     Check("attention blocks", _dense_check(1, 2, 2, 160, 300, 32, causal=False, block_mask="make"),
           interpreter=False),
     Check("attention sinks", _sinks_check(1, 4, 2, 70, 30, 32, causal=True)),
+    # DeepSeek's MLA training and prefill: V narrower than Q/K (its head dims)
+    Check("attention head dim v", _dense_check(1, 4, 2, 40, 56, 192, causal=True, dv=128)),
+    # the widest training head dim (float32 only where its tiles fit the GPU's shared memory)
+    Check("attention head dim 512", _dense_check(1, 2, 1, 33, 70, 512, causal=True)),
     Check("varlen", _varlen_check((17, 1, 40, 0, 23), 4, 2, 32, causal=True)),
+    Check("varlen head dim v", _varlen_check((9, 0, 30), 4, 2, 32, causal=True, dv=48)),  # V wider, padded
     Check("kvcache", _kvcache_check((0, 13, 70), 3, 4, 2, 32, capacity=96)),
+    Check("kvcache head dim v", _kvcache_check((13, 40), 2, 4, 2, 64, capacity=48, dv=32)),
+    # DeepSeek-V3's absorbed MLA decoding: one kv head, D = 576, V the keys' first 512 channels
+    Check("kvcache absorbed mla", _kvcache_check((0, 37, 70), 1, 16, 1, 576, capacity=80, dv=512, shared=True)),
     Check("sdpa drop-in", _sdpa_check(1, 4, 2, 50, 20, 32)),
     Check("transformers llama", _transformers_check(_llama_config), paths=("auto",), interpreter=False),
     Check("transformers gpt-oss", _transformers_check(_gpt_oss_config), paths=("auto",), interpreter=False),
