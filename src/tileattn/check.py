@@ -11,13 +11,18 @@ floor.  Paths:
 * ``torch``: the pure-PyTorch tiled path (what CPU tensors run).
 
 Functions: ``attention`` (plain, causal with Nq != Nk, GQA), its variants
-(sliding window, softcap, ALiBi, block-sparse layouts), ``attention_varlen``,
-``attention_with_kvcache``, ``scaled_dot_product_attention`` (against torch's
-SDPA), attention sinks (gradients of the sinks included) and, when
-transformers is installed, a tiny Llama, a tiny gpt-oss (sinks, sliding
-windows), a tiny DeepSeek-V3 (a V head dim below the Q/K one) and a tiny
-Gemma 2 (head dim 256, softcap, sliding windows) with
-``attn_implementation="tileattn"``.
+(sliding window, softcap, ALiBi, block-sparse layouts), a V head dim below
+the Q/K one (DeepSeek's 192 / 128), head dim 512 (float32 where its tiles
+fit the GPU's shared memory, else skipped with the reason),
+``attention_varlen`` (also with a V head dim of its own),
+``attention_with_kvcache`` (also with a V head dim of its own, and the
+absorbed MLA layout: D = 576, one kv head, ``v_cache = k_cache[..., :512]``),
+``scaled_dot_product_attention`` (against torch's SDPA), attention sinks
+(gradients of the sinks included) and, when transformers is installed, a
+tiny Llama, a tiny gpt-oss (sinks, sliding windows), a tiny DeepSeek-V3 (a V
+head dim below the Q/K one) and a tiny Gemma 2 (head dim 256, softcap,
+sliding windows) with ``attn_implementation="tileattn"``.  The entries and
+their shapes: ``tileattn.check_cases``.
 
 Exit codes: 0 every check passed, 1 a check failed, 2 bad arguments,
 3 ``--device cuda`` without a GPU.
@@ -31,9 +36,10 @@ import os
 import sys
 import time
 import traceback
-from typing import Callable
 
 import torch
+
+from .check_cases import CHECKS, PATHS, Check, Skip
 
 EXAMPLES = """examples:
   tileattn check                      # every path this machine has
@@ -41,7 +47,6 @@ EXAMPLES = """examples:
   tileattn check --json > check.json  # machine-readable; exit code 0 / 1
   tileattn check --seed 7             # other random inputs"""
 
-PATHS = ("kernels", "torch")
 _DT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 
 
@@ -56,10 +61,6 @@ class Result:
     allowed: float | None = None
     seconds: float = 0.0
     detail: str = ""
-
-
-class _Skip(Exception):
-    pass
 
 
 # ---------------------------------------------------------------------------
@@ -80,245 +81,6 @@ def _judge(pairs, dtype) -> tuple[bool, float, float, str]:
             worst = (ratio, err, allowed, name)
     ratio, err, allowed, name = worst
     return ratio <= 1.0, err, allowed, name
-
-
-def _grads(loss, inputs):
-    return torch.autograd.grad(loss, inputs)
-
-
-def _randn(shape, dtype, device, gen, scale=1.0):
-    return (torch.randn(shape, generator=gen) * scale).to(device=device, dtype=dtype)
-
-
-def _leaf(t):
-    return t.detach().requires_grad_()
-
-
-def _fwd_bwd_pairs(fn, ref_fn, tensors, do, dtype, names=("out", "dq", "dk", "dv")):
-    """Run fn and ref_fn (the standard reference, in dtype and in float64) on the
-    same inputs; return the (name, got, ref64, lowp) pairs of out and the
-    gradients of ``tensors`` (``names``: out's, then one per tensor)."""
-    ins = [_leaf(t) for t in tensors]
-    out = fn(*ins)
-    got = (out,) + _grads((out * do).sum(), ins)
-    low_in = [_leaf(t) for t in tensors]
-    low_out = ref_fn(*low_in)
-    low = (low_out,) + _grads((low_out * do).sum(), low_in)
-    ref_in = [_leaf(t.double()) for t in tensors]
-    ref_out = ref_fn(*ref_in)
-    ref = (ref_out,) + _grads((ref_out * do.double()).sum(), ref_in)
-    return list(zip(names, got, ref, low))
-
-
-# ---------------------------------------------------------------------------
-# the checks: each returns (shape text, pairs)
-# ---------------------------------------------------------------------------
-def _dense_check(b, hq, hkv, nq, nk, d, causal, **variant):
-    def run(dtype, device, gen):
-        import tileattn
-        from .reference import standard_attention
-        kw = dict(variant)
-        if kw.get("alibi_slopes") == "make":
-            kw["alibi_slopes"] = torch.rand(hq, generator=gen).to(device) * 0.5 + 0.05
-        if kw.get("block_mask") == "make":
-            kw["block_mask"] = tileattn.block_mask_from_fn(
-                lambda bb, h, i, j: (j <= i) | (j >= nk - 40), None, None, nq, nk, device=device).mask
-        q = _randn((b, hq, nq, d), dtype, device, gen)
-        k = _randn((b, hkv, nk, d), dtype, device, gen)
-        v = _randn((b, hkv, nk, d), dtype, device, gen)
-        do = _randn((b, hq, nq, d), dtype, device, gen)
-        pairs = _fwd_bwd_pairs(lambda q, k, v: tileattn.attention(q, k, v, causal=causal, **kw),
-                               lambda q, k, v: standard_attention(q, k, v, causal=causal, **kw),
-                               (q, k, v), do, dtype)
-        return f"B{b} H{hq}:{hkv} {nq}x{nk} D{d}{' causal' if causal else ''}", pairs
-    return run
-
-
-def _sinks_check(b, hq, hkv, nq, nk, d, causal):
-    """Attention sinks: out and the gradients of q, k, v and the sinks."""
-    def run(dtype, device, gen):
-        import tileattn
-        from .reference import standard_attention
-        q = _randn((b, hq, nq, d), dtype, device, gen)
-        k = _randn((b, hkv, nk, d), dtype, device, gen)
-        v = _randn((b, hkv, nk, d), dtype, device, gen)
-        sinks = _randn((hq,), torch.float32, device, gen, scale=2.0)
-        do = _randn((b, hq, nq, d), dtype, device, gen)
-        pairs = _fwd_bwd_pairs(lambda q, k, v, s: tileattn.attention(q, k, v, causal=causal, sinks=s),
-                               lambda q, k, v, s: standard_attention(q, k, v, causal=causal, sinks=s),
-                               (q, k, v, sinks), do, dtype, names=("out", "dq", "dk", "dv", "dsinks"))
-        return f"B{b} H{hq}:{hkv} {nq}x{nk} D{d}{' causal' if causal else ''}", pairs
-    return run
-
-
-def _varlen_check(lengths, hq, hkv, d, causal):
-    def run(dtype, device, gen):
-        import tileattn
-        from .reference import standard_attention_varlen
-        cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device=device)
-        total, longest = sum(lengths), max(lengths)
-        q = _randn((total, hq, d), dtype, device, gen)
-        k = _randn((total, hkv, d), dtype, device, gen)
-        v = _randn((total, hkv, d), dtype, device, gen)
-        do = _randn((total, hq, d), dtype, device, gen)
-        pairs = _fwd_bwd_pairs(
-            lambda q, k, v: tileattn.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal),
-            lambda q, k, v: standard_attention_varlen(q, k, v, cu, cu, causal=causal),
-            (q, k, v), do, dtype)
-        return f"{'+'.join(map(str, lengths))} H{hq}:{hkv} D{d}{' causal' if causal else ''}", pairs
-    return run
-
-
-def _kvcache_check(seqlens, n_new, hq, hkv, d, capacity):
-    def run(dtype, device, gen):
-        import tileattn
-        from .reference import standard_attention
-        b = len(seqlens)
-        q = _randn((b, hq, n_new, d), dtype, device, gen)
-        k_cache = _randn((b, hkv, capacity, d), dtype, device, gen)
-        v_cache = _randn((b, hkv, capacity, d), dtype, device, gen)
-        k_new = _randn((b, hkv, n_new, d), dtype, device, gen)
-        v_new = _randn((b, hkv, n_new, d), dtype, device, gen)
-        lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
-        with torch.no_grad():
-            out = tileattn.attention_with_kvcache(q, k_cache, v_cache, lens, k_new=k_new, v_new=v_new, causal=True)
-        pairs = []
-        for i, n in enumerate(seqlens):  # the reference: each sequence after the append, bottom-right causal
-            kk = torch.cat((k_cache[i:i + 1, :, :n], k_new[i:i + 1]), dim=2)
-            vv = torch.cat((v_cache[i:i + 1, :, :n], v_new[i:i + 1]), dim=2)
-            low = standard_attention(q[i:i + 1], kk, vv, causal=True)
-            ref = standard_attention(q[i:i + 1].double(), kk.double(), vv.double(), causal=True)
-            pairs.append((f"out[{i}]", out[i:i + 1], ref, low))
-        return f"cache {'/'.join(map(str, seqlens))}+{n_new} H{hq}:{hkv} D{d}", pairs
-    return run
-
-
-def _sdpa_check(b, hq, hkv, nq, nk, d):
-    def run(dtype, device, gen):
-        import tileattn
-        from .sdpa import _torch_sdpa
-
-        def ours(q, k, v):
-            return tileattn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hq != hkv)
-
-        def theirs(q, k, v):
-            return _torch_sdpa(q, k, v, is_causal=True, enable_gqa=hq != hkv)
-
-        q = _randn((b, hq, nq, d), dtype, device, gen)
-        k = _randn((b, hkv, nk, d), dtype, device, gen)
-        v = _randn((b, hkv, nk, d), dtype, device, gen)
-        do = _randn((b, hq, nq, d), dtype, device, gen)
-        pairs = _fwd_bwd_pairs(ours, theirs, (q, k, v), do, dtype)
-        return f"B{b} H{hq}:{hkv} {nq}x{nk} D{d} causal", pairs
-    return run
-
-
-def _llama_config():
-    from transformers import LlamaConfig
-    return LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64), {}, "sdpa"
-
-
-def _gpt_oss_config():
-    """Sinks (s_aux) and alternating sliding-window / full layers; experts on
-    the eager implementation so that the float64 reference runs."""
-    import transformers
-    if int(transformers.__version__.split(".")[0]) < 5:   # the experts_implementation switch is 5.x's
-        raise ImportError("the gpt-oss check needs transformers >= 5")
-    from transformers import GptOssConfig
-    cfg = GptOssConfig(vocab_size=97, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=2,
-                       num_experts_per_tok=1, sliding_window=5, layer_types=["sliding_attention", "full_attention"],
-                       max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    # gpt-oss's eager attention computes in the inputs' dtype: the float64 reference
-    return cfg, {"experts_implementation": "eager"}, "eager"
-
-
-def _deepseek_v3_config():
-    """Multi-head latent attention: q and k at qk_nope + qk_rope = 96, v at 64
-    (a V head dim below the Q/K one); a yarn mscale in the scale; a small MoE
-    on the eager experts."""
-    import transformers
-    if int(transformers.__version__.split(".")[0]) < 5:   # the experts_implementation switch is 5.x's
-        raise ImportError("the DeepSeek-V3 check needs transformers >= 5")
-    from transformers import DeepseekV3Config
-    cfg = DeepseekV3Config(vocab_size=97, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=48,
-                           kv_lora_rank=32, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64,
-                           n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
-                           first_k_dense_replace=1, max_position_embeddings=64,
-                           rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                            "original_max_position_embeddings": 16, "mscale": 1.0,
-                                            "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1})
-    return cfg, {"experts_implementation": "eager"}, "sdpa"
-
-
-def _gemma2_config():
-    """Head dim 256, attention logit softcapping, sliding-window layers
-    alternating with global ones, query_pre_attn_scalar != head dim."""
-    from transformers import Gemma2Config
-    cfg = Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                       num_attention_heads=2, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=64,
-                       sliding_window=5, attn_logit_softcapping=5.0, max_position_embeddings=64)
-    # Gemma 2 has no "sdpa" (SDPA has no softcap); its eager attention in float64
-    # runs the softmax in float32, a rounding far below the rule's floor here
-    return cfg, {}, "eager"
-
-
-def _transformers_check(make_config):
-    def run(dtype, device, gen):
-        try:
-            import transformers
-            from transformers import AutoModelForCausalLM
-            make_config()
-        except (ImportError, AttributeError):
-            raise _Skip("transformers (with this model) is not installed (pip install 'tileattn[hf]')") from None
-        import tileattn
-        tileattn.register_transformers()
-        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-        cfg, extra, ref_impl = make_config()
-        state = AutoModelForCausalLM.from_config(cfg, **extra).state_dict()
-
-        def logits(impl, dt, ids):
-            m = AutoModelForCausalLM.from_config(make_config()[0], attn_implementation=impl, **extra)  # a config each
-            m.load_state_dict(state)
-            m = m.to(device=device, dtype=dt).eval()
-            with torch.no_grad():
-                return m(ids).logits
-
-        ids = torch.randint(0, 97, (2, 24), generator=gen).to(device)
-        pairs = [("logits", logits("tileattn", dtype, ids), logits(ref_impl, torch.float64, ids),
-                  logits("eager", dtype, ids))]
-        return f"2x24 tokens, v{transformers.__version__}", pairs
-    return run
-
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-    name: str
-    run: Callable
-    paths: tuple = PATHS
-    interpreter: bool = True   # small enough for the Triton interpreter
-
-
-CHECKS = (
-    Check("attention", _dense_check(2, 4, 2, 40, 72, 32, causal=True)),
-    Check("attention", _dense_check(1, 2, 2, 67, 33, 64, causal=False)),
-    Check("attention window", _dense_check(1, 2, 1, 48, 64, 32, causal=True, window=(16, 0))),
-    Check("attention softcap", _dense_check(1, 2, 2, 33, 49, 32, causal=False, softcap=5.0)),
-    Check("attention alibi", _dense_check(1, 4, 2, 40, 40, 32, causal=True, alibi_slopes="make")),
-    Check("attention blocks", _dense_check(1, 2, 2, 160, 300, 32, causal=False, block_mask="make"),
-          interpreter=False),
-    Check("attention sinks", _sinks_check(1, 4, 2, 70, 30, 32, causal=True)),
-    Check("varlen", _varlen_check((17, 1, 40, 0, 23), 4, 2, 32, causal=True)),
-    Check("kvcache", _kvcache_check((0, 13, 70), 3, 4, 2, 32, capacity=96)),
-    Check("sdpa drop-in", _sdpa_check(1, 4, 2, 50, 20, 32)),
-    Check("transformers llama", _transformers_check(_llama_config), paths=("auto",), interpreter=False),
-    Check("transformers gpt-oss", _transformers_check(_gpt_oss_config), paths=("auto",), interpreter=False),
-    Check("transformers deepseek-v3", _transformers_check(_deepseek_v3_config), paths=("auto",),
-          interpreter=False),
-    Check("transformers gemma2", _transformers_check(_gemma2_config), paths=("auto",), interpreter=False),
-)
 
 
 # ---------------------------------------------------------------------------
@@ -388,7 +150,7 @@ def run_one(check: Check, path: str, dtype, device, seed: int, notes) -> Result:
             shape, pairs = check.run(dtype, device, gen)
         ok, err, allowed, worst = _judge(pairs, dtype)
         status, detail = ("pass" if ok else "fail"), ("" if ok else f"worst: {worst}")
-    except _Skip as exc:
+    except Skip as exc:
         return Result(check.name, path, _DT[dtype], "-", "skip", detail=str(exc))
     except Exception as exc:  # a crash is a failed check, with its reason
         shape, err, allowed, status = "-", None, None, "fail"

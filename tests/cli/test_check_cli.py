@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -12,6 +13,9 @@ from tileattn import check, cli
 from conftest import HAS_CUDA
 
 NAMES = {c.name for c in check.CHECKS}
+# the entries of a V head dim of its own, head dim 512 and the absorbed MLA decoding layout
+HEAD_DIM_ENTRIES = ("attention head dim v", "attention head dim 512", "varlen head dim v", "kvcache head dim v",
+                    "kvcache absorbed mla")
 
 
 def _json(capsys, argv):
@@ -27,7 +31,7 @@ def test_torch_path_passes(capsys):
     assert d["summary"]["failed"] == 0 and d["summary"]["passed"] >= len(NAMES) - len(transformers_checks)
     ran = {c["check"] for c in d["checks"] if c["status"] == "pass"}
     assert ran >= NAMES - transformers_checks
-    assert "attention sinks" in ran
+    assert "attention sinks" in ran and ran >= set(HEAD_DIM_ENTRIES)
     for c in d["checks"]:
         if c["status"] == "pass":
             assert 0 <= c["error"] <= c["allowed"]
@@ -44,8 +48,26 @@ def test_kernels_json_and_exit_code(capsys):
     status = {(c["check"], c["path"]): c["status"] for c in d["checks"]}
     for name in ("attention", "kvcache", "sdpa drop-in"):
         assert status[name, "kernels"] == "pass", d["checks"]
+    for name in HEAD_DIM_ENTRIES:   # small enough for the interpreter; on a GPU float32 at 512 may not fit
+        rows = [c for c in d["checks"] if c["check"] == name and c["path"] == "kernels"]
+        assert rows and all(c["status"] == "pass" or (HAS_CUDA and c["dtype"] == "fp32" and "does not fit"
+                                                       in c["detail"]) for c in rows), rows
     if not HAS_CUDA:
         assert "interpreter" in s["paths"]["kernels"]
+
+
+def test_fp32_at_512_skipped_where_it_does_not_fit(capsys):
+    """On a GPU of 99 KB shared memory per block attention refuses float32 at
+    512 with a gradient (ValueError, by design): the kernels' entry is skipped
+    with that reason, not failed; the PyTorch path still runs it."""
+    from tileattn.launch import attention as launch_attention
+    with mock.patch.object(launch_attention, "_device_smem", return_value=99 * 1024):
+        rc, d = _json(capsys, ["check", "--only", "head dim 512", "--json"])
+    assert rc == 0, d["checks"]
+    kernels = [c for c in d["checks"] if c["path"] == "kernels"]
+    assert kernels and all(c["status"] == "skip" and "does not fit this GPU's shared memory" in c["detail"]
+                           for c in kernels if c["dtype"] == "fp32")
+    assert all(c["status"] == "pass" for c in d["checks"] if c["path"] == "torch")
 
 
 def test_table_output():
