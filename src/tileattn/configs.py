@@ -370,7 +370,7 @@ class HopperBwdConfig:
 # d = 64 causal at N = 2k ran 0.819x cuDNN on the Hopper kernel, 0.852x on
 # the portable one.  A forced config always takes the Hopper kernel.  QK 192
 # has no entry (every size): the portable kernels pad it to 256, a third of
-# the Q K^T work wasted; 256 takes d = 128's bound until it is timed (perf-notes v14).
+# the Q K^T work wasted; 256 takes d = 128's bound until short calls are timed (perf-notes v14).
 HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048,
                        (256, False): 2048, (256, True): 2048}
 # (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA training and
@@ -382,8 +382,10 @@ HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 4096, (128, False): 2048, 
 HOPPER_FWD = {
     (64, 64): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
     (128, 128): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
-    (192, 128): HopperFwdConfig(num_stages=2, source="sm_90a compile report (perf-notes v14); not yet timed"),
-    (256, 256): HopperFwdConfig(block_n=64, num_stages=2, source="sm_90a compile report (perf-notes v14); not yet timed"),
+    (192, 128): HopperFwdConfig(num_stages=2,
+                                source="sm_90a compile report; H200 timing (causal, 16k) in perf-notes v14"),
+    (256, 256): HopperFwdConfig(block_n=64, num_stages=2,
+                                source="sm_90a compile report; H200 timing (causal, 16k) in perf-notes v14"),
 }
 HOPPER_BWD_HEAD_DIMS = (64, 128)
 HOPPER_BWD = {
