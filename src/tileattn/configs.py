@@ -366,19 +366,17 @@ class HopperBwdConfig:
 # the Hopper kernel; below it the portable kernel was as fast or faster on
 # the H200 (docs/perf-notes.md v11, FA2 protocol): at N = 512 and 1k every
 # cell favoured the portable kernel, whose launch plans keep its host path
-# short (e.g. d = 128 at 1k: 422 against 367 TFLOP/s through tileattn.attention);
-# d = 64 causal at N = 2k ran 0.819x cuDNN on the Hopper kernel, 0.852x on
-# the portable one.  A forced config always takes the Hopper kernel.  QK 192
-# has no entry (every size): the portable kernels pad it to 256, a third of
-# the Q K^T work wasted; 256 takes d = 128's bound until short calls are timed (perf-notes v14).
+# short; d = 64 causal at N = 2k ran 0.819x cuDNN on the Hopper kernel, 0.852x
+# on the portable one.  A forced config always takes the Hopper kernel.  QK 192
+# has no entry (every size: the portable kernels pad it to 256); 256 takes
+# d = 128's bound until short calls are timed (perf-notes v14).
 HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048,
                        (256, False): 2048, (256, True): 2048}
-# (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA training and
-# prefill): 2 Q tiles of 64 x 192 + 2 stages of K (128 x 192) and V (128 x 128)
-# = 212,992 B of the 227 KB; registers as at d = 128 (the O accumulator is
-# V's width); O is staged in the Q tile's buffer, which is wider.  256: 64-key
-# tiles (2 Q tiles of 64 KB + 2 stages of 2 x 32 KB = 196,608 B; the O
-# accumulator is 128 registers a thread of the 240).
+# (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA): 2 Q tiles of
+# 64 x 192 + 2 stages of K (128 x 192) and V (128 x 128) = 212,992 B; O (as
+# wide as V) is staged in the Q tile's first piece.  256: 64-key tiles (2 Q
+# tiles of 64 KB + 2 stages of 2 x 32 KB = 196,608 B; O is 128 registers a
+# thread of the 240).
 HOPPER_FWD = {
     (64, 64): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
     (128, 128): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
