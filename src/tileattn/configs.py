@@ -114,7 +114,7 @@ def _head_dim_bucket(head_dim: int) -> int:
 
 _C = "sm_90 compile report, triton 3.6: no register spills (docs/perf-notes.md)"
 _S = "H200 config sweep, triton 3.6 (benchmarks/config_sweep.py; docs/perf-notes.md v2)"
-# Head dims 257..512: sized for shared memory, not yet timed on a GPU.  Each
+# Head dims 257..512: sized for shared memory, not swept (v14 timed the first).  Each
 # note gives the estimate and the compile report (triton 3.6, bf16 unless
 # float32 is named, compiled on a CPU for sm_90a with tensor descriptors or
 # for sm_89 by pointers; benchmarks/compile_report.py): registers, spill
@@ -122,7 +122,7 @@ _S = "H200 config sweep, triton 3.6 (benchmarks/config_sweep.py; docs/perf-notes
 # v13).  Without timings the order is the atomic table's rule: few spills
 # first, then wider tiles; each table has a tile that fits 227 KB (sm_90),
 # one that fits 99 KB (sm_86/sm_89) and float32's.
-_W = "d > 256, sized for shared memory, not yet timed on a GPU"
+_W = "d > 256, sized for shared memory; first configs timed on the H200 (perf-notes v14), not swept"
 
 # Candidates for autotuning on a GPU, by head-dim bucket; the first one that
 # fits is also the choice when autotuning is off (TILEATTN_AUTOTUNE=0).  The
