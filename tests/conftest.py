@@ -24,7 +24,7 @@ else:
 
 import tileattn  # noqa: E402  (after TRITON_INTERPRET)
 from tileattn import _env, launch  # noqa: E402
-from tileattn.launch import runtime  # noqa: E402  (the launch switches live there)
+from tileattn.launch import decode as launch_decode, runtime  # noqa: E402  (the launch switches live there)
 
 INTERPRETED = _env.interpreter_active()
 from tileattn.testing import DEVICE, DT_NAME, SEED_OFFSET  # noqa: E402,F401  (shared with the case builders)
@@ -46,6 +46,32 @@ def _bf16_shim(fn, n_tensor_args):
 if INTERPRETED:
     launch.attn_fwd = _bf16_shim(launch.attn_fwd, 3)
     launch.attn_bwd = _bf16_shim(launch.attn_bwd, 6)
+
+
+@pytest.fixture
+def decode_bf16_upcast(monkeypatch):
+    """Under the interpreter (only), bf16 decoding attention runs the kernel on
+    float32 copies and rounds the output back (the interpreter's bf16
+    arithmetic is wrong, as above).  The append kernel, which only moves bf16
+    bits, runs on the bf16 cache itself.  The decoding tests that run
+    ``tileattn.testing_decode``'s cases ask for it in their ``pytestmark``."""
+    if not INTERPRETED:
+        yield
+        return
+    real = launch_decode.kvcache_attention
+
+    def upcast(q, k_cache, v_cache, cache_seqlens, block_table, *args, k_new=None, v_new=None, call_key=None,
+               **kwargs):
+        if q.dtype != torch.bfloat16:
+            return real(q, k_cache, v_cache, cache_seqlens, block_table, *args, k_new=k_new, v_new=v_new,
+                        call_key=call_key, **kwargs)
+        if k_new is not None:
+            launch_decode.append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, kwargs["capacity"])
+        out, lse = real(q.float(), k_cache.float(), v_cache.float(), cache_seqlens, block_table, *args, **kwargs)
+        return out.to(torch.bfloat16), lse
+
+    monkeypatch.setattr(launch_decode, "kvcache_attention", upcast)
+    yield
 
 
 @pytest.fixture(autouse=True)

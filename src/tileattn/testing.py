@@ -12,7 +12,9 @@ is -inf); a NaN where the reference has none always fails.
 The named cases of the tests live here too, so that every test folder builds
 them one way: dense batches (``Case``, ``run_case``, ``assert_case``), the
 variants on dense batches (``VariantCase``, ``assert_variant_case``) and
-packed sequences (``VarlenCase``, ``assert_varlen_case``).
+packed sequences (``VarlenCase``, ``assert_varlen_case``); the decoding
+tests' cases, which build their caches with ``shuffled_block_table`` and
+``write_tokens`` below, are ``tileattn.testing_decode``.
 """
 from __future__ import annotations
 
