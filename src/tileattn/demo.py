@@ -62,13 +62,16 @@ def _once(fn, device) -> float:
 
 def timed_interleaved(fns: dict, device, repeats: int) -> dict:
     """Median seconds of each fn over ``repeats`` rounds; each round calls every
-    fn once, in turn, after one warm-up call each (compilation, autotuning)."""
+    fn once, in turn, starting one further along each round (so none always
+    runs after the same one), after one warm-up call each (compilation,
+    autotuning)."""
     for fn in fns.values():
         fn()
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            times[name].append(_once(fn, device))
+    names = list(fns)
+    times = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(_once(fns[name], device))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
