@@ -1,18 +1,19 @@
-"""Sliding window, softcap, ALiBi, block-sparse layouts and packed
-variable-length sequences, on the Triton kernels and on the pure-PyTorch
-tiled path, against a float64 reference built from ``standard_attention``
-with explicit masks and biases (the builders of ``tileattn.reference``),
-under the accuracy rule of ``tileattn.testing``."""
+"""Sliding window, softcap, ALiBi and block-sparse layouts on dense batches,
+on the Triton kernels, the pointer path and the pure-PyTorch tiled path,
+against a float64 reference built from ``standard_attention`` with explicit
+masks and biases (the builders of ``tileattn.reference``), under the accuracy
+rule of ``tileattn.testing``; the kernels' block lists; the custom ops and
+``torch.compile`` with every variant, packed sequences included."""
 import pytest
 import torch
 
 import tileattn
-from tileattn import cpu, launch, reference
+from tileattn import launch, reference
 from tileattn.block_mask import (block_mask_from_fn, cached_kernel_block_lists, clear_block_list_cache,
                                  kernel_block_lists)
 from tileattn.reference import block_mask_dense, causal_mask, standard_attention, window_mask
-from tileattn.testing import (VariantCase, VarlenCase, assert_compiled_matches, assert_variant_case, assert_varlen_case,
-                              cu_seqlens, forbidden, output_loss, variant_inputs)
+from tileattn.testing import (VariantCase, assert_compiled_matches, assert_variant_case, cu_seqlens, output_loss,
+                              variant_inputs)
 
 from conftest import DEVICE
 
@@ -25,12 +26,11 @@ F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 # Interpreter tiles are 32 x 32: lengths of a few tiles cover the masked edge
 # stages, the unmasked interior and the skipped tiles; block layouts need
 # more than one 128 x 128 block.  The cases named here also run on the
-# pointer path (test_pointer_path_variants, test_pointer_path_varlen).
+# pointer path (test_pointer_path_variants).  Packed sequences: test_varlen.py;
+# bad input: test_variant_errors.py.
 CAUSAL_LEFT_WINDOW = VariantCase(2, 2, 2, 100, 80, 32, BF16, causal=True, window=(40, -1))
 EVERY_VARIANT = VariantCase(2, 2, 2, 90, 60, 32, F16, alibi="h", causal=True, window=(30, -1), softcap=4.0)
 CAUSAL_BLOCKS = VariantCase(1, 2, 2, 260, 260, 16, BF16, blocks="rand-BH", block_density=0.6, causal=True)
-VARLEN_CAUSAL = VarlenCase((17, 1, 0, 40, 33), None, 2, 2, 32, BF16, causal=True)
-VARLEN_GQA_WINDOW = VarlenCase((50, 7, 70), None, 4, 1, 32, F16, causal=True, window=(20, -1))
 
 WINDOW_CASES = [
     VariantCase(1, 4, 2, 100, 100, 32, F16, window=(16, 16)),
@@ -139,51 +139,6 @@ def test_block_sparse_off_queries_never_read(kernels):
     assert (out[:, :, keep].double() - ref).abs().max() < 1e-5
 
 
-# ---------------------------------------------------------------------------
-# packed sequences
-# ---------------------------------------------------------------------------
-VARLEN_CASES = [
-    VarlenCase((17, 1, 0, 40, 33), None, 2, 1, 32, F16),
-    VARLEN_CAUSAL,
-    VarlenCase((5, 40, 1, 50), (9, 31, 0, 70), 2, 1, 40, F32, causal=True),       # Nq != Nk per sequence
-    VarlenCase((1, 1, 1), None, 2, 2, 16, F16),
-    VarlenCase((0, 0, 45), (3, 0, 20), 2, 2, 32, F16, causal=True),               # empty sequences, Nq > Nk
-    VARLEN_GQA_WINDOW,
-    VarlenCase((33, 60), (60, 21), 2, 2, 32, BF16, window=(8, 4), softcap=6.0),
-    VarlenCase((40, 3, 65), None, 2, 1, 32, F32, alibi="bh", causal=True),
-    VarlenCase((40, 3, 45), (21, 60, 9), 2, 2, 32, F16, alibi="h", softcap=3.0),
-    VarlenCase((31, 50), None, 2, 1, 32, F16, causal=True, layout="strided"),
-]
-
-
-@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: c.id)
-def test_varlen(case, path):
-    assert_varlen_case(case)
-
-
-def test_varlen_sequences_are_isolated(path):
-    """NaN in one packed sequence stays in it: loads that run past a
-    sequence's end (tensor descriptors read the next sequence's rows) are
-    zeroed, forward and backward."""
-    torch.manual_seed(23)
-    lens = (45, 30, 50)
-    cu = cu_seqlens(lens)
-    # 16-bit inputs: on a GPU they take the tensor-descriptor loads that read past a sequence's end
-    q, k, v = (torch.randn(sum(lens), 2, 16, device=DEVICE, dtype=F16).requires_grad_() for _ in range(3))
-    with torch.no_grad():
-        for t in (q, k, v):
-            t[45:75] = float("nan")              # the middle sequence
-    out = tileattn.attention_varlen(q, k, v, cu, cu, 50, 50, causal=True)
-    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
-    keep = torch.cat([torch.arange(45), torch.arange(75, 125)])
-    for name, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
-        assert torch.isfinite(t[keep]).all(), f"NaN of another sequence reached {name}"
-    for s0, s1 in ((0, 45), (75, 125)):
-        seq = [t[s0:s1].detach().transpose(0, 1)[None].double() for t in (q, k, v)]
-        ref = standard_attention(*seq, causal=True)[0].transpose(0, 1)
-        assert (out[s0:s1].double() - ref).abs().max() < 5e-3
-
-
 def test_window_skips_keys_outside_every_window(kernels):
     """Key tiles outside every row's window are never loaded: NaN there leaves
     outputs and gradients finite (forward, dK/dV and dQ kernels)."""
@@ -207,30 +162,12 @@ def test_window_skips_keys_outside_every_window(kernels):
     assert (out.double() - ref).abs().max() < 1e-5
 
 
-def test_varlen_matches_dense_per_sequence(path):
-    """Each packed sequence gives what ``attention`` gives on it alone."""
-    torch.manual_seed(21)
-    lens = (37, 1, 64)
-    q, k, v = (torch.randn(sum(lens), 2, 16, device=DEVICE, dtype=F16) for _ in range(3))
-    cu = cu_seqlens(lens)
-    out = tileattn.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True, window=(9, -1))
-    for s0, s1 in zip(cu[:-1].tolist(), cu[1:].tolist()):
-        seq = [t[s0:s1].transpose(0, 1)[None] for t in (q, k, v)]
-        ref = tileattn.attention(*seq, causal=True, window=(9, -1))
-        assert (out[s0:s1].float() - ref[0].transpose(0, 1).float()).abs().max() < 2e-3
-
-
 # ---------------------------------------------------------------------------
 # the portable pointer path (where tensor descriptors would run)
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("case", [CAUSAL_LEFT_WINDOW, EVERY_VARIANT, CAUSAL_BLOCKS], ids=lambda c: c.id)
 def test_pointer_path_variants(case, pointer_path):
     assert_variant_case(case)
-
-
-@pytest.mark.parametrize("case", [VARLEN_CAUSAL, VARLEN_GQA_WINDOW], ids=lambda c: c.id)
-def test_pointer_path_varlen(case, pointer_path):
-    assert_varlen_case(case)
 
 
 def test_block_sparse_needs_tiles_inside_blocks(kernels):
@@ -401,115 +338,3 @@ def test_compile_fullgraph_variants(path):
     # like the default backend, without code generation (test_custom_op.py
     # covers inductor)
     assert_compiled_matches(layer, (q, k, v), backend="aot_eager")
-
-
-# ---------------------------------------------------------------------------
-# bad input
-# ---------------------------------------------------------------------------
-def _t(*shape, dtype=F16):
-    return torch.randn(*shape, device=DEVICE).to(dtype)
-
-
-def _qkv(nq=4, nk=4, h=2):
-    return _t(1, h, nq, 8), _t(1, h, nk, 8), _t(1, h, nk, 8)
-
-
-BAD = {
-    "window-int": (_qkv, {"window": 4}, TypeError, "window must be None or a pair"),
-    "window-3": (_qkv, {"window": (1, 2, 3)}, TypeError, "window must be None or a pair"),
-    "window-float": (_qkv, {"window": (1.5, 2)}, TypeError, "window left must be an int"),
-    "window-neg": (_qkv, {"window": (2, -3)}, ValueError, "window right must be >= -1"),
-    "softcap-neg": (_qkv, {"softcap": -1.0}, ValueError, "softcap must be a finite number > 0"),
-    "softcap-inf": (_qkv, {"softcap": float("inf")}, ValueError, "softcap must be a finite number"),
-    "softcap-str": (_qkv, {"softcap": "3"}, TypeError, "softcap must be a positive real"),
-    "alibi-list": (_qkv, {"alibi_slopes": [0.1, 0.2]}, TypeError, "alibi_slopes must be a torch.Tensor"),
-    "alibi-int": (_qkv, {"alibi_slopes": torch.ones(2, dtype=torch.int32, device=DEVICE)}, TypeError,
-                  "alibi_slopes must be a floating-point"),
-    "alibi-shape": (_qkv, {"alibi_slopes": torch.ones(3, device=DEVICE)}, ValueError,
-                    r"alibi_slopes must have shape \(2,\) or \(1, 2\)"),
-    "block-dtype": (lambda: _qkv(200, 300), {"block_mask": torch.ones(1, 1, 2, 3, device=DEVICE)}, TypeError,
-                    "block_mask must have dtype torch.bool"),
-    "block-shape": (lambda: _qkv(200, 300), {"block_mask": torch.ones(1, 1, 2, 2, dtype=torch.bool,
-                                                                     device=DEVICE)}, ValueError,
-                    r"block_mask must have shape \(1 or 1, 1 or 2, 2, 3\)"),
-    "block-heads": (lambda: _qkv(200, 300), {"block_mask": torch.ones(1, 3, 2, 3, dtype=torch.bool,
-                                                                     device=DEVICE)}, ValueError,
-                    "block_mask must have shape"),
-    "block-rank": (_qkv, {"block_mask": torch.ones(1, 1, dtype=torch.bool, device=DEVICE)}, ValueError,
-                   "block_mask must have shape"),
-    "block-list": (_qkv, {"block_mask": [[True]]}, TypeError, "block_mask must be a bool torch.Tensor"),
-}
-
-
-@pytest.fixture
-def no_launch(monkeypatch):
-    for mod, name in ((launch, "attn_fwd"), (launch, "attn_bwd"), (cpu, "attention_fwd"),
-                      (cpu, "tiled_attention_varlen")):
-        monkeypatch.setattr(mod, name, forbidden())
-
-
-@pytest.mark.parametrize("name", sorted(BAD))
-def test_bad_variant_input(name, path, no_launch):
-    make, kwargs, exc, msg = BAD[name]
-    with pytest.raises(exc, match=msg):
-        tileattn.attention(*make(), **kwargs)
-
-
-def _packed_args(lens_q=(3, 5), lens_k=None, hq=2, hkv=2):
-    lens_k = lens_q if lens_k is None else lens_k
-    return [_t(sum(lens_q), hq, 8), _t(sum(lens_k), hkv, 8), _t(sum(lens_k), hkv, 8), cu_seqlens(lens_q),
-            cu_seqlens(lens_k), max(lens_q), max(lens_k)]
-
-
-def _with(i, value, **kw):
-    def make():
-        args = _packed_args(**kw)
-        args[i] = value(args) if callable(value) else value
-        return args
-    return make
-
-
-BAD_VARLEN = {
-    "q-rank4": (_with(0, lambda a: a[0][None]), {}, ValueError, "q must have 3 dimensions"),
-    "k-not-tensor": (_with(1, 3.0), {}, TypeError, "k must be a torch.Tensor"),
-    "v-sparse": (_with(2, lambda a: a[2].to_sparse()), {}, TypeError, "v must be a dense"),
-    "cu-sparse": (_with(4, lambda a: a[4].to_sparse()), {}, TypeError, "cu_seqlens_k must be a dense"),
-    "cu-int64": (_with(3, lambda a: a[3].long()), {}, TypeError, "cu_seqlens_q must have dtype torch.int32"),
-    "cu-2d": (_with(4, lambda a: a[4][None]), {}, ValueError, "cu_seqlens_k must be 1-D"),
-    "cu-list": (_with(3, [0, 3, 8]), {}, TypeError, "cu_seqlens_q must be a torch.Tensor"),
-    "cu-lengths-differ": (_with(4, lambda a: cu_seqlens((3, 4, 1))), {}, ValueError, "same length"),
-    "cu-not-monotone": (_with(3, lambda a: torch.tensor([0, 9, 8], dtype=torch.int32, device=DEVICE)), {},
-                        ValueError, "cu_seqlens_q must be non-decreasing"),
-    "cu-not-zero-start": (_with(4, lambda a: torch.tensor([1, 3, 8], dtype=torch.int32, device=DEVICE)), {},
-                          ValueError, "cu_seqlens_k must start at 0"),
-    "cu-total-mismatch": (_with(3, lambda a: torch.tensor([0, 3, 7], dtype=torch.int32, device=DEVICE)), {},
-                          ValueError, r"cu_seqlens_q\[-1\] = 7 must equal the number of packed tokens \(8\)"),
-    "max-too-small": (_with(5, 4), {}, ValueError, "max_seqlen_q = 4 is smaller than the longest sequence"),
-    "maxk-too-small": (_with(6, 2), {}, ValueError, "max_seqlen_k = 2 is smaller"),
-    "max-negative": (_with(6, -1), {}, ValueError, "max_seqlen_k must be >= 0"),
-    "max-float": (_with(5, 5.0), {}, TypeError, "max_seqlen_q must be an int"),
-    "heads": (lambda: _packed_args(hq=3, hkv=2), {}, ValueError, "multiple"),
-    "alibi-shape": (_packed_args, {"alibi_slopes": torch.ones(3, 2, device=DEVICE)}, ValueError,
-                    r"alibi_slopes must have shape \(2,\) or \(2, 2\)"),
-    "window": (_packed_args, {"window": (-2, 0)}, ValueError, "window left must be >= -1"),
-    "causal-int": (_packed_args, {"causal": 1}, TypeError, "causal must be a bool"),
-}
-
-
-@pytest.mark.parametrize("name", sorted(BAD_VARLEN))
-def test_bad_varlen_input(name, path, no_launch):
-    make, kwargs, exc, msg = BAD_VARLEN[name]
-    with pytest.raises(exc, match=msg):
-        tileattn.attention_varlen(*make(), **kwargs)
-
-
-def test_cu_seqlens_checked_again_after_in_place_change(path):
-    """A cu_seqlens tensor that passed is not copied to the host again, unless
-    it changes in place."""
-    q = _t(8, 2, 16, dtype=F32)
-    cu = cu_seqlens((3, 5))
-    tileattn.attention_varlen(q, q, q, cu, cu, 5, 5)
-    tileattn.attention_varlen(q, q, q, cu, cu, 5, 5)
-    cu[1] = 9
-    with pytest.raises(ValueError, match="cu_seqlens_q must be non-decreasing"):
-        tileattn.attention_varlen(q, q, q, cu, cu, 5, 5)

@@ -1,0 +1,195 @@
+"""IO cost model: the hardware catalogue and user hardware files, the
+roofline, and the tile solver against the kernels' shared-memory estimates
+and config tables."""
+import json
+
+import pytest
+
+from tileattn import configs
+from tileattn.cost import (CATALOGUE, AttentionShape, attention_flops, chosen_configs, compare, default_configs,
+                           feasible_tiles, flop_breakdown, get_hardware, kernel_bytes, load_hardware_file,
+                           max_block_n, paper_block_sizes, table_configs_check, tiled_traffic)
+from tileattn.cost.hardware import BASES, SCALAR_FIELDS, UnknownHardwareError
+from tileattn.cost.io import KernelConfig, parse_config_name
+
+
+# ---- hardware / roofline ----------------------------------------------------
+def test_a100_ridge_about_156():
+    hw = get_hardware("nvidia-a100-80gb-sxm4")
+    assert hw.ridge_point("bf16") == pytest.approx(156, rel=0.03)
+
+
+def test_catalogue_complete_and_sourced():
+    for name in ("nvidia-a100-80gb-sxm4", "nvidia-h100-sxm", "nvidia-h200", "nvidia-rtx-4090",
+                 "nvidia-rtx-3090", "amd-instinct-mi300x"):
+        hw = CATALOGUE[name]
+        vals = list(hw.peak_flops.values()) + [getattr(hw, f) for f in SCALAR_FIELDS if getattr(hw, f)]
+        vals += list(hw.measured.values())
+        for v in vals:
+            assert v.source and v.basis in BASES
+        assert {"bf16", "fp16", "tf32", "fp32"} <= set(hw.peak_flops)
+        assert hw.smem_per_block.value <= hw.smem_per_sm.value
+    h200 = CATALOGUE["nvidia-h200"]
+    assert h200.value("hbm_bandwidth", "measured").basis == "measured"
+    assert h200.peak("bf16", "measured") < h200.peak("bf16")
+
+
+def test_unknown_hardware_lists_valid_names():
+    with pytest.raises(UnknownHardwareError, match="nvidia-h200"):
+        get_hardware("nvidia-b9000")
+
+
+@pytest.mark.parametrize("kw,arg", [(dict(batch=-1), "batch"), (dict(head_dim=0), "head_dim"),
+                                    (dict(dtype="fp64"), "dtype"), (dict(kv_heads=3), "kv_heads")])
+def test_bad_shape_names_argument(kw, arg):
+    base = dict(batch=1, heads=4, seqlen_q=16, head_dim=64)
+    base.update(kw)
+    with pytest.raises(ValueError, match=arg):
+        AttentionShape(**base)
+
+
+def test_user_hardware_file_toml_and_json(tmp_path):
+    toml = tmp_path / "mine.toml"
+    toml.write_text('name = "my-gpu"\nhbm_bandwidth = 1e12\nsmem_per_block = 65536\n'
+                    '[peak_flops]\nbf16 = { value = 1e14, source = "spec sheet" }\n')
+    hw = load_hardware_file(toml)
+    assert hw.ridge_point("bf16") == pytest.approx(100)
+    js = tmp_path / "mine.json"
+    js.write_text(json.dumps(hw.as_dict()))
+    assert get_hardware("my-gpu", hw_file=js).peak("bf16") == 1e14
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "x", "hbm_bandwidth": 1, "peak_flops": {"fp7": 1}}))
+    with pytest.raises(ValueError, match="fp7"):
+        load_hardware_file(bad)
+
+
+def test_tiled_beats_standard_and_is_compute_bound_at_long_n():
+    c = compare(AttentionShape(8, 32, 16384, 128), get_hardware("nvidia-a100-80gb-sxm4"))
+    assert c.standard_pred["fwd"].bound == "memory"
+    assert c.tiled_pred["fwd"].bound == "compute"
+    assert c.speedup("fwd") > 1
+
+
+# ---- tile solver --------------------------------------------------------------
+@pytest.mark.parametrize("hw", sorted(CATALOGUE))
+@pytest.mark.parametrize("kind", ["fwd", "dkdv", "dq"])
+def test_solver_never_exceeds_smem(hw, kind):
+    smem = CATALOGUE[hw].get_int("smem_per_block")
+    est = configs.SMEM_ESTIMATORS[kind]
+    for d in (64, 128, 256, 512):
+        opts = feasible_tiles(smem, d, "bf16", kind=kind, num_stages=3)
+        assert all(o.kind == kind for o in opts)
+        for o in opts:
+            assert o.smem_bytes == est(o.block_m, o.block_n, d, 2, 3) <= smem
+
+
+def test_solver_backward_flag_means_dkdv():
+    smem = CATALOGUE["nvidia-h200"].get_int("smem_per_block")
+    a = [(o.block_m, o.block_n) for o in feasible_tiles(smem, 128, backward=True, num_stages=3)]
+    b = [(o.block_m, o.block_n) for o in feasible_tiles(smem, 128, kind="dkdv", num_stages=3)]
+    assert a == b
+
+
+@pytest.mark.parametrize("kind", ["fwd", "dkdv", "dq"])
+def test_solver_agrees_with_kernel_configs_on_h200(kind):
+    smem = CATALOGUE["nvidia-h200"].get_int("smem_per_block")
+    est = configs.SMEM_ESTIMATORS[kind]
+    for d, cfgs in configs.TABLES[kind].items():
+        for c in cfgs:
+            feas = {(o.block_m, o.block_n) for o in feasible_tiles(smem, d, kind=kind, num_stages=c.num_stages)}
+            fits = est(c.block_m, c.block_n, d, 2, c.num_stages) <= smem
+            assert ((c.block_m, c.block_n) in feas) == fits
+    checked = [(k, c, ok) for k, c, ok in table_configs_check(smem, 128) if k == kind]
+    assert [c for _, c, _ in checked] == list(configs.candidates(kind, 128))
+    assert all(ok == (est(c.block_m, c.block_n, 128, 2, c.num_stages) <= smem) for _, c, ok in checked)
+
+
+def test_default_configs_are_first_fitting_of_each_table():
+    # measured rows ran with autotuning off: the first config of each table that fits 227 KB
+    smem = 232448
+    for d in (64, 128, 256, 512):
+        chosen = default_configs(d, 2, smem)
+        for kind in ("fwd", "dkdv", "dq"):
+            want = configs.fitting(configs.candidates(kind, d), d, 2, smem, kind=kind)[0]
+            assert getattr(chosen, kind) == want
+            assert chosen_configs(smem, d)[kind] == want
+    assert default_configs(128, 2, smem).dq == configs.DQ_CONFIGS[128][0]
+    assert default_configs(128, 2, smem).dkdv == configs.DKDV_CONFIGS[128][0]
+
+
+@pytest.mark.parametrize("hw", ["nvidia-h100-sxm", "nvidia-h200", "nvidia-rtx-4090", "nvidia-rtx-3090",
+                                "nvidia-a100-80gb-sxm4"])
+def test_solver_tiles_for_head_dim_512_fit(hw):
+    """d = 512, bf16: the solver finds tiles for every kernel within the GPU's
+    shared memory (227 KB on the H100/H200, 99 KB on the RTX 4090/3090, 163 KB
+    on the A100), and the config each kernel runs with autotuning off is one
+    of them; its HBM bytes are those of a 512-wide tile."""
+    smem = CATALOGUE[hw].get_int("smem_per_block")
+    assert smem == {"nvidia-h100-sxm": 227, "nvidia-h200": 227, "nvidia-a100-80gb-sxm4": 163}.get(hw, 99) * 1024
+    shape = AttentionShape(1, 8, 4096, 512, causal=True)
+    chosen = chosen_configs(smem, 512)
+    for kind in ("fwd", "dkdv", "dq"):
+        c = chosen[kind]
+        est = configs.SMEM_ESTIMATORS[kind](c.block_m, c.block_n, 512, 2, c.num_stages)
+        assert est <= smem, (hw, kind, c.name, est)
+        opts = feasible_tiles(smem, 512, "bf16", kind=kind, num_stages=c.num_stages, shape=shape)
+        assert (c.block_m, c.block_n) in {(o.block_m, o.block_n) for o in opts}
+        assert all(o.smem_bytes <= smem and o.hbm_bytes > 0 for o in opts)
+    if smem < 200 * 1024:   # the 227 KB tiles do not fit: the table's 99 KB ones run
+        assert chosen["dq"] == configs.DQ_CONFIGS[512][1]
+    else:
+        assert [chosen[k] for k in ("fwd", "dkdv", "dq")] == [configs.TABLES[k][512][0] for k in ("fwd", "dkdv", "dq")]
+
+
+def test_head_dim_512_traffic_and_flops():
+    """d = 512 in the IO model: FLOPs 4 B H N^2 d; the standard path's Q, K, V, O
+    bytes twice those at 256; the tiled forward re-reads K/V once per 64-row
+    query block (the H200's first config), reads Q once and writes O and lse once."""
+    s512, s256 = AttentionShape(1, 4, 2048, 512), AttentionShape(1, 4, 2048, 256)
+    assert attention_flops(1, 4, 2048, 2048, 512) == 4 * 4 * 2048 ** 2 * 512
+    assert flop_breakdown(s512).useful_fwd == 2 * flop_breakdown(s256).useful_fwd
+    t = tiled_traffic(s512, smem_per_block=232448)
+    assert t.params["fwd_config"] == "M64-N32-w8-s2"
+    fwd = next(p for p in t.passes if p.kernel == "fwd")
+    row = 512 * 2
+    assert fwd.tile_read_bytes == 4 * (2048 * row + (2048 // 64) * 2 * 2048 * row)
+    assert fwd.write_bytes == 4 * (2048 * row + 2048 * 4)
+    with pytest.raises(ValueError, match="head_dim=513 exceeds 512"):
+        AttentionShape(1, 4, 2048, 513)
+    with pytest.raises(ValueError, match="head_dim=513 exceeds 512"):
+        feasible_tiles(232448, 513)
+
+
+def test_tiled_backward_uses_dq_table_and_explicit_configs():
+    s = AttentionShape(1, 4, 4096, 128, causal=True)
+    t = tiled_traffic(s, smem_per_block=232448)
+    dkdv0, dq0 = configs.DKDV_CONFIGS[128][0].name, configs.DQ_CONFIGS[128][0].name
+    assert t.params["dkdv_config"] == dkdv0 and t.params["dq_config"] == dq0
+    assert [p.kernel for p in t.passes] == ["fwd", "preprocess", "dkdv", "dq"]
+    small = KernelConfig(32, 32, 4, 1)
+    u = tiled_traffic(s, dq_config=small, smem_per_block=232448)
+    assert u.params["dq_config"] == small.name and u.params["dkdv_config"] == dkdv0
+    # without L2 reuse the dQ kernel's K/V loads grow as its BLOCK_M shrinks
+    dq_bytes = lambda cfg: kernel_bytes(s, "dq", cfg)  # noqa: E731
+    assert dq_bytes(KernelConfig(32, 128, 8, 3)) > dq_bytes(KernelConfig(64, 128, 8, 3))
+    # the dK/dV kernel's Q/dO loads fall with BLOCK_N
+    assert kernel_bytes(s, "dkdv", KernelConfig(32, 64, 8, 3)) > kernel_bytes(s, "dkdv", KernelConfig(32, 128, 8, 3))
+
+
+def test_smem_not_theory_bounds_block_n():
+    smem = CATALOGUE["nvidia-a100-80gb-sxm4"].get_int("smem_per_block")
+    _, bc = paper_block_sizes(smem, 128)
+    assert max_block_n(smem, 128, block_m=128, num_stages=3) < bc
+
+
+def test_solver_bytes_fall_with_block_m():
+    s = AttentionShape(1, 1, 4096, 64)
+    opts = {(o.block_m, o.block_n): o.hbm_bytes for o in feasible_tiles(10 ** 7, 64, shape=s)}
+    assert opts[(128, 64)] < opts[(64, 64)] and opts[(128, 64)] == opts[(128, 128)]
+
+
+def test_parse_config_name_roundtrip():
+    c = configs.FWD_CONFIGS[64][0]
+    assert parse_config_name(c.name).name == c.name
+    with pytest.raises(ValueError, match="config"):
+        parse_config_name("big")
