@@ -64,6 +64,10 @@ def run_absorbed(args, dev, dtype, do_bench, copy_bw, meta) -> list[dict]:
             out = fn()
             mine = dict(base, read_bytes=decode_cache_bytes(shape))
             record(**mine, provider="tileattn", num_splits=0, ms=do_bench(fn), status="ok", **check(out))
+            if dev.type == "cuda":   # the same call replayed from a CUDA graph: GPU time only, no host time
+                from triton.testing import do_bench_cudagraph
+                record(**mine, provider="tileattn (CUDA graph)", num_splits=0,
+                       ms=do_bench_cudagraph(fn, rep=args.rep_ms, return_mode="median"), status="ok")
             for sp in args.splits:
                 f = lambda sp=sp, q=q, k=k, s=seqlens: tileattn.attention_with_kvcache(  # noqa: E731
                     q, k, k[..., :dv], s, num_splits=sp, check_indices=False)
@@ -91,10 +95,12 @@ def run_absorbed(args, dev, dtype, do_bench, copy_bw, meta) -> list[dict]:
 
 def summarize_absorbed(rows) -> list[dict]:
     """Per heads and cache length: tileattn's bandwidth (fraction of the copy
-    bandwidth), TFLOP/s and the model's bound, beside SDPA's best on a copied V."""
+    bandwidth), TFLOP/s and the model's bound, beside SDPA's best on a copied V;
+    ``graph %``: the fraction of the copy bandwidth replayed from a CUDA graph
+    (GPU time only), where that was timed."""
     out = []
-    print(f"\n{'Hq':>4} {'L':>7} {'tileattn ms':>11} {'TB/s':>6} {'%copy':>6} {'TFLOP/s':>8} {'bound':>8} "
-          f"{'SDPA best (V copied)':>26} {'ms':>8} {'speedup':>8}")
+    print(f"\n{'Hq':>4} {'L':>7} {'tileattn ms':>11} {'TB/s':>6} {'%copy':>6} {'graph %':>8} {'TFLOP/s':>8} "
+          f"{'bound':>8} {'SDPA best (V copied)':>26} {'ms':>8} {'speedup':>8}")
     for hq in sorted({r["heads"] for r in rows}):
         for n in sorted({r["cache_len"] for r in rows}):
             mine = [r for r in rows if (r["heads"], r["cache_len"], r["provider"]) == (hq, n, "tileattn")]
@@ -104,12 +110,16 @@ def summarize_absorbed(rows) -> list[dict]:
             sdpa = [r for r in rows if r["heads"] == hq and r["cache_len"] == n and r["provider"].startswith("sdpa")
                     and r.get("ms")]
             best = min(sdpa, key=lambda r: r["ms"]) if sdpa else None
+            graph = [r for r in rows if (r["heads"], r["cache_len"], r["provider"]) == (hq, n, "tileattn (CUDA graph)")
+                     and r.get("ms")]
             s = {"heads": hq, "cache_len": n, "ms": m["ms"], "tbs": m["tbs"], "frac_copy": m["frac_copy"],
                  "tflops": m["tflops"], "bound": m.get("bound"), "predicted_ms": m.get("predicted_ms"),
+                 "graph_frac_copy": graph[0]["frac_copy"] if graph else None,
                  "sdpa_best": best["provider"] if best else None, "sdpa_ms": best["ms"] if best else None,
                  "speedup_vs_sdpa": (best["ms"] / m["ms"]) if best else None}
             out.append(s)
-            print(f"{hq:>4} {n:>7} {m['ms']:>11.4f} {m['tbs']:>6.2f} {100 * m['frac_copy']:>5.0f}% "
+            g = f"{100 * graph[0]['frac_copy']:.0f}%" if graph else "-"
+            print(f"{hq:>4} {n:>7} {m['ms']:>11.4f} {m['tbs']:>6.2f} {100 * m['frac_copy']:>5.0f}% {g:>8} "
                   f"{m['tflops']:>8.1f} {str(m.get('bound') or '-'):>8} {(best['provider'] if best else '-'):>26} "
                   f"{(best['ms'] if best else float('nan')):>8.4f} {(s['speedup_vs_sdpa'] or float('nan')):>7.2f}x")
     return out

@@ -47,6 +47,10 @@ H200, ``tileattn.cost.decode``), caches of ``--cache-lens`` (default
   time, beside the copy bandwidth (``frac_copy``), and TFLOP/s are
   2 Hq L (576 + 512) a sequence over the time, beside the roofline's bound
   and time for this GPU where the catalogue has it (nvidia-h200).
+* On a GPU tileattn's default call is also replayed from a CUDA graph
+  (``tileattn (CUDA graph)``: ``do_bench_cudagraph``, GPU time only), as a
+  serving loop runs it; the summary's ``graph %`` is its fraction of the
+  copy bandwidth.
 * SDPA has no shared layout: each backend runs on K and a materialised copy
   of V (``k_cache[..., :512].contiguous()``, made outside the timing) with
   ``enable_gqa=True``; its row's bytes are K and that copy.  A backend that
