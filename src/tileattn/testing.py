@@ -18,6 +18,7 @@ tests' cases, which build their caches with ``shuffled_block_table`` and
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import zlib
@@ -411,6 +412,23 @@ HOPPER_CASES = {
     "gqa8-512": (1, 16, 2, 512, 512, 64),
     "tiles-even-2048": (1, 2, 2, 2048, 2048, 128),
 }
+
+
+@contextlib.contextmanager
+def counting_calls(module, name: str):
+    """Replace ``module.name`` by a wrapper for the block's duration and yield a
+    list that gets one entry per call (e.g. which launches a dispatch takes)."""
+    calls = []
+    real = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    setattr(module, name, spy)
+    try:
+        yield calls
+    finally:
+        setattr(module, name, real)
 
 
 def hopper_inputs(b, hq, hkv, n_q, n_k, d, dtype, seed, layout="bhnd", logit_scale=1.0, dv=None):

@@ -9,7 +9,6 @@ the accuracy rule, with each config forced, odd lengths, Nq != Nk, fully
 masked rows, large logits, GQA, strided layouts and a gradient into lse;
 and the dispatcher takes it for plain non-deterministic calls only.
 """
-import contextlib
 import dataclasses
 import functools
 import json
@@ -25,7 +24,7 @@ from tileattn import configs, dispatch, launch
 from tileattn.configs import HopperBwdConfig
 from tileattn.launch import hopper as launch_hopper
 from tileattn.reference import standard_attention
-from tileattn.testing import HOPPER_CASES, check_accuracy, hopper_inputs
+from tileattn.testing import HOPPER_CASES, check_accuracy, counting_calls, hopper_inputs
 
 from conftest import HAS_CUDA
 
@@ -79,20 +78,9 @@ def test_compiles_for_sm90(reports, head_dim, cfg, causal, sinks):
 _inputs = hopper_inputs
 
 
-@contextlib.contextmanager
 def _hopper_calls():
     """A list that gets an entry per launch of the Hopper backward kernel."""
-    calls = []
-    real = launch_hopper.attn_bwd_dkdv
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-    launch_hopper.attn_bwd_dkdv = spy
-    try:
-        yield calls
-    finally:
-        launch_hopper.attn_bwd_dkdv = real
+    return counting_calls(launch_hopper, "attn_bwd_dkdv")
 
 
 def _reference_grads(q, k, v, do, causal, dlse=None):

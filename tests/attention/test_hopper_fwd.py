@@ -21,7 +21,7 @@ from tileattn import configs, dispatch, launch
 from tileattn.launch import hopper as launch_hopper, runtime
 from tileattn.configs import HopperFwdConfig
 from tileattn.reference import standard_attention
-from tileattn.testing import HOPPER_CASES, check_accuracy, hopper_inputs
+from tileattn.testing import HOPPER_CASES, check_accuracy, counting_calls, hopper_inputs
 
 from conftest import HAS_CUDA
 
@@ -148,14 +148,7 @@ def test_large_logits_and_strided_layout(causal):
 @needs_hopper
 def test_dispatch_plain_only():
     q, k, v = _inputs(1, 2, 2, 2048, 2048, 128, torch.bfloat16, seed=3)
-    calls = []
-    real = launch_hopper.attn_fwd
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-    launch_hopper.attn_fwd = spy
-    try:
+    with counting_calls(launch_hopper, "attn_fwd") as calls:
         tileattn.attention(q, k, v, causal=True)
         assert calls, "a plain bf16 d=128 call did not take the Hopper kernel"
         calls.clear()
@@ -166,8 +159,6 @@ def test_dispatch_plain_only():
         tileattn.attention(*short, causal=True)
         tileattn.attention(*(torch.cat([t, t], -1) for t in short), causal=True)   # 256 below its bound
         assert not calls, "a variant, fp32, an unsupported head dim or a short sequence took the Hopper kernel"
-    finally:
-        launch_hopper.attn_fwd = real
 
 
 @needs_hopper
@@ -254,14 +245,7 @@ def test_separate_v_head_dim_strided_large_logits_sinks(causal):
 def test_dispatch_takes_separate_v_head_dim():
     """A plain 192/128 call takes the Hopper forward at every size; 128/64
     (no config) does not."""
-    calls = []
-    real = launch_hopper.attn_fwd
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-    launch_hopper.attn_fwd = spy
-    try:
+    with counting_calls(launch_hopper, "attn_fwd") as calls:
         q, k, v = _inputs(1, 2, 2, 512, 512, 192, torch.bfloat16, seed=3, dv=128)
         tileattn.attention(q, k, v, causal=True)
         assert calls, "a plain bf16 192/128 call did not take the Hopper kernel"
@@ -269,5 +253,3 @@ def test_dispatch_takes_separate_v_head_dim():
         q, k, v = _inputs(1, 2, 2, 2048, 2048, 128, torch.bfloat16, seed=3, dv=64)
         tileattn.attention(q, k, v, causal=True)
         assert not calls, "a 128/64 call (no Hopper config) took the Hopper kernel"
-    finally:
-        launch_hopper.attn_fwd = real
