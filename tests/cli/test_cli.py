@@ -58,13 +58,16 @@ def test_demo_unknown_hw_exit_2(capsys):
     assert "unknown hardware" in capsys.readouterr().out
 
 
-def test_timed_interleaved_alternates():
-    """Every repeat calls each implementation once, in turn."""
+def test_timed_interleaved_rotates():
+    """One warm-up call each, then every repeat calls each implementation
+    once, starting one further along each round."""
     import torch
     from tileattn.demo import timed_interleaved
     order = []
-    med = timed_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, torch.device("cpu"), 3)
-    assert order == ["a", "b"] * 4 and set(med) == {"a", "b"}
+    fns = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    med = timed_interleaved(fns, torch.device("cpu"), 4)
+    assert order == list("abc") + list("abc") + list("bca") + list("cab") + list("abc")
+    assert set(med) == {"a", "b", "c"}
 
 
 def test_demo_bad_size_exit_2(capsys):
