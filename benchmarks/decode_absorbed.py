@@ -15,6 +15,8 @@ def run_absorbed(args, dev, dtype, do_bench, copy_bw, meta) -> list[dict]:
     import tileattn
     from tileattn.cost import DecodeShape, decode_bound, decode_cache_bytes, decode_flops, get_hardware
     from tileattn.reference import standard_attention
+    if dev.type == "cuda":
+        from triton.testing import do_bench_cudagraph
     d, dv, b = 576, 512, args.batch
     hw = None
     try:
@@ -65,7 +67,6 @@ def run_absorbed(args, dev, dtype, do_bench, copy_bw, meta) -> list[dict]:
             mine = dict(base, read_bytes=decode_cache_bytes(shape))
             record(**mine, provider="tileattn", num_splits=0, ms=do_bench(fn), status="ok", **check(out))
             if dev.type == "cuda":   # the same call replayed from a CUDA graph: GPU time only, no host time
-                from triton.testing import do_bench_cudagraph
                 record(**mine, provider="tileattn (CUDA graph)", num_splits=0,
                        ms=do_bench_cudagraph(fn, rep=args.rep_ms, return_mode="median"), status="ok")
             for sp in args.splits:

@@ -23,7 +23,7 @@ else:
     os.environ.setdefault("TILEATTN_AUTOTUNE", "0")
 
 import tileattn  # noqa: E402  (after TRITON_INTERPRET)
-from tileattn import _env, launch  # noqa: E402
+from tileattn import _env, configs, launch  # noqa: E402
 from tileattn.launch import decode as launch_decode, runtime  # noqa: E402  (the launch switches live there)
 
 INTERPRETED = _env.interpreter_active()
@@ -103,6 +103,26 @@ def pointer_path():
 def kernels():
     with tileattn.use_backend("triton"):
         yield
+
+
+@pytest.fixture
+def decode_loops(monkeypatch):
+    """``force(one_loop, loads, table)``: the decoding partial kernel with one
+    loop structure (ONE_LOOP or the masked head / unmasked body / masked
+    tail) on one load path ("descriptors" or "pointers"), 32-key tiles (the
+    interpreter's config, and on a GPU the only candidate of
+    ``configs.<table>``), no launch plans (a plan recorded by another test
+    would replay without asking ``launch_decode.one_loop``)."""
+    def force(one_loop: bool, loads: str, table: str):
+        if loads == "pointers":
+            monkeypatch.setattr(runtime, "FORCE_POINTER_PATH", True)
+        monkeypatch.setattr(launch_decode, "one_loop", lambda descriptors, paged: one_loop)
+        monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
+        monkeypatch.setattr(configs, "INTERPRETER_DECODE", configs.DecodeConfig(32, 4, 1))
+        if not INTERPRETED:
+            monkeypatch.setattr(configs, table, (configs.DecodeConfig(32, 4, 2),))
+            monkeypatch.setenv("TILEATTN_AUTOTUNE", "0")
+    return force
 
 
 def pytest_report_header(config):

@@ -197,10 +197,11 @@ def reference_attention(q, k, v, *, scale, causal, window, softcap, slopes):
 
 def reference(c: Case, x: Inputs, dtype):
     """(out, lse) of the whole batch in ``dtype`` (float64: the reference;
-    c.dtype: standard attention's own low-precision error)."""
+    c.dtype: standard attention's own low-precision error); V may be of
+    its own width (``x.v_seq``'s)."""
     scale = 1.0 / math.sqrt(c.d)
     outs, lses = [], []
-    for i in range(c.b):
+    for i in range(len(c.seqlens)):
         slopes = None
         if x.alibi is not None:
             slopes = x.alibi if x.alibi.dim() == 1 else x.alibi[i]

@@ -166,7 +166,7 @@ _LOOPS_PAGED = [
                          + [(c, "pointers") for c in _LOOPS_PAGED],
                          ids=lambda x: x if isinstance(x, str) else x.id)
 @pytest.mark.parametrize("one_loop", [True, False], ids=["one-loop", "three-loops"])
-def test_loop_structures(case, loads, one_loop, kernels, monkeypatch):
+def test_loop_structures(case, loads, one_loop, kernels, decode_loops):
     """Both loop structures of the partial kernel on every load path where
     both are valid, whichever ``launch_decode.one_loop`` picks there: ONE_LOOP
     (every tile masked; by descriptor a split's ragged last tile is moved back
@@ -174,15 +174,7 @@ def test_loop_structures(case, loads, one_loop, kernels, monkeypatch):
     and the masked head / unmasked body / masked tail.  32-key tiles, so that
     the edges fall inside tiles.  (By descriptor on a paged cache only the
     three loops are valid: a moved tile could cross a page.)"""
-    if loads == "pointers":
-        monkeypatch.setattr(runtime, "FORCE_POINTER_PATH", True)
-    monkeypatch.setattr(launch_decode, "one_loop", lambda descriptors, paged: one_loop)
-    # no launch plans: a plan recorded by another test would replay without asking one_loop
-    monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
-    monkeypatch.setattr(configs, "INTERPRETER_DECODE", configs.DecodeConfig(32, 4, 1))
-    if not INTERPRETED:
-        monkeypatch.setattr(configs, "DECODE_CONFIGS", (configs.DecodeConfig(32, 4, 2),))
-        monkeypatch.setenv("TILEATTN_AUTOTUNE", "0")
+    decode_loops(one_loop, loads, "DECODE_CONFIGS")
     assert_case(case)
 
 

@@ -13,7 +13,6 @@ look-alike.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
 import pytest
@@ -21,9 +20,10 @@ import torch
 
 import tileattn
 from tileattn import configs, reference_decode, validation
-from tileattn.launch import decode as launch_decode, runtime
+from tileattn.launch import decode as launch_decode
 from tileattn.reference import standard_attention
 from tileattn.testing import check_accuracy, forbidden, seed_case, shuffled_block_table, write_tokens
+from tileattn.testing_decode import Inputs, assert_cache_appended, reference, run
 from tileattn.validation_kvcache import MLA_HEAD_DIM, MLA_HEAD_DIM_V, shares_kv
 
 from conftest import DEVICE, DT_NAME as DT, HAS_CUDA, INTERPRETED
@@ -64,21 +64,6 @@ class Case:
         if self.softcap:
             parts.append(f"cap{self.softcap}")
         return "-".join(parts + [self.layout])
-
-
-@dataclasses.dataclass
-class Inputs:
-    q: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    seqlens: torch.Tensor
-    table: Optional[torch.Tensor]
-    k_new: Optional[torch.Tensor]
-    v_new: Optional[torch.Tensor]
-    k_seq: list
-    v_seq: list
-    k_expected: torch.Tensor
-    v_expected: torch.Tensor
 
 
 def _tensor(shape, dtype, layout, fill=None):
@@ -135,42 +120,7 @@ def make_inputs(c: Case) -> Inputs:
         if c.shared:
             v_expected = k_expected[..., :c.dv]
     seqlens = torch.tensor(c.seqlens, dtype=torch.int32, device=DEVICE)
-    return Inputs(q, k_cache, v_cache, seqlens, table, k_new, v_new, k_seq, v_seq, k_expected, v_expected)
-
-
-def _hidden(n_q, n_k, causal, window):
-    i = torch.arange(n_q, device=DEVICE)[:, None]
-    j = torch.arange(n_k, device=DEVICE)[None, :]
-    diag = i + n_k - n_q
-    left, right = window if window is not None else (-1, -1)
-    hidden = (j > diag) if causal else torch.zeros(n_q, n_k, dtype=torch.bool, device=DEVICE)
-    if left >= 0:
-        hidden |= j < diag - left
-    if right >= 0:
-        hidden |= j > diag + right
-    return hidden
-
-
-def reference(c: Case, x: Inputs, dtype):
-    outs, lses = [], []
-    for i in range(len(c.seqlens)):
-        q, k, v = x.q[i:i + 1].to(dtype), x.k_seq[i][None].to(dtype), x.v_seq[i][None].to(dtype)
-        kw = dict(scale=1.0 / math.sqrt(c.d), return_lse=True)
-        if c.window is None and c.softcap is None:
-            o, lse = standard_attention(q, k, v, causal=c.causal, **kw)
-        else:
-            o, lse = standard_attention(q, k, v, mask=_hidden(c.nq, k.shape[2], c.causal, c.window),
-                                        softcap=c.softcap, **kw)
-        outs.append(o)
-        lses.append(lse.reshape(1, c.hq, c.nq))
-    return torch.cat(outs), torch.cat(lses)
-
-
-def run(c: Case, x: Inputs, **kw):
-    args = dict(k_new=x.k_new, v_new=x.v_new, block_table=x.table, causal=c.causal, window=c.window,
-                softcap=c.softcap, num_splits=c.splits, return_lse=True)
-    args.update(kw)
-    return tileattn.attention_with_kvcache(x.q, x.k_cache, x.v_cache, x.seqlens, **args)
+    return Inputs(q, k_cache, v_cache, seqlens, table, k_new, v_new, None, k_seq, v_seq, k_expected, v_expected)
 
 
 def assert_case(c: Case, path: str = "kernels"):
@@ -180,8 +130,7 @@ def assert_case(c: Case, path: str = "kernels"):
     assert shares_kv(x.k_cache, x.v_cache) == c.shared
     out, lse = run(c, x)
     assert out.shape == (len(c.seqlens), c.hq, c.nq, c.dv) and out.dtype == c.dtype
-    torch.testing.assert_close(x.k_cache, x.k_expected, rtol=0, atol=0, equal_nan=True)
-    torch.testing.assert_close(x.v_cache, x.v_expected, rtol=0, atol=0, equal_nan=True)
+    assert_cache_appended(x)
     ref_out, ref_lse = reference(c, x, torch.float64)
     low_out, low_lse = reference(c, x, c.dtype)
     check_accuracy(f"{c.id} out", out, ref_out, low_out, c.dtype)
@@ -256,16 +205,9 @@ def test_shared_cache_pointer_path(case, pointer_path):
 
 @pytest.mark.parametrize("one_loop", [True, False], ids=["one-loop", "three-loops"])
 @pytest.mark.parametrize("loads", ["descriptors", "pointers"])
-def test_shared_cache_loop_structures(one_loop, loads, kernels, monkeypatch):
+def test_shared_cache_loop_structures(one_loop, loads, kernels, decode_loops):
     """Both loop structures of the partial kernel on a shared cache, 32-key tiles."""
-    if loads == "pointers":
-        monkeypatch.setattr(runtime, "FORCE_POINTER_PATH", True)
-    monkeypatch.setattr(launch_decode, "one_loop", lambda descriptors, paged: one_loop)
-    monkeypatch.setenv("TILEATTN_DIRECT_LAUNCH", "0")
-    monkeypatch.setattr(configs, "INTERPRETER_DECODE", configs.DecodeConfig(32, 4, 1))
-    if not INTERPRETED:
-        monkeypatch.setattr(configs, "DECODE_SHARED_CONFIGS", (configs.DecodeConfig(32, 4, 2),))
-        monkeypatch.setenv("TILEATTN_AUTOTUNE", "0")
+    decode_loops(one_loop, loads, "DECODE_SHARED_CONFIGS")
     assert_case(Case(8, 2, 1, 48, 32, F16, (0, 30, 33, 97), n_new=1, window=(40, -1), shared=True, splits=2))
 
 
@@ -289,12 +231,12 @@ def test_absorbed_mla_decode_loop(path):
     """Three steps appending k_new alone, the values read from the keys."""
     c = Case(16, 1, 1, MLA_HEAD_DIM, MLA_HEAD_DIM_V, F32, (20, 35), page=32, shared=True)
     x = make_inputs(c)
-    seq = x.seqlens.clone()
+    seq = x.cache_seqlens.clone()
     k_all = list(x.k_seq)
     for step in range(3):
         q = torch.randn(2, 16, 1, MLA_HEAD_DIM, device=DEVICE)
         kn = torch.randn(2, 1, 1, MLA_HEAD_DIM, device=DEVICE)
-        out = tileattn.attention_with_kvcache(q, x.k_cache, x.v_cache, seq, k_new=kn, block_table=x.table)
+        out = tileattn.attention_with_kvcache(q, x.k_cache, x.v_cache, seq, k_new=kn, block_table=x.block_table)
         for i in range(2):
             k_all[i] = torch.cat([k_all[i], kn[i]], dim=1)
             k = k_all[i][None]
