@@ -7,7 +7,10 @@ out of shared memory) is reported as refused with its error, not dropped.
 
     python benchmarks/head_dims.py [--mode fwd|bwd] [--shapes 192x128 256x256 512x512]
                                    [--seqlen 4096 16384] [--causal 0 1] [--heads 16]
-                                   [--tokens 16384] [--rounds 3] [--json out.json]
+                                   [--tokens 16384] [--rounds 3] [--providers ...] [--json out.json]
+
+``tileattn-portable`` (on request only) is tileattn with its Hopper kernels
+turned off: the two beside each other say where the dispatch should switch.
 
 TFLOP/s by ``tileattn.cost.attention_flops`` (with ``head_dim_v``); ratios
 are against FlexAttention measured in the same run: its default tiles, or
@@ -16,11 +19,13 @@ above head dim 256, where those do not fit, ``flex-small`` (``FLEX_SMALL``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 
 import torch
 
 import tileattn
+from tileattn import dispatch
 from tileattn.cost.flops import attention_flops
 from vs_cudnn import time_interleaved, write_json  # this folder is on sys.path when run as a script
 
@@ -58,17 +63,42 @@ def providers() -> dict:
 
     return {"flex": flex_with(None), "flex-small": flex_with(FLEX_SMALL),
             "tileattn": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
+            "tileattn-portable": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
             "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
             "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
             "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
 
 
-def _step(fn, q, k, v, do, causal, mode):
+@contextlib.contextmanager
+def _portable(on: bool):
+    """With ``on``: tileattn's Hopper kernels off (``dispatch.HOPPER_FWD`` /
+    ``HOPPER_BWD``), so the call runs the portable kernels, as it would
+    where the Hopper ones do not apply; this sets where the dispatch
+    switches (``configs.HOPPER_FWD_MIN_KEYS``)."""
+    saved = dispatch.HOPPER_FWD, dispatch.HOPPER_BWD
+    if on:
+        dispatch.HOPPER_FWD = dispatch.HOPPER_BWD = False
+    try:
+        yield
+    finally:
+        dispatch.HOPPER_FWD, dispatch.HOPPER_BWD = saved
+
+
+def _step(name, fn, q, k, v, do, causal, mode):
+    portable = name == "tileattn-portable"
     if mode == "fwd":
-        return lambda: fn(q, k, v, causal)
+        def fwd():
+            with _portable(portable):
+                return fn(q, k, v, causal)
+        return fwd
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    out = fn(*leaves, causal)
-    return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
+    with _portable(portable):
+        out = fn(*leaves, causal)
+
+    def bwd():
+        with _portable(portable):
+            return torch.autograd.grad(out, leaves, do, retain_graph=True)
+    return bwd
 
 
 def main():
@@ -81,10 +111,17 @@ def main():
     ap.add_argument("--tokens", type=int, default=16384, help="batch = tokens // seqlen")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--providers", nargs="+", default=None,
+                    help="time only these (default: all but tileattn-portable); flex or flex-small is the ratios' base")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     provs = providers()
+    wanted = args.providers or [name for name in provs if name != "tileattn-portable"]
+    unknown = sorted(set(wanted) - set(provs))
+    if unknown:
+        ap.error(f"--providers: unknown {unknown}; known: {sorted(provs)}")
+    provs = {name: fn for name, fn in provs.items() if name in wanted}
     rows = []
     for shape in args.shapes:
         d, dv = (int(x) for x in shape.split("x"))
@@ -99,7 +136,7 @@ def main():
                     if name == "flex-small" and d <= 256:   # its default tiles fit there
                         continue
                     try:
-                        step = _step(fn, q, k, v, do, causal, args.mode)
+                        step = _step(name, fn, q, k, v, do, causal, args.mode)
                         res = step()
                         torch.cuda.synchronize()
                     except Exception as exc:  # a provider that cannot run this shape

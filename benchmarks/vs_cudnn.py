@@ -96,7 +96,7 @@ def bwd_config_steps(q, k, v, do, causal) -> dict:
     d = q.shape[-1]
     scale = d ** -0.5
     out, lse = launch.attn_fwd(q, k, v, causal, scale)
-    cfgs = [configs.HOPPER_BWD[d], HopperBwdConfig(num_stages=3)]
+    cfgs = [configs.HOPPER_BWD[(d, d)], HopperBwdConfig(num_stages=3)]
     return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
                                                  deterministic=False)) for c in cfgs}
 

@@ -99,7 +99,7 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
     sinks = val.check_sinks(sinks, q, hq)
     plain = (left, right, cap, slopes, mask) == (-1, -1, 0.0, None, None)
     if det is None:
-        det = dispatch.default_deterministic(q, k, v, plain)
+        det = dispatch.default_deterministic(q, k, v, plain, sinks is not None)
     check_shared_memory(q, k, v, sinks, det)
     if dispatch.eager_applies(q, k, v):
         # same launchers, without the custom-op dispatch (host time; see ops.py)

@@ -368,10 +368,10 @@ class HopperBwdConfig:
 # cell favoured the portable kernel, whose launch plans keep its host path
 # short; d = 64 causal at N = 2k ran 0.819x cuDNN on the Hopper kernel, 0.852x
 # on the portable one.  A forced config always takes the Hopper kernel.  QK 192
-# has no entry (every size: the portable kernels pad it to 256); 256 takes
-# d = 128's bound until short calls are timed (perf-notes v14).
+# and 256 (perf-notes v15, bf16): level at 1k (192 full) or at 512 and 1k (256),
+# the Hopper kernel 1.27-1.80x the portable one from 2k.
 HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048,
-                       (256, False): 2048, (256, True): 2048}
+                       (192, False): 1024, (192, True): 2048, (256, False): 2048, (256, True): 2048}
 # (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA): 2 Q tiles of
 # 64 x 192 + 2 stages of K (128 x 192) and V (128 x 128) = 212,992 B; O (as
 # wide as V) is staged in the Q tile's first piece.  256: 64-key tiles (2 Q
@@ -385,12 +385,12 @@ HOPPER_FWD = {
     (256, 256): HopperFwdConfig(block_n=64, num_stages=2,
                                 source="sm_90a compile report; H200 timing (causal, 16k) in perf-notes v14"),
 }
-HOPPER_BWD_HEAD_DIMS = (64, 128)
+# (QK, V head dim) -> config.  perf-notes v12: dSᵀ from shared memory for dK won 2-6 % at d = 64,
+# lost ~3 % at 128 (registers short either way); 192/128: 32-query tiles, dQ transposed (v15)
 HOPPER_BWD = {
-    # H200 timing in perf-notes v12: dSᵀ from shared memory for dK won 2-6 % at
-    # d = 64 and lost ~3 % at d = 128 (where registers are short either way)
-    64: HopperBwdConfig(dk_from_smem=True, source="H200 timing, perf-notes v12"),
-    128: HopperBwdConfig(dk_from_smem=False, source="H200 timing, perf-notes v12"),
+    (64, 64): HopperBwdConfig(dk_from_smem=True, source="H200 timing, perf-notes v12"),
+    (128, 128): HopperBwdConfig(dk_from_smem=False, source="H200 timing, perf-notes v12"),
+    (192, 128): HopperBwdConfig(block_m=32, num_stages=2, source="sm_90a compile report, perf-notes v15"),
 }
 
 

@@ -4,7 +4,7 @@ Four implementations stand behind the public functions, and every choice
 between them is made here:
 
 * the Hopper forward and backward (Gluon, ``kernels/fwd_hopper.py``,
-  ``kernels/bwd_hopper.py``): :func:`hopper_fwd_eligible`,
+  ``kernels/bwd_hopper.py``, ``kernels/bwd_hopper_wide.py``): :func:`hopper_fwd_eligible`,
   :func:`hopper_bwd_eligible`;
 * the portable Triton kernels (``kernels/``, launched by ``launch/``): every
   other call on a GPU, :func:`uses_triton`;
@@ -200,24 +200,29 @@ def _hopper_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 HOPPER_BWD = True
 
 
-def hopper_bwd_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> bool:
-    """Whether a plain, non-deterministic backward of these tensors runs the
-    Hopper dK/dV kernel (``kernels/bwd_hopper.py``): the forward's rules
-    (:func:`hopper_fwd_eligible`) with the backward's head dims
-    (``configs.HOPPER_BWD_HEAD_DIMS``), q, k and v of one head dim, and a dO
-    the copy engine can address."""
-    if not HOPPER_BWD or q.shape[-1] not in configs.HOPPER_BWD_HEAD_DIMS or env("TILEATTN_HOPPER_BWD", "1") == "0":
+def hopper_bwd_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                        sinks: bool = False) -> bool:
+    """Whether a plain, non-deterministic backward of these tensors runs a
+    Hopper dK/dV kernel (``kernels/bwd_hopper.py``, or ``bwd_hopper_wide.py``
+    where V's head dim is narrower than Q's): the forward's rules
+    (:func:`hopper_fwd_eligible`), a (QK, V) pair of head dims in
+    ``configs.HOPPER_BWD``, and a dO the copy engine can address.  With
+    ``sinks`` only the kernels that sum dS for their gradient (Dv = D)."""
+    pair = (q.shape[-1], v.shape[-1])
+    if not HOPPER_BWD or pair not in configs.HOPPER_BWD or env("TILEATTN_HOPPER_BWD", "1") == "0":
         return False
-    if k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1] or do.dtype != q.dtype:
+    if do.dtype != q.dtype or (sinks and pair[0] != pair[1]):
         return False
     return _hopper_eligible(q, k, v) and tma_addressable(do)
 
 
-def default_deterministic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plain: bool) -> bool:
+def default_deterministic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plain: bool,
+                          sinks: bool = False) -> bool:
     """``deterministic=None`` resolved: the atomic Hopper backward where it
     runs (the faster one there, docs/perf-notes.md v12), the deterministic
     kernels everywhere else (where the portable atomic kernel is slower) and
     whenever ``torch.use_deterministic_algorithms`` is on."""
     if torch.are_deterministic_algorithms_enabled():
         return True
-    return not (plain and hopper_bwd_eligible(q, k, v, q))
+    do = q if v.shape[-1] == q.shape[-1] else v   # dO is as wide as V
+    return not (plain and hopper_bwd_eligible(q, k, v, do, sinks))

@@ -7,7 +7,9 @@ shared memory of an H100/H200, with the copy engine's reduce for dQ.  On a
 GPU of compute capability 9.0: dq, dk, dv against a float64 reference under
 the accuracy rule, with each config forced, odd lengths, Nq != Nk, fully
 masked rows, large logits, GQA, strided layouts and a gradient into lse;
-and the dispatcher takes it for plain non-deterministic calls only.
+and the dispatcher takes it for plain non-deterministic calls only.  The
+same for the wide kernel (kernels/bwd_hopper_wide.py: QK 192 / V 128), which
+the dispatch skips for calls with sinks.
 """
 import dataclasses
 import functools
@@ -31,12 +33,29 @@ from conftest import HAS_CUDA
 ON_HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a compute capability 9.0 GPU")
 
-FORCED = [(d, c) for d, c in configs.HOPPER_BWD.items()] + [
-    (128, HopperBwdConfig(num_stages=3)), (128, HopperBwdConfig(dk_from_smem=True)),
-    (64, HopperBwdConfig(dk_from_smem=False))]
-# (head dim, config, causal, sinks): every forced config, and the table's with sinks
-COMPILED = ([(d, c, causal, False) for d, c in FORCED for causal in (False, True)]
-            + [(d, c, True, True) for d, c in configs.HOPPER_BWD.items()])
+# ((QK, V head dims), config): the table's and the other configs worth forcing
+FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
+    ((128, 128), HopperBwdConfig(num_stages=3)), ((128, 128), HopperBwdConfig(dk_from_smem=True)),
+    ((64, 64), HopperBwdConfig(dk_from_smem=False)), ((192, 128), HopperBwdConfig(block_m=32, num_stages=3))]
+# (dims, config, causal, sinks): every forced config, and the table's with sinks where the kernel has them
+COMPILED = ([(dims, c, causal, False) for dims, c in FORCED for causal in (False, True)]
+            + [(dims, c, True, True) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1]])
+
+
+def _dims_id(dims):
+    return f"d{dims[0]}" if dims[0] == dims[1] else f"d{dims[0]}-dv{dims[1]}"
+
+
+def _expected_shared(dims, cfg):
+    """The shared memory the kernel's buffers take (barriers aside): the
+    program's K and V, the Q and dO slots, two dSᵀ buffers and the float32
+    dQ staging (two column halves; the wide kernel: four 64-row chunks)."""
+    d, dv = dims
+    kv = 2 * cfg.block_n * (d + dv) * 2
+    ring = cfg.num_stages * cfg.block_m * (d + dv) * 2
+    ds = 2 * (2 * cfg.block_n * cfg.block_m * 2)
+    dq = 4 * 64 * cfg.block_m * 4 if dv != d else 2 * cfg.block_m * d // 2 * 4
+    return kv + ring + ds + dq
 
 
 @pytest.fixture(scope="module")
@@ -47,29 +66,27 @@ def reports():
     code = (
         "import json, sys; from tileattn.configs import HopperBwdConfig; from tileattn.launch import hopper\n"
         "cases = json.loads(sys.argv[1])\n"
-        "print(json.dumps([hopper.compile_bwd_report(d, HopperBwdConfig(**c), causal, sinks=sinks)\n"
-        "                  for d, c, causal, sinks in cases]))")
-    arg = json.dumps([(d, dataclasses.asdict(c), causal, sinks) for d, c, causal, sinks in COMPILED])
+        "print(json.dumps([hopper.compile_bwd_report(d, HopperBwdConfig(**c), causal, sinks=sinks, head_dim_v=dv)\n"
+        "                  for (d, dv), c, causal, sinks in cases]))")
+    arg = json.dumps([(dims, dataclasses.asdict(c), causal, sinks) for dims, c, causal, sinks in COMPILED])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {(d, c.name, causal, sinks): r
-            for (d, c, causal, sinks), r in zip(COMPILED, json.loads(proc.stdout.splitlines()[-1]))}
+    return {(dims, c.name, causal, sinks): r
+            for (dims, c, causal, sinks), r in zip(COMPILED, json.loads(proc.stdout.splitlines()[-1]))}
 
 
-@pytest.mark.parametrize("head_dim,cfg,causal,sinks", COMPILED,
-                         ids=[f"d{d}-{c.name}-{'causal' if causal else 'full'}{'-sinks' if sinks else ''}"
-                              for d, c, causal, sinks in COMPILED])
-def test_compiles_for_sm90(reports, head_dim, cfg, causal, sinks):
-    rep = reports[(head_dim, cfg.name, causal, sinks)]
+@pytest.mark.parametrize("dims,cfg,causal,sinks", COMPILED,
+                         ids=[f"{_dims_id(dims)}-{c.name}-{'causal' if causal else 'full'}{'-sinks' if sinks else ''}"
+                              for dims, c, causal, sinks in COMPILED])
+def test_compiles_for_sm90(reports, dims, cfg, causal, sinks):
+    rep = reports[(dims, cfg.name, causal, sinks)]
     # per query tile: S^T, dP^T, dV, dK over D in steps of 16, dQ over the program's keys
     assert rep["wgmma"] > 0, "no warpgroup MMA in the PTX"
     assert rep["tma"] and rep["reduce"], "no TMA copy, or no bulk reduce for dQ, in the PTX"
     assert {"24", "240"} <= set(rep["setmaxnreg"]), f"register reallocation {rep['setmaxnreg']}"
     assert not rep["local"], "local memory in the PTX (a register array indexed at run time)"
-    tile = 2 * cfg.block_n * head_dim * 2            # the program's K (or V)
-    ring = cfg.num_stages * cfg.block_m * head_dim * 2   # Q (or dO) slots
-    expect = 2 * tile + 2 * ring + 2 * (2 * cfg.block_n * cfg.block_m * 2) + 2 * cfg.block_m * head_dim // 2 * 4
+    expect = _expected_shared(dims, cfg)
     slack = 3072 if sinks else 1024   # barriers; with sinks also the scratch of the sum's reduction
     assert expect <= rep["shared"] <= expect + slack, f"shared memory {rep['shared']}, expected {expect} + barriers"
     assert rep["shared"] <= 227 * 1024, "more shared memory than a Hopper block may have"
@@ -100,7 +117,7 @@ def _reference_grads(q, k, v, do, causal, dlse=None):
 def _check(name, q, k, v, do, causal, cfg=None, dlse=None):
     assert dispatch.hopper_bwd_eligible(q, k, v, do)
     scale = q.shape[-1] ** -0.5
-    cfg = cfg or launch_hopper.bwd_config_for(q.shape[-1])
+    cfg = cfg or launch_hopper.bwd_config_for(q.shape[-1], v.shape[-1])
     out, lse = launch.attn_fwd(q, k, v, causal, scale)
     with _hopper_calls() as calls:
         got = launch.attn_bwd(do, q, k, v, out, lse, causal, scale, dlse=dlse, config=cfg, deterministic=False)
@@ -125,9 +142,56 @@ def test_against_float64(case, causal, dtype):
 
 @needs_hopper
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim,cfg", FORCED, ids=[f"d{d}-{c.name}" for d, c in FORCED])
-def test_every_config(head_dim, cfg, causal):
-    _check(cfg.name, *_inputs(2, 4, 2, 700, 900, head_dim, torch.bfloat16, seed=7), causal, cfg)
+@pytest.mark.parametrize("dims,cfg", FORCED, ids=[f"{_dims_id(dims)}-{c.name}" for dims, c in FORCED])
+def test_every_config(dims, cfg, causal):
+    _check(cfg.name, *_inputs(2, 4, 2, 700, 900, dims[0], torch.bfloat16, seed=7, dv=dims[1]), causal, cfg)
+
+
+# QK 192 / V 128 on the wide kernel: the shared shapes with that head dim pair
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_wide_against_float64(case, causal, dtype):
+    b, hq, hkv, n_q, n_k, _ = CASES[case]
+    _check(f"d192-dv128 {case}", *_inputs(b, hq, hkv, n_q, n_k, 192, dtype, seed=hash(case) % 1000, dv=128), causal)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_wide_large_logits_strided_and_dlse(causal):
+    """(B, N, H, D) storage (Q and K pieces are column views of it), logits
+    scaled 30x, a gradient into lse, rows that see no key (Nq > Nk)."""
+    q, k, v, do = _inputs(2, 4, 2, 700, 300, 192, torch.bfloat16, seed=19, layout="bnhd", logit_scale=30.0, dv=128)
+    assert not q.is_contiguous()
+    _check("d192-dv128 large-logits-bnhd-dlse", q, k, v, do, causal, dlse=torch.randn(2, 4, 700, device="cuda"))
+
+
+@needs_hopper
+def test_wide_dispatch_default_and_sinks():
+    """The default call at QK 192 / V 128 takes the wide kernel (and is then
+    the non-deterministic backward); with sinks it runs the portable kernels,
+    and its gradients (sinks' included) still match float64."""
+    q, k, v, do = _inputs(1, 4, 2, 513, 513, 192, torch.bfloat16, seed=23, dv=128)
+    sinks = torch.linspace(-2.0, 2.0, 4, device="cuda")
+    assert dispatch.default_deterministic(q, k, v, True) is False
+    assert dispatch.default_deterministic(q, k, v, True, sinks=True) is True
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    with _hopper_calls() as calls:
+        tileattn.attention(*leaves, causal=True).backward(do)
+    assert calls, "the default 192/128 backward did not take the wide Hopper kernel"
+
+    def grads(impl, *ts):
+        ls = [t.detach().requires_grad_() for t in ts]
+        out = impl(*ls[:3], causal=True, sinks=ls[3])
+        return torch.autograd.grad(out, ls, do.to(out.dtype))
+    with _hopper_calls() as calls:
+        got = grads(tileattn.attention, q, k, v, sinks)
+    assert not calls, "a call with sinks took the wide kernel, which has no sinks"
+    ref = grads(standard_attention, q.double(), k.double(), v.double(), sinks.double())
+    low = grads(standard_attention, q, k, v, sinks)
+    for part, g, r, lo in zip(("dq", "dk", "dv", "dsinks"), got, ref, low):
+        check_accuracy(f"d192-dv128 sinks {part}", g, r, lo, q.dtype)
 
 
 @needs_hopper

@@ -92,8 +92,10 @@ def test_compiles_for_sm90(reports, dims, cfg, causal, name):
 
 @pytest.mark.parametrize("head_dim,causal,n_k,want", [
     (64, True, 2048, False), (64, True, 4096, True), (64, False, 1024, False), (64, False, 2048, True),
-    (128, True, 1024, False), (128, False, 2048, True)],
-    ids=["d64-causal-2k", "d64-causal-4k", "d64-full-1k", "d64-full-2k", "d128-causal-1k", "d128-full-2k"])
+    (128, True, 1024, False), (128, False, 2048, True), (192, False, 512, False), (192, False, 1024, True),
+    (192, True, 1024, False), (192, True, 2048, True), (256, False, 1024, False), (256, True, 2048, True)],
+    ids=["d64-causal-2k", "d64-causal-4k", "d64-full-1k", "d64-full-2k", "d128-causal-1k", "d128-full-2k",
+         "d192-full-512", "d192-full-1k", "d192-causal-1k", "d192-causal-2k", "d256-full-1k", "d256-causal-2k"])
 def test_default_dispatch_by_size(head_dim, causal, n_k, want):
     """Where the portable kernel measured faster, the default dispatch keeps it."""
     assert dispatch.hopper_fwd_preferred(head_dim, causal, n_k) is want
@@ -164,8 +166,8 @@ def test_dispatch_plain_only():
 @needs_hopper
 @pytest.mark.parametrize("d,dv", [(128, 128), (192, 128), (256, 256)], ids=["d128", "d192-dv128", "d256"])
 def test_backward_after_hopper_forward(d, dv):
-    """The default call's gradients after the Hopper forward (QK 192 / V 128
-    and 256: the portable backward on the Hopper forward's out and lse)."""
+    """The default call's gradients after the Hopper forward (QK 192 / V 128:
+    the wide Hopper backward; 256: the portable one) on its out and lse."""
     q, k, v, do = hopper_inputs(1, 4, 2, 2049, 2049, d, torch.bfloat16, seed=5, dv=dv)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = tileattn.attention(q, k, v, causal=True)

@@ -305,9 +305,9 @@ class _CudaTensorShape:
 def test_hopper_kernels_and_separate_v_head_dim(d, dv):
     """On a (pretended) compute capability 9.0 device: the same call with v
     as wide as q is eligible for both Hopper kernels where they have that
-    head dim; with Dv != D the forward is eligible only for a (D, Dv) pair
-    it has a config for (192/128), the backward never, so the portable
-    kernels run the rest and the default backward is the deterministic one."""
+    head dim; with Dv != D both are eligible only for a (D, Dv) pair they
+    have a config for (192/128), so the portable kernels run the rest and
+    the default backward there is the deterministic one."""
     q, k = _CudaTensorShape(1, 2, 4096, d), _CudaTensorShape(1, 2, 4096, d)
     same, other = _CudaTensorShape(1, 2, 4096, d), _CudaTensorShape(1, 2, 4096, dv)
     do_same, do_other = _CudaTensorShape(1, 2, 4096, d), _CudaTensorShape(1, 2, 4096, dv)
@@ -319,9 +319,11 @@ def test_hopper_kernels_and_separate_v_head_dim(d, dv):
         assert dispatch.hopper_fwd_eligible(q, k, same) is has_same
         assert dispatch.hopper_bwd_eligible(q, k, same, do_same) is has_same
         assert dispatch.hopper_fwd_eligible(q, k, other) is ((d, dv) == (192, 128))
-        assert not dispatch.hopper_bwd_eligible(q, k, other, do_other)
+        wide = (d, dv) == (192, 128)
+        assert dispatch.hopper_bwd_eligible(q, k, other, do_other) is wide
+        assert not dispatch.hopper_bwd_eligible(q, k, other, do_other, sinks=True)   # the wide kernel has none
         assert dispatch.default_deterministic(q, k, same, True) is (not has_same)
-        assert dispatch.default_deterministic(q, k, other, True) is True
+        assert dispatch.default_deterministic(q, k, other, True) is (not wide)
 
 
 @pytest.mark.parametrize("d,dv", [(256, 256), (512, 512), (512, 256)], ids=["d256", "d512", "d512-dv256"])

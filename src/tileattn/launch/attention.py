@@ -318,7 +318,7 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     hkv, n_k = k.shape[1], k.shape[2]
     deterministic = bool(deterministic)
     if (not deterministic and not variants and (config is None or isinstance(config, HopperBwdConfig))
-            and dispatch.hopper_bwd_eligible(q, k, v, do)):
+            and dispatch.hopper_bwd_eligible(q, k, v, do, sinks is not None)):
         return _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks)
     plan_key = None
     if not variants and sinks is None and config is None and q.is_cuda:
@@ -393,7 +393,8 @@ def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None):
     b, hq, n_q, d = q.shape
     dq, dk, dv = output_like(q), output_like(k), output_like(v)
     delta, lse2 = output_f32((b, hq, n_q), q.device), output_f32((b, hq, n_q), q.device)
-    dq_acc = _dq_accumulator(q)
+    # a V head dim of its own: the wide kernel adds dQ transposed, (B, Hq, D, Nq) seen as (B, Hq, Nq, D)
+    dq_acc = _dq_accumulator(q) if v.shape[-1] == d else hopper.dq_sum_transposed(q)
     ds_sum = None if sinks is None else torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32)
     _bwd_preprocess(do, o, lse, dlse, delta, lse2)
     hopper.attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, config, ds_sum)

@@ -151,8 +151,37 @@ def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_s
         DK_FROM_SMEM=cfg.dk_from_smem)
 
 
-def bwd_config_for(head_dim: int) -> HopperBwdConfig:
-    return configs.HOPPER_BWD[head_dim]
+def bwd_config_for(head_dim: int, head_dim_v: int | None = None) -> HopperBwdConfig:
+    """The table's backward config for Q/K head dim ``head_dim`` and V head
+    dim ``head_dim_v`` (default: the same)."""
+    return configs.HOPPER_BWD[(head_dim, head_dim if head_dim_v is None else head_dim_v)]
+
+
+def dq_sum_transposed(q: torch.Tensor) -> torch.Tensor:
+    """The zeroed float32 dQ sum of the wide backward kernel: stored
+    (B, Hq, D, Nq) with Nq padded to a multiple of 4 (a copy-engine stride is
+    16-byte aligned), returned as a (B, Hq, Nq, D) view for the convert
+    kernel; the kernel adds into its transpose."""
+    b, hq, n_q, d = q.shape
+    store = torch.zeros((b, hq, d, (n_q + 3) // 4 * 4), device=q.device, dtype=torch.float32)
+    return store[..., :n_q].transpose(2, 3)
+
+
+def _wide_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg):
+    """The wide kernel's arguments: Q and K in two pieces (V's width and the
+    tail), the transposed dQ sum with a (1, 1, 64, BLOCK_M) box."""
+    b, hq, n_q, d = q.shape
+    hkv, n_k, w = k.shape[1], k.shape[2], v.shape[-1]
+    return dict(
+        q_desc=_descriptor(q[..., :w], cfg.block_m), qt_desc=_descriptor(q[..., w:], cfg.block_m),
+        k_desc=_descriptor(k[..., :w], 2 * cfg.block_n), kt_desc=_descriptor(k[..., w:], 2 * cfg.block_n),
+        v_desc=_descriptor(v, 2 * cfg.block_n), do_desc=_descriptor(do, cfg.block_m),
+        dq_desc=_dq_descriptor(dq_acc.transpose(2, 3), 64, cfg.block_m), DK=dk, DV=dv, LSE2=lse2, DELTA=delta,
+        stride_dkb=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
+        stride_dvb=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
+        GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
+        HEAD_DIM_V=w, TAIL_DIM=d - w, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
+        NUM_STAGES=cfg.num_stages)
 
 
 def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale: float,
@@ -161,28 +190,46 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     Hopper backward kernel.  ``lse2``/``delta`` come from the portable
     preprocess kernel; the portable convert kernel turns ``dq_acc`` into dq.
     ``ds_sum``: a zeroed float32 (B, Hq, N_Q) tensor that gets each query
-    row's sum of dS over the keys (for the sinks' gradient), or None."""
-    from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel
+    row's sum of dS over the keys (for the sinks' gradient), or None.  With
+    V narrower than Q (the wide kernel) ``dq_acc`` is
+    :func:`dq_sum_transposed`'s view and ``ds_sum`` must be None."""
     b, hq, n_q, d = q.shape
-    hkv, n_k = k.shape[1], k.shape[2]
-    cfg = config or bwd_config_for(d)
+    hkv, n_k, w = k.shape[1], k.shape[2], v.shape[-1]
+    cfg = config or bwd_config_for(d, w)
     grid = (triton.cdiv(n_k, 2 * cfg.block_n), hkv, b)
+    if w != d:
+        from ..kernels.bwd_hopper_wide import _attn_bwd_hopper_wide_kernel
+        assert ds_sum is None, "the wide backward kernel does not sum dS (no sinks)"
+        _attn_bwd_hopper_wide_kernel[grid](**_wide_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal,
+                                                            scale, cfg),
+                                           num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+        return
+    from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel
     _attn_bwd_hopper_kernel[grid](**_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum),
                                   num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
 
 
-def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False):
+def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False,
+                     head_dim_v: int | None = None):
     """:func:`compile_sm90` for the backward kernel (``sinks``: with the dS
-    row sums their gradient needs)."""
+    row sums their gradient needs; ``head_dim_v`` narrower than ``head_dim``:
+    the wide kernel)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
-    from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel as kernel
-    t = torch.empty(1, 2, 256, head_dim, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
-    f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
+    w = head_dim if head_dim_v is None else head_dim_v
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
+    t, tv = (torch.empty(1, 2, 256, x, dtype=torch_dtype) for x in (head_dim, w))
     lse = torch.empty(1, 2, 256)
-    args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, torch.empty(1, 2, 256) if sinks else None)
-    const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS"}
+    if w != head_dim:
+        from ..kernels.bwd_hopper_wide import _attn_bwd_hopper_wide_kernel as kernel
+        args = _wide_bwd_args(tv, t, t, tv, dq_sum_transposed(t), t, tv, lse, lse, causal, 1.0, cfg)
+        const = {"HEAD_DIM_V", "TAIL_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES"}
+    else:
+        from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel as kernel
+        f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
+        args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, torch.empty(1, 2, 256) if sinks else None)
+        const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS"}
     sig = {}
     for name in kernel.arg_names:
         value = args[name]
@@ -204,10 +251,10 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
 
 
 def compile_bwd_report(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16",
-                       sinks: bool = False) -> dict:
+                       sinks: bool = False, head_dim_v: int | None = None) -> dict:
     """:func:`compile_report` for the backward kernel, with the count of
     the copy engine's bulk reduces (dQ)."""
-    compiled = compile_bwd_sm90(head_dim, cfg, causal, dtype, sinks)
+    compiled = compile_bwd_sm90(head_dim, cfg, causal, dtype, sinks, head_dim_v)
     ptx = compiled.asm["ptx"]
     return {"shared": int(compiled.metadata.shared), "wgmma": ptx.count("wgmma.mma_async"),
             "tma": "cp.async.bulk.tensor" in ptx, "reduce": ptx.count("cp.reduce.async.bulk.tensor"),

@@ -1,0 +1,247 @@
+"""Hopper backward kernel (Gluon) for a QK head dim that is V's plus a tail
+(QK 192 / V 128, MLA): the dK/dV kernel of ``bwd_hopper.py`` with narrower
+query tiles and dQ formed transposed.
+
+At QK 192 / V 128 the accumulators that stay in registers for the whole
+program (dK 64 x 192 and dV 64 x 128 per compute warpgroup: 160 float32
+registers a thread) leave no room for 64 x 64 tiles of Sᵀ and dPᵀ beside
+them, so a query tile is ``BLOCK_M`` = 32 rows (Sᵀ, dPᵀ: 16 registers each),
+which is too few rows for a warpgroup MMA of dQ = dS K (its M is 64).  So
+dQᵀ = Kᵀ dSᵀ: M is the head dim, in three 64-row chunks (two of the first
+piece, one of the tail); warpgroup ``WG`` forms chunk ``WG`` and, on every
+other query tile, the tail's chunk, so both do the same work over two tiles.
+The float32 sum dQ is added into is itself transposed, (B, Hq, D, N_Q), and
+the convert kernel reads it through a transposed view.
+
+A copy box is a power of two wide, so Q and K come as two pieces (V's width,
+``HEAD_DIM_V``, and ``TAIL_DIM``), each with its own descriptor and buffers;
+Sᵀ = K Qᵀ is two products into one accumulator and dK two accumulators.
+
+Partitions, barriers, masking and edges are those of ``bwd_hopper.py``: a
+program owns ``2 * BLOCK_N`` keys (``BLOCK_N`` per compute warpgroup), a load
+warp streams Q and dO tiles through ``NUM_STAGES`` slots, the two compute
+warpgroups meet once per tile when both halves of dSᵀ are in shared memory,
+and the copy engine adds the dQᵀ chunks into the sum.  No sinks (their row
+sums of dS would cost a third more dQ work here): the dispatch sends calls
+with sinks to the portable kernels.
+
+This module imports Gluon at load time: only the Hopper launcher imports it,
+lazily, so a CPU install never does.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from .bwd_hopper import _probs, _query_tiles, _tma_reduce_add
+
+CHUNK: gl.constexpr = gl.constexpr(64)   # rows of dQᵀ per MMA (a warpgroup MMA's M)
+
+
+@gluon.jit
+def _load_partition(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_desc, k_smem, kt_smem, v_smem, q_smem, qt_smem,
+                    do_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m,
+                    GROUP_SIZE, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + kt_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(kt_desc, [off_b, off_hk, start_n, 0], kv_bar, kt_smem)
+    tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, start_n, 0], kv_bar, v_smem)
+    for t in range(GROUP_SIZE * n_m):
+        g = t // n_m
+        m = m_lo + (t - g * n_m) * BLOCK_M
+        hq = off_hk * GROUP_SIZE + g
+        s = t % NUM_STAGES
+        # a slot starts empty: the first wait on each passes (phase 1)
+        phase = ((t // NUM_STAGES) & 1) ^ 1
+        mbarrier.wait(q_empty.index(s), phase)
+        mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + qt_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [off_b, hq, m, 0], q_ready.index(s), q_smem.index(s))
+        tma.async_copy_global_to_shared(qt_desc, [off_b, hq, m, 0], q_ready.index(s), qt_smem.index(s))
+        mbarrier.wait(do_empty.index(s), phase)
+        mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [off_b, hq, m, 0], do_ready.index(s), do_smem.index(s))
+
+
+@gluon.jit
+def _stage_dqt(dqt, dq_stage, dq_desc, off_b, hq, m, row0, BLOCK_M: gl.constexpr):
+    """Stage rows [row0, row0 + 64) of dQᵀ and let the copy engine add them
+    into the transposed sum at columns [m, m + BLOCK_M) of head ``hq``."""
+    dq_stage.store(dqt)
+    fence_async_shared()
+    gl.thread_barrier()
+    _tma_reduce_add(dq_desc, [off_b, hq, row0, m], dq_stage.reshape([1, 1, CHUNK, BLOCK_M]))
+
+
+@gluon.jit
+def _compute_partition(WG: gl.constexpr, k_smem, kt_smem, v_smem, q_smem, qt_smem, do_smem, ds_smem, dq_smem,
+                       kv_bar, q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
+                       stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                       off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr,
+                       TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    dtype: gl.constexpr = q_smem.dtype
+    gl.static_assert(HEAD_DIM_V == 2 * CHUNK, "the first piece is two dQ chunks wide")
+    gl.static_assert(TAIL_DIM == CHUNK, "the tail is one dQ chunk wide")
+    # Sᵀ/dPᵀ and dQᵀ chunks: 64 rows x BLOCK_M queries; dK (two pieces) and dV: BLOCK_N keys x width
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM_V, 16])
+    kt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, TAIL_DIM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    at_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kt_layout, k_width=2)
+    key0 = start_n + WG * BLOCK_N
+    offs_n = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    diag = N_K - N_Q
+
+    mbarrier.wait(kv_bar, 0)
+    k_all = k_smem.reshape([2 * BLOCK_N, HEAD_DIM_V])
+    kt_all = kt_smem.reshape([2 * BLOCK_N, TAIL_DIM])
+    k_mine = k_all.slice(WG * BLOCK_N, BLOCK_N, dim=0)
+    kt_mine = kt_all.slice(WG * BLOCK_N, BLOCK_N, dim=0)
+    v_mine = v_smem.reshape([2 * BLOCK_N, HEAD_DIM_V]).slice(WG * BLOCK_N, BLOCK_N, dim=0)
+    k_cols = k_all.slice(WG * CHUNK, CHUNK, dim=1)   # this warpgroup's chunk of dQᵀ
+    dk = gl.zeros([BLOCK_N, HEAD_DIM_V], gl.float32, kv_layout)
+    dkt = gl.zeros([BLOCK_N, TAIL_DIM], gl.float32, kt_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM_V], gl.float32, kv_layout)
+    for t in range(GROUP_SIZE * n_m):
+        g = t // n_m
+        m = m_lo + (t - g * n_m) * BLOCK_M
+        hq = off_hk * GROUP_SIZE + g
+        s = t % NUM_STAGES
+        phase = (t // NUM_STAGES) & 1
+        offs_m = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_m
+        lse2 = gl.load(LSE2 + row, mask=offs_m < N_Q, other=float("inf"))
+
+        mbarrier.wait(q_ready.index(s), phase)
+        q2 = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM_V])
+        qt2 = qt_smem.index(s).reshape([BLOCK_M, TAIL_DIM])
+        zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+        st = warpgroup_mma(k_mine, q2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+        st = warpgroup_mma(kt_mine, qt2.permute([1, 0]), st, is_async=True)
+        mbarrier.wait(do_ready.index(s), phase)
+        do2 = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM_V])
+        dpt = warpgroup_mma(v_mine, do2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=[st])
+        if IS_CAUSAL:
+            # only tiles whose first row misses this warpgroup's last key need the mask
+            if m + diag < key0 + BLOCK_N - 1:
+                pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, True)
+            else:
+                pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, False)
+        else:
+            pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, False)
+        delta = gl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
+        dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do2, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, deps=[dpt])
+        ds16 = (pt * (dpt - delta[None, :])).to(dtype)
+        dk = warpgroup_mma(gl.convert_layout(ds16, a_layout), q2, dk, is_async=True)
+        dkt = warpgroup_mma(gl.convert_layout(ds16, at_layout), qt2, dkt, is_async=True)
+        # both halves of dSᵀ in shared memory, then the dQᵀ chunks from all the program's keys
+        ds_buf = ds_smem.index(t % 2)
+        ds_buf.slice(WG * BLOCK_N, BLOCK_N, dim=0).store(ds16)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(ds_bars.index(t % 2), count=1)
+        mbarrier.wait(ds_bars.index(t % 2), (t // 2) & 1)
+        # dQᵀ = Kᵀ dSᵀ: this warpgroup's chunk and, every other tile, the tail's
+        zero_q = gl.zeros([CHUNK, BLOCK_M], gl.float32, s_layout)
+        dqt = warpgroup_mma(k_cols.permute([1, 0]), ds_buf, zero_q, use_acc=False, is_async=True)
+        dv, dk, dkt, dqt = warpgroup_mma_wait(0, deps=[dv, dk, dkt, dqt])
+        mbarrier.arrive(q_empty.index(s), count=1)
+        mbarrier.arrive(do_empty.index(s), count=1)
+        # the previous tiles' reduces have read the staging buffers by now
+        tma.store_wait(0)
+        if t % 2 == WG:
+            # the tail's chunk runs on the tensor cores while this warpgroup's is staged
+            dqt2 = warpgroup_mma(kt_all.permute([1, 0]), ds_buf, zero_q, use_acc=False, is_async=True)
+            _stage_dqt(dqt, dq_smem.index(2 * WG), dq_desc, off_b, hq, m, WG * CHUNK, BLOCK_M)
+            dqt2 = warpgroup_mma_wait(0, deps=[dqt2])
+            _stage_dqt(dqt2, dq_smem.index(2 * WG + 1), dq_desc, off_b, hq, m, HEAD_DIM_V, BLOCK_M)
+        else:
+            _stage_dqt(dqt, dq_smem.index(2 * WG), dq_desc, off_b, hq, m, WG * CHUNK, BLOCK_M)
+    tma.store_wait(0)
+
+    # dK (both pieces) and dV of this warpgroup's keys (rows past N_K dropped)
+    offs_kn = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    ok = (offs_kn < N_K)[:, None]
+    n64 = offs_kn.to(gl.int64)[:, None]
+    offs_d = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, kv_layout))
+    dk_ptrs = DK + off_b.to(gl.int64) * stride_dkb + off_hk.to(gl.int64) * stride_dkh + n64 * stride_dkn
+    gl.store(dk_ptrs + offs_d[None, :], (dk * sm_scale).to(dtype), mask=ok)
+    dv_ptrs = DV + off_b.to(gl.int64) * stride_dvb + off_hk.to(gl.int64) * stride_dvh + n64 * stride_dvn
+    gl.store(dv_ptrs + offs_d[None, :], dv.to(dtype), mask=ok)
+    offs_tn = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kt_layout))
+    offs_t = HEAD_DIM_V + gl.arange(0, TAIL_DIM, layout=gl.SliceLayout(0, kt_layout))
+    dkt_ptrs = (DK + off_b.to(gl.int64) * stride_dkb + off_hk.to(gl.int64) * stride_dkh
+                + offs_tn.to(gl.int64)[:, None] * stride_dkn)
+    gl.store(dkt_ptrs + offs_t[None, :], (dkt * sm_scale).to(dtype), mask=(offs_tn < N_K)[:, None])
+
+
+@gluon.jit
+def _attn_bwd_hopper_wide_kernel(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_desc, dq_desc, DK, DV, LSE2, DELTA,
+                                 stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                                 GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
+                                 HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                                 BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup."""
+    pid_n = gl.program_id(0)
+    off_hk = gl.program_id(1)
+    off_b = gl.program_id(2)
+    start_n = pid_n * (2 * BLOCK_N)
+    m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL)
+
+    dtype: gl.constexpr = q_desc.dtype
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    kt_smem = gl.allocate_shared_memory(dtype, kt_desc.block_type.shape, kt_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
+    qt_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + qt_desc.block_type.shape, qt_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BLOCK_N, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_N, BLOCK_M], ds_layout)
+    # two staging buffers per warpgroup: its own chunk and, every other tile, the tail's
+    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CHUNK, BLOCK_M], gl.float32)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [4, CHUNK, BLOCK_M], dq_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(ds_bars.index(i), count=2)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)
+        mbarrier.init(do_empty.index(i), count=2)
+
+    # written out per partition: a tuple built by concatenation in the kernel loses its constexprs (triton 3.6)
+    gl.warp_specialize([
+        (_compute_partition, (0, k_smem, kt_smem, v_smem, q_smem, qt_smem, do_smem, ds_smem, dq_smem, kv_bar,
+                              q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
+                              stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                              off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
+                              BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL)),
+        (_compute_partition, (1, k_smem, kt_smem, v_smem, q_smem, qt_smem, do_smem, ds_smem, dq_smem, kv_bar,
+                              q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
+                              stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                              off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
+                              BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL)),
+        (_load_partition, (q_desc, qt_desc, k_desc, kt_desc, v_desc, do_desc, k_smem, kt_smem, v_smem, q_smem,
+                           qt_smem, do_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, off_hk, start_n,
+                           m_lo, n_m, GROUP_SIZE, BLOCK_M, NUM_STAGES)),
+    ], [4, 1], [240, 24])
+
+    mbarrier.invalidate(kv_bar)
+    for i in gl.static_range(2):
+        mbarrier.invalidate(ds_bars.index(i))
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(q_ready.index(i))
+        mbarrier.invalidate(do_ready.index(i))
+        mbarrier.invalidate(q_empty.index(i))
+        mbarrier.invalidate(do_empty.index(i))
