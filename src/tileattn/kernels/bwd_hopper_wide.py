@@ -21,7 +21,8 @@ Partitions, barriers, masking and edges are those of ``bwd_hopper.py``: a
 program owns ``2 * BLOCK_N`` keys (``BLOCK_N`` per compute warpgroup), a load
 warp streams Q and dO tiles through ``NUM_STAGES`` slots, the two compute
 warpgroups meet once per tile when both halves of dSᵀ are in shared memory,
-and the copy engine adds the dQᵀ chunks into the sum.  No sinks (their row
+and the copy engine adds the dQᵀ chunks into the sum.  The causal kernel
+masks every tile (cheaper here than two copies of the softmax code).  No sinks (their row
 sums of dS would cost a third more dQ work here): the dispatch sends calls
 with sinks to the portable kernels.
 
@@ -78,7 +79,8 @@ def _compute_partition(WG: gl.constexpr, k_smem, kt_smem, v_smem, q_smem, qt_sme
                        stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                        off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-                       TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+                       TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                       DQ_BUFS: gl.constexpr):
     dtype: gl.constexpr = q_smem.dtype
     gl.static_assert(HEAD_DIM_V == 2 * CHUNK, "the first piece is two dQ chunks wide")
     gl.static_assert(TAIL_DIM == CHUNK, "the tail is one dQ chunk wide")
@@ -125,14 +127,9 @@ def _compute_partition(WG: gl.constexpr, k_smem, kt_smem, v_smem, q_smem, qt_sme
         do2 = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM_V])
         dpt = warpgroup_mma(v_mine, do2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
         st = warpgroup_mma_wait(1, deps=[st])
-        if IS_CAUSAL:
-            # only tiles whose first row misses this warpgroup's last key need the mask
-            if m + diag < key0 + BLOCK_N - 1:
-                pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, True)
-            else:
-                pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, False)
-        else:
-            pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, False)
+        # causal: every tile is masked (one copy of the softmax code: a split into
+        # masked and unmasked tiles spilled 392 B and ran 1-2 % slower, perf-notes v15)
+        pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, IS_CAUSAL)
         delta = gl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do2, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=[dpt])
@@ -157,11 +154,14 @@ def _compute_partition(WG: gl.constexpr, k_smem, kt_smem, v_smem, q_smem, qt_sme
         if t % 2 == WG:
             # the tail's chunk runs on the tensor cores while this warpgroup's is staged
             dqt2 = warpgroup_mma(kt_all.permute([1, 0]), ds_buf, zero_q, use_acc=False, is_async=True)
-            _stage_dqt(dqt, dq_smem.index(2 * WG), dq_desc, off_b, hq, m, WG * CHUNK, BLOCK_M)
+            _stage_dqt(dqt, dq_smem.index(DQ_BUFS * WG), dq_desc, off_b, hq, m, WG * CHUNK, BLOCK_M)
             dqt2 = warpgroup_mma_wait(0, deps=[dqt2])
-            _stage_dqt(dqt2, dq_smem.index(2 * WG + 1), dq_desc, off_b, hq, m, HEAD_DIM_V, BLOCK_M)
+            if DQ_BUFS == 1:   # one staging buffer: the first chunk's reduce must have read it
+                tma.store_wait(0)
+            _stage_dqt(dqt2, dq_smem.index(DQ_BUFS * WG + DQ_BUFS - 1), dq_desc, off_b, hq, m, HEAD_DIM_V,
+                       BLOCK_M)
         else:
-            _stage_dqt(dqt, dq_smem.index(2 * WG), dq_desc, off_b, hq, m, WG * CHUNK, BLOCK_M)
+            _stage_dqt(dqt, dq_smem.index(DQ_BUFS * WG), dq_desc, off_b, hq, m, WG * CHUNK, BLOCK_M)
     tma.store_wait(0)
 
     # dK (both pieces) and dV of this warpgroup's keys (rows past N_K dropped)
@@ -185,7 +185,8 @@ def _attn_bwd_hopper_wide_kernel(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_de
                                  stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                  GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                                  HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                                 BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr):
+                                 BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
+                                 DQ_BUFS: gl.constexpr):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup."""
     pid_n = gl.program_id(0)
     off_hk = gl.program_id(1)
@@ -202,9 +203,9 @@ def _attn_bwd_hopper_wide_kernel(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_de
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BLOCK_N, BLOCK_M], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_N, BLOCK_M], ds_layout)
-    # two staging buffers per warpgroup: its own chunk and, every other tile, the tail's
+    # DQ_BUFS staging buffers per warpgroup (its own chunk and, every other tile, the tail's)
     dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CHUNK, BLOCK_M], gl.float32)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [4, CHUNK, BLOCK_M], dq_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS, CHUNK, BLOCK_M], dq_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -226,12 +227,12 @@ def _attn_bwd_hopper_wide_kernel(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_de
                               q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL)),
+                              BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, DQ_BUFS)),
         (_compute_partition, (1, k_smem, kt_smem, v_smem, q_smem, qt_smem, do_smem, ds_smem, dq_smem, kv_bar,
                               q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL)),
+                              BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, DQ_BUFS)),
         (_load_partition, (q_desc, qt_desc, k_desc, kt_desc, v_desc, do_desc, k_smem, kt_smem, v_smem, q_smem,
                            qt_smem, do_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, off_hk, start_n,
                            m_lo, n_m, GROUP_SIZE, BLOCK_M, NUM_STAGES)),
