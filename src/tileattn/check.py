@@ -24,6 +24,12 @@ head dim below the Q/K one) and a tiny Gemma 2 (head dim 256, softcap,
 sliding windows) with ``attn_implementation="tileattn"``.  The entries and
 their shapes: ``tileattn.check_cases``.
 
+The kernels run the first config of their tables that fits
+(``TILEATTN_AUTOTUNE=0``): a check is about correctness, and timing every
+candidate config of every shape it visits (head dims up to 576, three
+dtypes) would take minutes on a GPU.  ``--autotune`` times them as a
+default call does; the test suite forces every config of every table.
+
 Exit codes: 0 every check passed, 1 a check failed, 2 bad arguments,
 3 ``--device cuda`` without a GPU.
 """
@@ -45,7 +51,8 @@ EXAMPLES = """examples:
   tileattn check                      # every path this machine has
   tileattn check --paths torch        # only the PyTorch tiled path
   tileattn check --json > check.json  # machine-readable; exit code 0 / 1
-  tileattn check --seed 7             # other random inputs"""
+  tileattn check --seed 7             # other random inputs
+  tileattn check --autotune           # the configs a default call would time and pick"""
 
 _DT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 
@@ -178,12 +185,21 @@ def run(args) -> int:
             print(f"tileattn: error: --only {' '.join(args.only)} matches no check; checks: "
                   f"{', '.join(dict.fromkeys(c.name for c in CHECKS))}", file=sys.stderr)
             return 2
-    results = _execute(runs, device, args.seed, notes, progress=not args.json and sys.stdout.isatty())
+    saved = os.environ.get("TILEATTN_AUTOTUNE")
+    if not args.autotune:
+        os.environ["TILEATTN_AUTOTUNE"] = "0"
+    try:
+        results = _execute(runs, device, args.seed, notes, progress=not args.json and sys.stdout.isatty())
+    finally:
+        if saved is None:
+            os.environ.pop("TILEATTN_AUTOTUNE", None)
+        else:
+            os.environ["TILEATTN_AUTOTUNE"] = saved
     failed = sum(r.status == "fail" for r in results)
     summary = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                "paths": notes, "seed": args.seed, "passed": sum(r.status == "pass" for r in results),
                "failed": failed, "skipped": sum(r.status == "skip" for r in results),
-               "torch": torch.__version__}
+               "autotune": bool(args.autotune), "torch": torch.__version__}
     if args.json:
         print(json.dumps({"summary": summary, "checks": [dataclasses.asdict(r) for r in results]}, indent=1))
     else:
@@ -258,5 +274,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="run the checks whose name contains one of these (e.g. varlen kvcache)")
     p.add_argument("--seed", type=int, default=0, help="random inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--autotune", action="store_true",
+                   help="time the kernels' candidate configs as a default call does (default: the first that "
+                        "fits each table, TILEATTN_AUTOTUNE=0; far faster on a GPU)")
     p.set_defaults(func=run)
     return p

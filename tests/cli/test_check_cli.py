@@ -70,6 +70,27 @@ def test_fp32_at_512_skipped_where_it_does_not_fit(capsys):
     assert all(c["status"] == "pass" for c in d["checks"] if c["path"] == "torch")
 
 
+@pytest.mark.parametrize("argv,seen", [([], "0"), (["--autotune"], None)], ids=["default", "autotune"])
+def test_autotune_off_unless_asked(capsys, monkeypatch, argv, seen):
+    """The checks run with TILEATTN_AUTOTUNE=0 (first fitting config) unless
+    --autotune is given, and the caller's setting is back afterwards."""
+    monkeypatch.setenv("TILEATTN_AUTOTUNE", "1")
+    if seen is None:
+        monkeypatch.delenv("TILEATTN_AUTOTUNE")
+    during = []
+
+    def probe(dtype, device, gen):
+        during.append(os.environ.get("TILEATTN_AUTOTUNE"))
+        x = torch.randn(4, 4, generator=gen, dtype=torch.float64)
+        return "4x4", [("out", x, x, x.to(dtype))]
+
+    monkeypatch.setattr(check, "CHECKS", (check.Check("probe", probe, paths=("auto",)),))
+    rc, d = _json(capsys, ["check", "--json", *argv])
+    assert rc == 0 and during and set(during) == {seen}
+    assert d["summary"]["autotune"] is bool(argv)
+    assert os.environ.get("TILEATTN_AUTOTUNE") == (None if seen is None else "1")
+
+
 def test_table_output():
     res = subprocess.run([sys.executable, "-m", "tileattn", "check", "--paths", "torch", "--only", "sdpa", "kvcache"],
                          capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "120"})
