@@ -94,6 +94,43 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
 
 
 @gluon.jit
+def _barriers(NUM_STAGES: gl.constexpr):
+    """The backward's mbarriers, initialised: ``kv_bar`` (the program's K and
+    V tiles landed), ``ds_bars`` (two: both compute warpgroups stored their
+    half of dSᵀ), and per Q/dO slot ``q_ready``/``do_ready`` (the copy engine
+    completes them) and ``q_empty``/``do_empty`` (both compute warpgroups
+    arrive once their products have read the slot)."""
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(2):
+        # each compute warpgroup arrives once its half of dSᵀ is stored
+        mbarrier.init(ds_bars.index(i), count=2)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)
+        mbarrier.init(do_empty.index(i), count=2)
+    return kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty
+
+
+@gluon.jit
+def _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES: gl.constexpr):
+    mbarrier.invalidate(kv_bar)
+    for i in gl.static_range(2):
+        mbarrier.invalidate(ds_bars.index(i))
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(q_ready.index(i))
+        mbarrier.invalidate(do_ready.index(i))
+        mbarrier.invalidate(q_empty.index(i))
+        mbarrier.invalidate(do_empty.index(i))
+
+
+@gluon.jit
 def _probs(st, lse2, offs_n, offs_m, diag, qk_scale, MASKED: gl.constexpr):
     """Pᵀ from the raw scores Sᵀ (keys x queries): exp2(s c - lse₂), 0 where
     the causal mask hides the key (row i sees key j iff j <= i + diag)."""
@@ -263,21 +300,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
         ones_smem = gl.allocate_shared_memory(dtype, [8, BLOCK_N], ones_layout,
                                               gl.where(rows == 0, 1.0, 0.0).to(dtype))
         fence_async_shared()
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(2):
-        # each compute warpgroup arrives once its half of dSᵀ is stored
-        mbarrier.init(ds_bars.index(i), count=2)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(do_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)
-        mbarrier.init(do_empty.index(i), count=2)
+    kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty = _barriers(NUM_STAGES)
 
     # the two compute partitions' argument tuples are written out: a tuple
     # built by concatenation in the kernel loses its constexpr entries (triton 3.6)
@@ -301,11 +324,4 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                            BLOCK_M, NUM_STAGES)),
     ], [4, 1], [240, 24])
 
-    mbarrier.invalidate(kv_bar)
-    for i in gl.static_range(2):
-        mbarrier.invalidate(ds_bars.index(i))
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.invalidate(q_ready.index(i))
-        mbarrier.invalidate(do_ready.index(i))
-        mbarrier.invalidate(q_empty.index(i))
-        mbarrier.invalidate(do_empty.index(i))
+    _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES)

@@ -34,7 +34,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .bwd_hopper import _probs, _query_tiles, _tma_reduce_add
+from .bwd_hopper import _barriers, _invalidate, _probs, _query_tiles, _tma_reduce_add
 
 CHUNK: gl.constexpr = gl.constexpr(64)   # rows of dQᵀ per MMA (a warpgroup MMA's M)
 
@@ -206,20 +206,7 @@ def _attn_bwd_hopper_wide_kernel(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_de
     # DQ_BUFS staging buffers per warpgroup (its own chunk and, every other tile, the tail's)
     dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CHUNK, BLOCK_M], gl.float32)
     dq_smem = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS, CHUNK, BLOCK_M], dq_layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(ds_bars.index(i), count=2)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(do_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)
-        mbarrier.init(do_empty.index(i), count=2)
+    kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty = _barriers(NUM_STAGES)
 
     # written out per partition: a tuple built by concatenation in the kernel loses its constexprs (triton 3.6)
     gl.warp_specialize([
@@ -238,11 +225,4 @@ def _attn_bwd_hopper_wide_kernel(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_de
                            m_lo, n_m, GROUP_SIZE, BLOCK_M, NUM_STAGES)),
     ], [4, 1], [240, 24])
 
-    mbarrier.invalidate(kv_bar)
-    for i in gl.static_range(2):
-        mbarrier.invalidate(ds_bars.index(i))
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.invalidate(q_ready.index(i))
-        mbarrier.invalidate(do_ready.index(i))
-        mbarrier.invalidate(q_empty.index(i))
-        mbarrier.invalidate(do_empty.index(i))
+    _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES)
