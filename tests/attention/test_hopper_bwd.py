@@ -147,6 +147,23 @@ def test_every_config(dims, cfg, causal):
     _check(cfg.name, *_inputs(2, 4, 2, 700, 900, dims[0], torch.bfloat16, seed=7, dv=dims[1]), causal, cfg)
 
 
+@pytest.mark.parametrize("n_q", [1, 33, 130], ids=["nq1", "nq33", "nq130"])
+def test_transposed_dq_sum_converts(n_q):
+    """The wide kernel's float32 sum is stored (B, H, D, Nq padded to 4) and
+    handed to the portable convert kernel as a (B, H, Nq, D) view: every row
+    of dq is scale x the sum, read through the transposed strides (here under
+    the interpreter, or compiled on a GPU)."""
+    from tileattn.launch import attention as launch_attention
+    device = "cuda" if HAS_CUDA else "cpu"
+    q = torch.empty(2, 3, n_q, 192, device=device, dtype=torch.float16)
+    acc = launch_hopper.dq_sum_transposed(q)
+    assert acc.shape == q.shape and acc.stride(2) == 1 and acc.stride(3) % 4 == 0 and not acc.any()
+    acc.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(n_q)).to(device))
+    dq = torch.full_like(q, float("nan"))
+    launch_attention._dq_convert(acc, dq, 0.125)
+    torch.testing.assert_close(dq.float(), (acc * 0.125).half().float(), rtol=0, atol=0)
+
+
 # QK 192 / V 128 on the wide kernel: the shared shapes with that head dim pair
 @needs_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
