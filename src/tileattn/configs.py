@@ -327,8 +327,7 @@ def all_configs() -> list[tuple[str, int, KernelConfig]]:
 # 240 for the softmax warps and 24 for the loader (3 warpgroups x 128 threads
 # x 168 <= 65536).  Shared memory is 2 Q tiles + num_stages K and V tiles
 # (the sm_90a compile report, triton 3.6.0, compiled without a GPU, matches it
-# within the barriers; tests/attention/test_hopper_fwd.py).  Timed on the H200:
-# docs/perf-notes.md v11.
+# within the barriers; tests/attention/test_hopper_fwd.py).  H200 timing: perf-notes v11.
 # ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class HopperFwdConfig:
@@ -353,23 +352,24 @@ class HopperBwdConfig:
     block_n: int = 64           # keys per compute warpgroup (a program owns 2 * block_n)
     num_stages: int = 2         # Q/dO ring slots
     dk_from_smem: bool = False  # dK += dSᵀ Q reads dSᵀ from shared memory (else registers)
+    early_s: bool = False       # the wide kernel: the next tile's Sᵀ runs while this tile's dQᵀ is staged
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
 
     @property
     def name(self) -> str:
-        return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}{'-dks' if self.dk_from_smem else ''}"
+        flags = ("-dks" if self.dk_from_smem else "") + ("-es" if self.early_s else "")
+        return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}{flags}"
 
 
-# (head dim, causal) -> the fewest keys for which the default dispatch takes
-# the Hopper kernel; below it the portable kernel was as fast or faster on
-# the H200 (docs/perf-notes.md v11, FA2 protocol): at N = 512 and 1k every
-# cell favoured the portable kernel, whose launch plans keep its host path
-# short; d = 64 causal at N = 2k ran 0.819x cuDNN on the Hopper kernel, 0.852x
-# on the portable one.  A forced config always takes the Hopper kernel.  QK 192
-# and 256 (perf-notes v15, bf16): level at 1k (192 full) or at 512 and 1k (256),
-# the Hopper kernel 1.27-1.80x the portable one from 2k.
+# (head dim, causal) -> the fewest keys for which the default dispatch takes the
+# Hopper kernel; below it the portable kernel was as fast or faster on the H200
+# (perf-notes v11, FA2 protocol): at N = 512 and 1k every cell favoured the
+# portable kernel (its launch plans keep the host path short); d = 64 causal at
+# 2k ran 0.819x cuDNN on the Hopper kernel, 0.852x on the portable one.  A forced
+# config always takes the Hopper kernel.  QK 192 and 256 (v15, bf16): level at 1k
+# (192 full) or at 512 and 1k (256), the Hopper kernel 1.26-1.80x the portable from 2k.
 HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048,
                        (192, False): 1024, (192, True): 2048, (256, False): 2048, (256, True): 2048}
 # (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA): 2 Q tiles of

@@ -181,7 +181,8 @@ def _wide_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg)
         stride_dvb=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
         GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
         HEAD_DIM_V=w, TAIL_DIM=d - w, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
-        NUM_STAGES=cfg.num_stages, DQ_BUFS=2 if cfg.block_m <= 32 else 1)   # 64 rows: 16 KB a buffer
+        NUM_STAGES=cfg.num_stages, DQ_BUFS=2 if cfg.block_m <= 32 else 1,   # 64 rows: 16 KB a buffer
+        EARLY_S=cfg.early_s)
 
 
 def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale: float,
@@ -224,7 +225,7 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
     if w != head_dim:
         from ..kernels.bwd_hopper_wide import _attn_bwd_hopper_wide_kernel as kernel
         args = _wide_bwd_args(tv, t, t, tv, dq_sum_transposed(t), t, tv, lse, lse, causal, 1.0, cfg)
-        const = {"HEAD_DIM_V", "TAIL_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DQ_BUFS"}
+        const = {"HEAD_DIM_V", "TAIL_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DQ_BUFS", "EARLY_S"}
     else:
         from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel as kernel
         f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
