@@ -10,6 +10,29 @@ import torch
 from decode_bench import TOLERANCE, empty_cache, rel_err, sdpa_fn
 
 
+def kernel_times(fn, dev, reps: int = 20) -> list[tuple[str, float, float]]:
+    """(name, µs a call, launches a call) of what ``fn`` runs, slowest first,
+    from torch.profiler over ``reps`` calls: the GPU kernels on a CUDA device
+    (GPU time: which kernel a call's time goes to), else the CPU ops' self
+    time."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = dev.type == "cuda"
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(reps):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+    out = []
+    for e in prof.key_averages():
+        t = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if t > 0:
+            out.append((e.key, t / reps, e.count / reps))
+    return sorted(out, key=lambda x: -x[1])
+
+
 def run_absorbed(args, dev, dtype, do_bench, copy_bw, meta) -> list[dict]:
     """The --absorbed runs: tileattn on the shared 576-wide cache, SDPA on K and a copy of V."""
     import tileattn
@@ -69,6 +92,11 @@ def run_absorbed(args, dev, dtype, do_bench, copy_bw, meta) -> list[dict]:
             if dev.type == "cuda":   # the same call replayed from a CUDA graph: GPU time only, no host time
                 record(**mine, provider="tileattn (CUDA graph)", num_splits=0,
                        ms=do_bench_cudagraph(fn, rep=args.rep_ms, return_mode="median"), status="ok")
+            if args.profile:   # where the call's time goes, kernel by kernel
+                for name, us, launches in kernel_times(fn, dev)[:6]:
+                    rows.append(dict(base, provider=f"kernel: {name}", us_per_call=us, launches_per_call=launches))
+                    print(f"  Hq={hq:>4} L={n:>6} kernel {name[:60]:<60} {us:9.1f} us a call "
+                          f"({launches:g} a call)", flush=True)
             for sp in args.splits:
                 f = lambda sp=sp, q=q, k=k, s=seqlens: tileattn.attention_with_kvcache(  # noqa: E731
                     q, k, k[..., :dv], s, num_splits=sp, check_indices=False)

@@ -51,6 +51,9 @@ H200, ``tileattn.cost.decode``), caches of ``--cache-lens`` (default
   (``tileattn (CUDA graph)``: ``do_bench_cudagraph``, GPU time only), as a
   serving loop runs it; the summary's ``graph %`` is its fraction of the
   copy bandwidth.
+* ``--profile``: rows ``kernel: <name>`` with each kernel's GPU time a call
+  of tileattn's default (torch.profiler; the CPU ops' self time on a CPU):
+  which of the split kernel and the combine a call's time goes to.
 * SDPA has no shared layout: each backend runs on K and a materialised copy
   of V (``k_cache[..., :512].contiguous()``, made outside the timing) with
   ``enable_gqa=True``; its row's bytes are K and that copy.  A backend that
@@ -112,6 +115,8 @@ def parse_args(argv=None):
                          "beside SDPA on a copied V")
     ap.add_argument("--absorbed-heads", type=int, nargs="+", default=[16, 128],
                     help="query heads of the --absorbed runs")
+    ap.add_argument("--profile", action="store_true",
+                    help="with --absorbed: each kernel's time a call of tileattn's default (torch.profiler)")
     args = ap.parse_args(argv)
     if args.sdpa is None:
         args.sdpa = ["flash", "efficient", "cudnn"] + (["math"] if args.absorbed else [])

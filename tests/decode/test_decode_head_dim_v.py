@@ -402,10 +402,14 @@ def test_decode_bench_absorbed_on_cpu(tmp_path):
     spec.loader.exec_module(bench)
     rc = bench.main(["--absorbed", "--out", str(tmp_path), "--device", "cpu", "--dtype", "fp16", "--batch", "1",
                      "--absorbed-heads", "16", "128", "--cache-lens", "48", "80", "--splits", "2",
-                     "--sdpa", "math", "--copy-gib", "0.001"])
+                     "--sdpa", "math", "--copy-gib", "0.001", "--profile"])
     assert rc == 0
     data = json.loads((tmp_path / "decode_bench.json").read_text())
     rows = data["rows"]
+    # --profile: a breakdown of tileattn's call per point (here the CPU ops' self time)
+    prof = [r for r in rows if r["provider"].startswith("kernel: ")]
+    assert {(r["heads"], r["cache_len"]) for r in prof} == {(16, 48), (128, 48), (16, 80), (128, 80)}
+    assert all(r["us_per_call"] > 0 and r["launches_per_call"] > 0 for r in prof)
     mine = [r for r in rows if r["provider"] == "tileattn"]
     assert {(r["heads"], r["cache_len"]) for r in mine} == {(16, 48), (128, 48), (16, 80), (128, 80)}
     assert [r["check"] for r in mine if r["cache_len"] == 48] == ["passed", "passed"]
