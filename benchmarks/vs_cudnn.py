@@ -9,7 +9,8 @@ and either the Hopper kernel (forced) beside tileattn's default dispatch or,
 with ``--configs``, each Hopper config.  Backward providers (the time of
 ``torch.autograd.grad`` through a graph built once): tileattn with the
 atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
-``--configs`` also each Hopper backward config, forced.  ``--sinks``:
+``--configs`` also each Hopper backward config, forced (causal: the
+table's with every tile masked too, ``mask_all``).  ``--sinks``:
 tileattn's default call with and without attention sinks, beside cuDNN.
 ``--memory`` (backward): each provider's forward+backward peak over the
 tensors a training step must hold.
@@ -21,6 +22,7 @@ tensors a training step must hold.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 
@@ -96,7 +98,8 @@ def bwd_config_steps(q, k, v, do, causal) -> dict:
     d = q.shape[-1]
     scale = d ** -0.5
     out, lse = launch.attn_fwd(q, k, v, causal, scale)
-    cfgs = [configs.HOPPER_BWD[(d, d)], HopperBwdConfig(num_stages=3)]
+    table = configs.HOPPER_BWD[(d, d)]
+    cfgs = [table, HopperBwdConfig(num_stages=3)] + ([dataclasses.replace(table, mask_all=True)] if causal else [])
     return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
                                                  deterministic=False)) for c in cfgs}
 

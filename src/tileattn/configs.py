@@ -353,13 +353,15 @@ class HopperBwdConfig:
     num_stages: int = 2         # Q/dO ring slots
     dk_from_smem: bool = False  # dK += dSᵀ Q reads dSᵀ from shared memory (else registers)
     early_s: bool = False       # the wide kernel: the next tile's Sᵀ runs while this tile's dQᵀ is staged
+    mask_all: bool = False      # causal, d = 64/128: mask every tile (one copy of the softmax code)
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
 
     @property
     def name(self) -> str:
-        flags = ("-dks" if self.dk_from_smem else "") + ("-es" if self.early_s else "")
+        flags = "".join(f for f, on in (("-dks", self.dk_from_smem), ("-es", self.early_s), ("-ma", self.mask_all))
+                        if on)
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}{flags}"
 
 
@@ -380,10 +382,8 @@ HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 4096, (128, False): 2048, 
 HOPPER_FWD = {
     (64, 64): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
     (128, 128): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
-    (192, 128): HopperFwdConfig(num_stages=2,
-                                source="sm_90a compile report; H200 timing (causal, 16k) in perf-notes v14"),
-    (256, 256): HopperFwdConfig(block_n=64, num_stages=2,
-                                source="sm_90a compile report; H200 timing (causal, 16k) in perf-notes v14"),
+    (192, 128): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v14, v15"),
+    (256, 256): HopperFwdConfig(block_n=64, num_stages=2, source="sm_90a compile report; H200 timing, v14, v15"),
 }
 # (QK, V head dim) -> config.  perf-notes v12: dSᵀ from shared memory for dK won 2-6 % at d = 64,
 # lost ~3 % at 128 (registers short either way); 192/128: 32-query tiles, dQ transposed (v15)

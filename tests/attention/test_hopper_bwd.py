@@ -37,7 +37,8 @@ needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a 
 FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((128, 128), HopperBwdConfig(num_stages=3)), ((128, 128), HopperBwdConfig(dk_from_smem=True)),
     ((64, 64), HopperBwdConfig(dk_from_smem=False)), ((192, 128), HopperBwdConfig(block_m=32, num_stages=3)),
-    ((192, 128), HopperBwdConfig(block_m=32, early_s=True))]
+    ((192, 128), HopperBwdConfig(block_m=32, early_s=True)), ((128, 128), HopperBwdConfig(mask_all=True)),
+    ((64, 64), HopperBwdConfig(dk_from_smem=True, mask_all=True))]
 # (dims, config, causal, sinks): every forced config, and the table's with sinks where the kernel has them
 COMPILED = ([(dims, c, causal, False) for dims, c in FORCED for causal in (False, True)]
             + [(dims, c, True, True) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1]])
