@@ -11,7 +11,8 @@ with ``--configs``, each Hopper config.  Backward providers (the time of
 atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
 ``--configs`` also each Hopper backward config, forced (causal: the
 table's with every tile masked too, ``mask_all``).  ``--sinks``:
-tileattn's default call with and without attention sinks, beside cuDNN.
+tileattn's default call with and without attention sinks, beside cuDNN
+(backward: also with the Hopper kernel's ``defer_sums``).
 ``--memory`` (backward): each provider's forward+backward peak over the
 tensors a training step must hold.
 
@@ -22,6 +23,7 @@ tensors a training step must hold.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import statistics
@@ -78,7 +80,26 @@ def with_sinks_providers(mode: str) -> dict:
         logits = torch.linspace(-2.0, 2.0, q.shape[1], device=q.device, requires_grad=mode == "bwd")
         return tileattn.attention(q, k, v, causal=causal, sinks=logits)
     # bwd_providers' cuDNN call is a plain forward: the backward mode differentiates through it
-    return {"sdpa-cudnn": bwd_providers()["sdpa-cudnn"], "tileattn": plain, "tileattn-sinks": sinks}
+    provs = {"sdpa-cudnn": bwd_providers()["sdpa-cudnn"], "tileattn": plain, "tileattn-sinks": sinks}
+    if mode == "bwd":   # the Hopper backward with each tile's dS row sums added under the next tile's products
+        provs["tileattn-sinks-deferred"] = sinks
+    return provs
+
+
+@contextlib.contextmanager
+def _deferred_sums(on: bool, head_dim: int):
+    """With ``on``: the Hopper backward's table config at this head dim with
+    ``defer_sums`` (while the graph is built and differentiated)."""
+    from tileattn import configs
+    key = (head_dim, head_dim)
+    saved = configs.HOPPER_BWD.get(key)
+    if on and saved is not None:
+        configs.HOPPER_BWD[key] = dataclasses.replace(saved, defer_sums=True)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            configs.HOPPER_BWD[key] = saved
 
 
 def bwd_providers() -> dict:
@@ -138,10 +159,15 @@ def write_json(path: str, rows: list) -> None:
                    "triton": triton.__version__, "rows": rows}, f, indent=1)
 
 
-def _bwd_step(fn, q, k, v, do, causal):
+def _bwd_step(fn, q, k, v, do, causal, deferred: bool = False):
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    out = fn(*leaves, causal)
-    return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
+    with _deferred_sums(deferred, q.shape[-1]):
+        out = fn(*leaves, causal)
+
+    def step():
+        with _deferred_sums(deferred, q.shape[-1]):
+            return torch.autograd.grad(out, leaves, do, retain_graph=True)
+    return step
 
 
 def main():
@@ -177,7 +203,8 @@ def main():
                         errs[name] = float((step().float() - ref).abs().max())
                 else:
                     do = torch.randn_like(q)
-                    steps = {name: _bwd_step(fn, q, k, v, do, causal) for name, fn in provs.items()}
+                    steps = {name: _bwd_step(fn, q, k, v, do, causal, deferred=name.endswith("-deferred"))
+                             for name, fn in provs.items()}
                     if args.configs:
                         steps.update(bwd_config_steps(q, k, v, do, causal))
                     ref = [g.float() for g in steps["sdpa-cudnn"]()]

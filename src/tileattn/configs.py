@@ -321,13 +321,11 @@ def all_configs() -> list[tuple[str, int, KernelConfig]]:
 
 
 # ---------------------------------------------------------------------------
-# Hopper forward (Gluon, kernels/fwd_hopper.py).  A program runs 2 * block_m
-# query rows: block_m per softmax warpgroup (two partitions of 4 warps) plus
-# a one-warp TMA loader; 168 registers per thread at launch, reallocated to
-# 240 for the softmax warps and 24 for the loader (3 warpgroups x 128 threads
-# x 168 <= 65536).  Shared memory is 2 Q tiles + num_stages K and V tiles
-# (the sm_90a compile report, triton 3.6.0, compiled without a GPU, matches it
-# within the barriers; tests/attention/test_hopper_fwd.py).  H200 timing: perf-notes v11.
+# Hopper forward (Gluon, kernels/fwd_hopper.py).  A program runs 2 * block_m query rows: block_m per softmax
+# warpgroup (two partitions of 4 warps) plus a one-warp TMA loader; 168 registers per thread at launch,
+# reallocated to 240 for the softmax warps and 24 for the loader (3 warpgroups x 128 threads x 168 <= 65536).
+# Shared memory is 2 Q tiles + num_stages K and V tiles (the sm_90a compile report, triton 3.6.0, compiled
+# without a GPU, matches it within the barriers; tests/attention/test_hopper_fwd.py).  H200 timing: v11.
 # ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class HopperFwdConfig:
@@ -354,14 +352,15 @@ class HopperBwdConfig:
     dk_from_smem: bool = False  # dK += dSᵀ Q reads dSᵀ from shared memory (else registers)
     early_s: bool = False       # the wide kernel: the next tile's Sᵀ runs while this tile's dQᵀ is staged
     mask_all: bool = False      # causal, d = 64/128: mask every tile (one copy of the softmax code)
+    defer_sums: bool = False    # sinks, d = 64/128: a tile's dS row sums added under the next tile's products
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
 
     @property
     def name(self) -> str:
-        flags = "".join(f for f, on in (("-dks", self.dk_from_smem), ("-es", self.early_s), ("-ma", self.mask_all))
-                        if on)
+        flags = "".join(f for f, on in (("-dks", self.dk_from_smem), ("-es", self.early_s), ("-ma", self.mask_all),
+                                        ("-ds", self.defer_sums)) if on)
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}{flags}"
 
 

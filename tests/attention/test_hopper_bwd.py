@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -40,8 +41,12 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((192, 128), HopperBwdConfig(block_m=32, early_s=True)), ((128, 128), HopperBwdConfig(mask_all=True)),
     ((64, 64), HopperBwdConfig(dk_from_smem=True, mask_all=True))]
 # (dims, config, causal, sinks): every forced config, and the table's with sinks where the kernel has them
+# the kernels that sum dS for the sinks' gradient (Dv = D), also adding each tile's sums under the next's products
+SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1]]
 COMPILED = ([(dims, c, causal, False) for dims, c in FORCED for causal in (False, True)]
-            + [(dims, c, True, True) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1]])
+            + [(dims, c, True, True) for dims, c in SUMMING]
+            + [(dims, dataclasses.replace(c, defer_sums=True), causal, True) for dims, c in SUMMING
+               for causal in (False, True)])
 
 
 def _dims_id(dims):
@@ -237,11 +242,13 @@ def test_dispatch_nondeterministic_plain_only():
 
 
 @needs_hopper
+@pytest.mark.parametrize("defer", [False, True], ids=["table", "defer-sums"])
 @pytest.mark.parametrize("head_dim,causal", [(64, True), (64, False), (128, True)],
                          ids=["d64-causal", "d64-full", "d128-causal"])
-def test_sinks_gradient_on_the_hopper_kernel(head_dim, causal):
+def test_sinks_gradient_on_the_hopper_kernel(head_dim, causal, defer):
     """gpt-oss's shape family (GQA 8, d = 64) and d = 128: dq, dk, dv and the
-    sinks' gradient (gathered by the kernel from P and dP) against float64."""
+    sinks' gradient (gathered by the kernel from P and dP) against float64,
+    with the table's config and with its row sums deferred to the next tile."""
     q, k, v, do = _inputs(1, 16, 2, 700, 700, head_dim, torch.bfloat16, seed=21)
     sinks = torch.linspace(-3.0, 3.0, 16, device="cuda")
     dlse = torch.randn(1, 16, 700, device="cuda")
@@ -251,7 +258,9 @@ def test_sinks_gradient_on_the_hopper_kernel(head_dim, causal):
         out, lse = impl(*leaves[:3], causal=causal, sinks=leaves[3], return_lse=True)
         loss = (out.to(dd.dtype) * dd).sum() + (lse.to(dlse.dtype) * dlse.to(lse.dtype)).sum()
         return torch.autograd.grad(loss, leaves)
-    with _hopper_calls() as calls:
+    table = configs.HOPPER_BWD[(head_dim, head_dim)]
+    with _hopper_calls() as calls, mock.patch.dict(configs.HOPPER_BWD,
+                                                   {(head_dim, head_dim): dataclasses.replace(table, defer_sums=defer)}):
         got = grads(q, k, v, sinks, do, functools.partial(tileattn.attention, deterministic=False))
     assert calls, "the Hopper backward did not run"
     ref = grads(q.double(), k.double(), v.double(), sinks.double(), do.double(), standard_attention)

@@ -141,6 +141,15 @@ def _probs(st, lse2, offs_n, offs_m, diag, qk_scale, MASKED: gl.constexpr):
 
 
 @gluon.jit
+def _add_row_sums(DS_SUM, sums, off_b, hq, m, N_HEADS, N_Q, BLOCK_M: gl.constexpr, rs_layout: gl.constexpr):
+    """Add one query tile's row sums of dS into DS_SUM (rows past N_Q dropped;
+    each query row gets one add per warpgroup of keys)."""
+    offs_rs = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rs_layout))
+    rs_row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_rs
+    gl.atomic_add(DS_SUM + rs_row, sums, mask=offs_rs < N_Q, sem="relaxed")
+
+
+@gluon.jit
 def _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, WG: gl.constexpr, BLOCK_M: gl.constexpr, HALF_D: gl.constexpr):
     """Stage this warpgroup's dQ columns and let the copy engine add them
     into the float32 sum at rows [m, m + BLOCK_M) of head ``hq``."""
@@ -161,7 +170,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                        off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                        DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
-                       SUM_DS: gl.constexpr, MASK_ALL: gl.constexpr):
+                       SUM_DS: gl.constexpr, MASK_ALL: gl.constexpr, DEFER_SUMS: gl.constexpr):
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     # Sᵀ/dPᵀ: BLOCK_N keys x BLOCK_M queries; dK/dV: BLOCK_N keys x D; dQ: BLOCK_M x D/2
@@ -186,6 +195,10 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     k_cols = k_all.slice(WG * HALF_D, HALF_D, dim=1)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    if SUM_DS and DEFER_SUMS:   # the row sums waiting to be added, and their tile
+        rs_sum = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, rs_layout))
+        m_sum = m_lo
+        hq_sum = off_hk * GROUP_SIZE
     for t in range(GROUP_SIZE * n_m):
         g = t // n_m
         m = m_lo + (t - g * n_m) * BLOCK_M
@@ -203,6 +216,9 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         mbarrier.wait(do_ready.index(s), phase)
         do2 = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
         dpt = warpgroup_mma(v_mine, do2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+        if SUM_DS and DEFER_SUMS:
+            if t > 0:   # the previous tile's row sums, while Sᵀ and dPᵀ run
+                _add_row_sums(DS_SUM, rs_sum, off_b, hq_sum, m_sum, N_HEADS, N_Q, BLOCK_M, rs_layout)
         st = warpgroup_mma_wait(1, deps=[st])
         if IS_CAUSAL and not MASK_ALL:
             # only tiles whose first row misses this warpgroup's last key need the mask
@@ -244,15 +260,23 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
             rs = warpgroup_mma(ds_mine.permute([1, 0]), ones_smem.permute([1, 0]), zero_rs, use_acc=False,
                                is_async=True)
             dq, dv, dk, rs = warpgroup_mma_wait(0, deps=[dq, dv, dk, rs])
-            # rows past N_Q are dropped; each query row gets one add per warpgroup of keys
-            offs_rs = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rs_layout))
-            rs_row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_rs
-            gl.atomic_add(DS_SUM + rs_row, gl.sum(rs, axis=1), mask=offs_rs < N_Q, sem="relaxed")
+            if DEFER_SUMS:   # added in the next iteration, under its products (or after the loop)
+                rs_sum = gl.sum(rs, axis=1)
+                m_sum = m
+                hq_sum = hq
+            else:
+                # rows past N_Q are dropped; each query row gets one add per warpgroup of keys
+                offs_rs = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rs_layout))
+                rs_row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_rs
+                gl.atomic_add(DS_SUM + rs_row, gl.sum(rs, axis=1), mask=offs_rs < N_Q, sem="relaxed")
         else:
             dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
         mbarrier.arrive(q_empty.index(s), count=1)
         mbarrier.arrive(do_empty.index(s), count=1)
         _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, WG, BLOCK_M, HALF_D)
+    if SUM_DS and DEFER_SUMS:
+        if GROUP_SIZE * n_m > 0:
+            _add_row_sums(DS_SUM, rs_sum, off_b, hq_sum, m_sum, N_HEADS, N_Q, BLOCK_M, rs_layout)
     tma.store_wait(0)
 
     # dK and dV of this warpgroup's keys (rows past N_K dropped)
@@ -272,7 +296,8 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                             GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
-                            SUM_DS: gl.constexpr, MASK_ALL: gl.constexpr = False):
+                            SUM_DS: gl.constexpr, MASK_ALL: gl.constexpr = False,
+                            DEFER_SUMS: gl.constexpr = False):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup."""
     # causal: the first key blocks see the most query tiles, run them first
     pid_n = gl.program_id(0)
@@ -311,14 +336,14 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                               DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
-                              SUM_DS, MASK_ALL)),
+                              SUM_DS, MASK_ALL, DEFER_SUMS)),
         (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                               q_empty,
                               do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                               DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
-                              SUM_DS, MASK_ALL)),
+                              SUM_DS, MASK_ALL, DEFER_SUMS)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                            q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
                            BLOCK_M, NUM_STAGES)),
