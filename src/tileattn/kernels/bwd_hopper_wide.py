@@ -26,9 +26,9 @@ masks every tile (cheaper here than two copies of the softmax code).  With
 ``EARLY_S`` the next tile's Sᵀ (and its lse₂) is issued as soon as this
 tile's products are done, so it runs on the tensor cores while this tile's
 dQᵀ chunks are staged (compiled: 240-284 B of spills against 24-72 B; not
-yet timed, so not the table's).  No sinks (their row
-sums of dS would cost a third more dQ work here): the dispatch sends calls
-with sinks to the portable kernels.
+yet timed, so not the table's).  No sinks (their row sums of dS would cost a
+third more dQ work here): the dispatch sends calls with sinks to the
+portable kernels.
 
 This module imports Gluon at load time: only the Hopper launcher imports it,
 lazily, so a CPU install never does.
