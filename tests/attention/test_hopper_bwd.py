@@ -40,9 +40,10 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((64, 64), HopperBwdConfig(dk_from_smem=False)), ((192, 128), HopperBwdConfig(block_m=32, num_stages=3)),
     ((192, 128), HopperBwdConfig(block_m=32, early_s=True)), ((128, 128), HopperBwdConfig(mask_all=True)),
     ((64, 64), HopperBwdConfig(dk_from_smem=True, mask_all=True))]
-# (dims, config, causal, sinks): every forced config, and the table's with sinks where the kernel has them
-# the kernels that sum dS for the sinks' gradient (Dv = D), also adding each tile's sums under the next's products
+# the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D)
 SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1]]
+# (dims, config, causal, sinks): every forced config; with sinks, the table's and those adding each tile's
+# row sums under the next tile's products (defer_sums)
 COMPILED = ([(dims, c, causal, False) for dims, c in FORCED for causal in (False, True)]
             + [(dims, c, True, True) for dims, c in SUMMING]
             + [(dims, dataclasses.replace(c, defer_sums=True), causal, True) for dims, c in SUMMING
@@ -56,12 +57,13 @@ def _dims_id(dims):
 def _expected_shared(dims, cfg):
     """The shared memory the kernel's buffers take (barriers aside): the
     program's K and V, the Q and dO slots, two dSᵀ buffers and the float32
-    dQ staging (two column halves; the wide kernel: four 64-row chunks)."""
+    dQ staging (two column halves; the wide kernel: two 64-row chunks a
+    warpgroup at 32-query tiles, one at 64)."""
     d, dv = dims
     kv = 2 * cfg.block_n * (d + dv) * 2
     ring = cfg.num_stages * cfg.block_m * (d + dv) * 2
     ds = 2 * (2 * cfg.block_n * cfg.block_m * 2)
-    dq = 4 * 64 * cfg.block_m * 4 if dv != d else 2 * cfg.block_m * d // 2 * 4
+    dq = (4 if cfg.block_m <= 32 else 2) * 64 * cfg.block_m * 4 if dv != d else 2 * cfg.block_m * d // 2 * 4
     return kv + ring + ds + dq
 
 
