@@ -47,6 +47,8 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from .fwd_hopper import _load_rows
+
 @builtin
 def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     """Add the shared-memory tile ``src`` into global memory at ``coord``
@@ -74,9 +76,19 @@ def _query_tiles(start_n, N_Q, N_K, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constex
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
                     do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
-                    BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
-    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, start_n, 0], kv_bar, k_smem)
+                    BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, qt_desc, kt_desc, qt_smem, kt_smem,
+                    TAIL_DIM: gl.constexpr):
+    """The load warp: the program's K and V tiles once, then the Q and dO
+    tiles of every query tile into the ring.  With a tail (``TAIL_DIM`` > 0,
+    the wide kernel) Q and K come as two pieces each, through ``qt_desc`` /
+    ``kt_desc`` into ``qt_smem`` / ``kt_smem`` (without one those are unused)."""
+    if TAIL_DIM > 0:
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + kt_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, start_n, 0], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(kt_desc, [off_b, off_hk, start_n, 0], kv_bar, kt_smem)
+    else:
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, start_n, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, start_n, 0], kv_bar, v_smem)
     for t in range(GROUP_SIZE * n_m):
         g = t // n_m
@@ -86,8 +98,8 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
         # a slot starts empty: the first wait on each passes (phase 1)
         phase = ((t // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(q_empty.index(s), phase)
-        mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [off_b, hq, m, 0], q_ready.index(s), q_smem.index(s))
+        _load_rows(q_desc, qt_desc, [off_b, hq, m, 0], q_ready.index(s), q_smem.index(s), qt_smem.index(s),
+                   TAIL_DIM)
         mbarrier.wait(do_empty.index(s), phase)
         mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(do_desc, [off_b, hq, m, 0], do_ready.index(s), do_smem.index(s))
@@ -346,7 +358,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                               SUM_DS, MASK_ALL, DEFER_SUMS)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                            q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
-                           BLOCK_M, NUM_STAGES)),
+                           BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0)),
     ], [4, 1], [240, 24])
 
     _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES)

@@ -38,33 +38,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .bwd_hopper import _barriers, _invalidate, _probs, _query_tiles, _tma_reduce_add
+from .bwd_hopper import _barriers, _invalidate, _load_partition, _probs, _query_tiles, _tma_reduce_add
 
 CHUNK: gl.constexpr = gl.constexpr(64)   # rows of dQᵀ per MMA (a warpgroup MMA's M)
-
-
-@gluon.jit
-def _load_partition(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_desc, k_smem, kt_smem, v_smem, q_smem, qt_smem,
-                    do_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m,
-                    GROUP_SIZE, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
-    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + kt_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, start_n, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(kt_desc, [off_b, off_hk, start_n, 0], kv_bar, kt_smem)
-    tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, start_n, 0], kv_bar, v_smem)
-    for t in range(GROUP_SIZE * n_m):
-        g = t // n_m
-        m = m_lo + (t - g * n_m) * BLOCK_M
-        hq = off_hk * GROUP_SIZE + g
-        s = t % NUM_STAGES
-        # a slot starts empty: the first wait on each passes (phase 1)
-        phase = ((t // NUM_STAGES) & 1) ^ 1
-        mbarrier.wait(q_empty.index(s), phase)
-        mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + qt_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [off_b, hq, m, 0], q_ready.index(s), q_smem.index(s))
-        tma.async_copy_global_to_shared(qt_desc, [off_b, hq, m, 0], q_ready.index(s), qt_smem.index(s))
-        mbarrier.wait(do_empty.index(s), phase)
-        mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [off_b, hq, m, 0], do_ready.index(s), do_smem.index(s))
 
 
 @gluon.jit
@@ -277,9 +253,9 @@ def _attn_bwd_hopper_wide_kernel(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_de
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, DQ_BUFS,
                               EARLY_S)),
-        (_load_partition, (q_desc, qt_desc, k_desc, kt_desc, v_desc, do_desc, k_smem, kt_smem, v_smem, q_smem,
-                           qt_smem, do_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, off_hk, start_n,
-                           m_lo, n_m, GROUP_SIZE, BLOCK_M, NUM_STAGES)),
+        (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
+                           q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
+                           BLOCK_M, NUM_STAGES, qt_desc, kt_desc, qt_smem, kt_smem, TAIL_DIM)),
     ], [4, 1], [240, 24])
 
     _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES)
