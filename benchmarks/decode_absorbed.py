@@ -5,6 +5,8 @@ imports this module when --absorbed is given; its module docstring describes
 the protocol."""
 from __future__ import annotations
 
+import statistics
+
 import torch
 
 from decode_bench import TOLERANCE, empty_cache, rel_err, sdpa_fn
@@ -36,6 +38,7 @@ def kernel_times(fn, dev, reps: int = 20) -> list[tuple[str, float, float]]:
 def run_absorbed(args, dev, dtype, do_bench, copy_bw, meta) -> list[dict]:
     """The --absorbed runs: tileattn on the shared 576-wide cache, SDPA on K and a copy of V."""
     import tileattn
+    from tileattn import dispatch
     from tileattn.cost import DecodeShape, decode_bound, decode_cache_bytes, decode_flops, get_hardware
     from tileattn.reference import standard_attention
     if dev.type == "cuda":
@@ -89,9 +92,25 @@ def run_absorbed(args, dev, dtype, do_bench, copy_bw, meta) -> list[dict]:
             out = fn()
             mine = dict(base, read_bytes=decode_cache_bytes(shape))
             record(**mine, provider="tileattn", num_splits=0, ms=do_bench(fn), status="ok", **check(out))
-            if dev.type == "cuda":   # the same call replayed from a CUDA graph: GPU time only, no host time
-                record(**mine, provider="tileattn (CUDA graph)", num_splits=0,
-                       ms=do_bench_cudagraph(fn, rep=args.rep_ms, return_mode="median"), status="ok")
+            if dev.type == "cuda":
+                # the same call replayed from a CUDA graph (GPU time only, no host time), on the
+                # default path and on the portable kernel (the Hopper one off), rounds interleaved
+                def portable(fn=fn):
+                    saved, dispatch.HOPPER_DECODE = dispatch.HOPPER_DECODE, False
+                    try:
+                        return fn()
+                    finally:
+                        dispatch.HOPPER_DECODE = saved
+                e = rel_err(portable(), out)
+                graphs = {"tileattn (CUDA graph)": fn, "tileattn-portable (CUDA graph)": portable}
+                times = {name: [] for name in graphs}
+                for r in range(3):
+                    for name in (list(graphs) if r % 2 == 0 else list(graphs)[::-1]):
+                        times[name].append(do_bench_cudagraph(graphs[name], rep=args.rep_ms, return_mode="median"))
+                for name in graphs:
+                    record(**mine, provider=name, num_splits=0, ms=statistics.median(times[name]),
+                           status="ok" if name == "tileattn (CUDA graph)" or e < 1e-2
+                           else f"differs from the default path by {e:.2e}")
             if args.profile:   # where the call's time goes, kernel by kernel
                 for name, us, launches in kernel_times(fn, dev)[:6]:
                     rows.append(dict(base, provider=f"kernel: {name}", us_per_call=us, launches_per_call=launches))
@@ -126,9 +145,9 @@ def summarize_absorbed(rows) -> list[dict]:
     """Per heads and cache length: tileattn's bandwidth (fraction of the copy
     bandwidth), TFLOP/s and the model's bound, beside SDPA's best on a copied V;
     ``graph %``: the fraction of the copy bandwidth replayed from a CUDA graph
-    (GPU time only), where that was timed."""
+    (GPU time only; the default path / the portable kernel), where that was timed."""
     out = []
-    print(f"\n{'Hq':>4} {'L':>7} {'tileattn ms':>11} {'TB/s':>6} {'%copy':>6} {'graph %':>8} {'TFLOP/s':>8} "
+    print(f"\n{'Hq':>4} {'L':>7} {'tileattn ms':>11} {'TB/s':>6} {'%copy':>6} {'graph %':>9} {'TFLOP/s':>8} "
           f"{'bound':>8} {'SDPA best (V copied)':>26} {'ms':>8} {'speedup':>8}")
     for hq in sorted({r["heads"] for r in rows}):
         for n in sorted({r["cache_len"] for r in rows}):
@@ -141,14 +160,19 @@ def summarize_absorbed(rows) -> list[dict]:
             best = min(sdpa, key=lambda r: r["ms"]) if sdpa else None
             graph = [r for r in rows if (r["heads"], r["cache_len"], r["provider"]) == (hq, n, "tileattn (CUDA graph)")
                      and r.get("ms")]
+            portable = [r for r in rows if r.get("ms") and (r["heads"], r["cache_len"], r["provider"])
+                        == (hq, n, "tileattn-portable (CUDA graph)")]
             s = {"heads": hq, "cache_len": n, "ms": m["ms"], "tbs": m["tbs"], "frac_copy": m["frac_copy"],
                  "tflops": m["tflops"], "bound": m.get("bound"), "predicted_ms": m.get("predicted_ms"),
                  "graph_frac_copy": graph[0]["frac_copy"] if graph else None,
+                 "portable_graph_frac_copy": portable[0]["frac_copy"] if portable else None,
                  "sdpa_best": best["provider"] if best else None, "sdpa_ms": best["ms"] if best else None,
                  "speedup_vs_sdpa": (best["ms"] / m["ms"]) if best else None}
             out.append(s)
             g = f"{100 * graph[0]['frac_copy']:.0f}%" if graph else "-"
-            print(f"{hq:>4} {n:>7} {m['ms']:>11.4f} {m['tbs']:>6.2f} {100 * m['frac_copy']:>5.0f}% {g:>8} "
+            if portable:
+                g += f"/{100 * portable[0]['frac_copy']:.0f}%"
+            print(f"{hq:>4} {n:>7} {m['ms']:>11.4f} {m['tbs']:>6.2f} {100 * m['frac_copy']:>5.0f}% {g:>9} "
                   f"{m['tflops']:>8.1f} {str(m.get('bound') or '-'):>8} {(best['provider'] if best else '-'):>26} "
                   f"{(best['ms'] if best else float('nan')):>8.4f} {(s['speedup_vs_sdpa'] or float('nan')):>7.2f}x")
     return out

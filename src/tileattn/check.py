@@ -30,6 +30,9 @@ candidate config of every shape it visits (head dims up to 576, three
 dtypes) would take minutes on a GPU.  ``--autotune`` times them as a
 default call does; the test suite forces every config of every table.
 
+Without a terminal (a log, CI) each check writes one line to stderr as it
+ends, so a long run shows where it is.
+
 Exit codes: 0 every check passed, 1 a check failed, 2 bad arguments,
 3 ``--device cuda`` without a GPU.
 """
@@ -208,12 +211,18 @@ def run(args) -> int:
 
 
 def _execute(runs, device, seed, notes, progress: bool) -> list[Result]:
-    if not progress:
-        return [run_one(c, p, dt, device, seed + i, notes) for i, (c, p, dt) in enumerate(runs)]
     try:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     except ImportError:
-        return [run_one(c, p, dt, device, seed + i, notes) for i, (c, p, dt) in enumerate(runs)]
+        progress = False
+    if not progress:  # a log, not a terminal: one line to stderr as each check ends
+        results = []
+        for i, (c, p, dt) in enumerate(runs):
+            r = run_one(c, p, dt, device, seed + i, notes)
+            results.append(r)
+            print(f"[{i + 1}/{len(runs)}] {r.status} {r.check} [{r.path} {r.dtype}] {r.seconds:.1f}s",
+                  file=sys.stderr, flush=True)
+        return results
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), transient=True) as bar:

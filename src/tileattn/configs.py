@@ -385,9 +385,9 @@ HOPPER_FWD = {
     (256, 256): HopperFwdConfig(block_n=64, num_stages=2, source="sm_90a compile report; H200 timing, v14, v15"),
 }
 # (QK, V head dim) -> config.  perf-notes v12: dSᵀ from shared memory for dK won 2-6 % at d = 64,
-# lost ~3 % at 128 (registers short either way); 192/128: 32-query tiles, dQ transposed (v15)
+# lost ~3 % at 128; v16: defer_sums (sinks only) +4-10 % at 64, 0 / -47 % at 128; 192/128: v15
 HOPPER_BWD = {
-    (64, 64): HopperBwdConfig(dk_from_smem=True, source="H200 timing, perf-notes v12"),
+    (64, 64): HopperBwdConfig(dk_from_smem=True, defer_sums=True, source="H200 timing, perf-notes v12, v16"),
     (128, 128): HopperBwdConfig(dk_from_smem=False, source="H200 timing, perf-notes v12"),
     (192, 128): HopperBwdConfig(block_m=32, num_stages=2, source="sm_90a compile report, perf-notes v15"),
 }

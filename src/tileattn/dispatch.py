@@ -140,6 +140,16 @@ def _gluon_ok() -> bool:
     return True
 
 
+def hopper_device(device: torch.device) -> bool:
+    """Whether ``device`` runs the Gluon Hopper kernels (compute capability 9.0, Gluon importable)."""
+    return _hopper_device(device.index if device.index is not None else torch.cuda.current_device())
+
+
+# ``HOPPER_DECODE = False`` (or TILEATTN_HOPPER_DECODE=0) keeps decoding on the
+# absorbed MLA cache on the portable partial kernel (launch/decode_hopper.py).
+HOPPER_DECODE = True
+
+
 def tma_addressable(t: torch.Tensor, n_dims: int | None = None) -> bool:
     """Whether the copy engine can address ``t`` through a tensor descriptor
     whose strides are ``launch.runtime.tma_strides(t, n_dims)``: unit stride

@@ -42,10 +42,10 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((64, 64), HopperBwdConfig(dk_from_smem=True, mask_all=True))]
 # the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D)
 SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1]]
-# (dims, config, causal, sinks): every forced config; with sinks, the table's and those adding each tile's
-# row sums under the next tile's products (defer_sums)
+# (dims, config, causal, sinks): every forced config; with sinks, the table's configs adding each tile's
+# row sums at once and under the next tile's products (defer_sums, the table's at d = 64)
 COMPILED = ([(dims, c, causal, False) for dims, c in FORCED for causal in (False, True)]
-            + [(dims, c, True, True) for dims, c in SUMMING]
+            + [(dims, dataclasses.replace(c, defer_sums=False), True, True) for dims, c in SUMMING]
             + [(dims, dataclasses.replace(c, defer_sums=True), causal, True) for dims, c in SUMMING
                for causal in (False, True)])
 
@@ -244,13 +244,14 @@ def test_dispatch_nondeterministic_plain_only():
 
 
 @needs_hopper
-@pytest.mark.parametrize("defer", [False, True], ids=["table", "defer-sums"])
+@pytest.mark.parametrize("defer", [False, True], ids=["sums-at-once", "defer-sums"])
 @pytest.mark.parametrize("head_dim,causal", [(64, True), (64, False), (128, True)],
                          ids=["d64-causal", "d64-full", "d128-causal"])
 def test_sinks_gradient_on_the_hopper_kernel(head_dim, causal, defer):
     """gpt-oss's shape family (GQA 8, d = 64) and d = 128: dq, dk, dv and the
     sinks' gradient (gathered by the kernel from P and dP) against float64,
-    with the table's config and with its row sums deferred to the next tile."""
+    with the table's config adding each tile's row sums at once and deferring
+    them to the next tile."""
     q, k, v, do = _inputs(1, 16, 2, 700, 700, head_dim, torch.bfloat16, seed=21)
     sinks = torch.linspace(-3.0, 3.0, 16, device="cuda")
     dlse = torch.randn(1, 16, 700, device="cuda")

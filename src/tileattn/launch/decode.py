@@ -54,6 +54,12 @@ one, 0.995 / 0.996 -> 0.998 / 0.999x on the other; at 16k and below the
 combine costs more than it gains, and on 16-token pages (rows gathered by
 pointer) it lost up to 3% on one of the two machines.
 
+On Hopper a call on the absorbed MLA cache with at most 32 packed rows
+(``decode_hopper.eligible``) runs its own partial kernel
+(``kernels/decode_hopper.py``): the same splits of whole 64-key tiles, the
+same partial outputs and combine, with ``decode_hopper.PROGRAMS_PER_SM`` (1)
+and ``decode_hopper.MIN_KEYS`` (128) in the split rule.
+
 The rules use the cache *capacity* (contiguous: its max_seqlen; paged:
 max_blocks x page_size), not the actual lengths, so the host never waits for
 the GPU and the call can be captured in a CUDA graph.  Each batch element's
@@ -69,7 +75,7 @@ import triton
 from .. import configs
 from ..configs import DecodeConfig
 from ..kernels.decode import _append_kv_kernel, _decode_combine_kernel, _decode_partial_kernel
-from . import runtime, tuning
+from . import decode_hopper, runtime, tuning
 # (re-exported: the launcher's config choice, in its own module)
 from .decode_configs import (  # noqa: F401
     _TUNE_KEY, _first_fitting, _set_boxes, _tuned_partial, decode_autotune_enabled, decode_smem_bytes, one_loop,
@@ -208,13 +214,14 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     plan_key = None
     if config is None and q.is_cuda and b > 0 and n_q > 0:
         autotuned = decode_autotune_enabled(block_m, k_cache.element_size())
+        switches = (autotuned, shared_kv, shared_kv and decode_hopper.enabled())
         if call_key is not None:
-            plan_key = runtime.plan_key("decode-call", (), call_key, lead_permille, autotuned, shared_kv)
+            plan_key = runtime.plan_key("decode-call", (), call_key, lead_permille, *switches)
         else:
             plan_key = runtime.plan_key("decode", (q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes,
                                                    k_new, v_new),
                                         int(n_new), int(capacity), float(scale), tuple(window), softcap,
-                                        num_splits, lead_permille, autotuned, shared_kv)
+                                        num_splits, lead_permille, *switches)
         plan = runtime.PLANS.get(plan_key) if plan_key is not None else None
         splits = _PLAN_SPLITS.get(plan_key) if plan is not None else None
         if splits is not None:   # (a plan without its split count is recorded again below)
@@ -250,7 +257,15 @@ def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, 
     hkv = k_cache.shape[1]
     group = hq // hkv
     m_blocks = triton.cdiv(group * n_q, block_m)
-    if num_splits == 0:
+    hopper = (k_src is not k_cache and config is None
+              and decode_hopper.eligible(q, k_src, v_cache, block_table, softcap, alibi_slopes, block_m))
+    if num_splits == 0 and hopper:
+        num_splits = choose_num_splits(b * hkv * m_blocks, capacity, runtime.sm_count(q.device),
+                                       programs_per_sm=decode_hopper.PROGRAMS_PER_SM, min_keys=decode_hopper.MIN_KEYS)
+        lead = choose_lead(b * hkv * m_blocks, capacity, runtime.sm_count(q.device), True) if num_splits == 1 else 0
+        num_splits = LEAD_SPLITS if lead else num_splits
+        lead_permille = lead if lead_permille is None else lead_permille
+    elif num_splits == 0:
         by_descriptor = (descriptor_tiles(k_src, v_cache, block_table is not None)
                          and not _shared_pages_by_pointer(k_src is not k_cache, block_table is not None, block_m,
                                                           k_cache.element_size()))
@@ -269,7 +284,7 @@ def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, 
                                      n_new=n_new, capacity=capacity, scale=scale, window=window,
                                      softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
                                      lead_permille=lead_permille, block_m=block_m, m_blocks=m_blocks,
-                                     config=config, shared_kv=k_src is not k_cache)
+                                     config=config, shared_kv=k_src is not k_cache, hopper=hopper)
     if plan_key is not None:
         tensors = _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slopes, out, lse,
                                   k_new, v_new, k_src)
@@ -325,11 +340,13 @@ def _decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, alibi_slope
 
 
 def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *, n_new, capacity, scale, window,
-                    softcap, alibi_slopes, num_splits, lead_permille, block_m, m_blocks, config, shared_kv=False):
+                    softcap, alibi_slopes, num_splits, lead_permille, block_m, m_blocks, config, shared_kv=False,
+                    hopper=False):
     """The partial kernel (and, for several splits, the combine).  Returns the
     partial outputs (``out``, ``lse`` themselves for one split).  With
     ``shared_kv``, ``k_cache`` is the keys' last D - Dv channels and
-    ``v_cache`` their first Dv (the kernel's HEAD_DIM_HI)."""
+    ``v_cache`` their first Dv (the kernel's HEAD_DIM_HI); with ``hopper``
+    (``decode_hopper.eligible``) the partial kernel is the Hopper one."""
     b, hq, n_q, d = q.shape
     hkv, dv = k_cache.shape[1], v_cache.shape[3]
     group = hq // hkv
@@ -356,6 +373,14 @@ def _kvcache_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *
         l_part = output_f32((b, hq, n_q, num_splits), q.device)
         o_strides = dict(zip(("stride_ob", "stride_oh", "stride_on", "stride_os", "stride_od"), o_part.stride()))
         l_strides = dict(zip(("stride_lb", "stride_lh", "stride_ln", "stride_ls"), l_part.stride()))
+
+    if hopper:
+        decode_hopper.launch(q, k_cache, v_cache, cache_seqlens, block_table, o_part, l_part, n_new=n_new,
+                             capacity=capacity, scale=scale, window=window, num_splits=num_splits,
+                             lead_permille=lead_permille, block_m=block_m, m_blocks=m_blocks)
+        if num_splits > 1:
+            combine_splits(o_part, l_part, out, lse)
+        return o_part, l_part
 
     left, right = window
     args = dict(

@@ -204,6 +204,19 @@ DIRECT_LAUNCH_VERSIONS = ("3.6.",)
 _DIRECT_SUPPORTED = triton.__version__.startswith(DIRECT_LAUNCH_VERSIONS)
 
 
+# the descriptor classes a launch key and a plan know: Triton's, and Gluon's
+# once a Gluon launcher registers it (launch/decode_hopper.py; Gluon is not
+# imported here, so a CPU install never does)
+_DESCRIPTOR_TYPES = {TensorDescriptor}
+
+
+def register_descriptor_type(cls) -> None:
+    """Let direct launches and plans take descriptors of ``cls`` (a dataclass
+    with Triton's fields: base, shape, strides, block_shape, padding, and
+    Gluon's layout)."""
+    _DESCRIPTOR_TYPES.add(cls)
+
+
 def _direct_enabled() -> bool:
     return _DIRECT_SUPPORTED and env("TILEATTN_DIRECT_LAUNCH", "1") != "0"
 
@@ -229,8 +242,8 @@ def _spec(v, constexpr: bool):
         return float
     if isinstance(v, torch.Tensor):
         return (v.dtype, v.data_ptr() % 16 == 0)
-    if t is TensorDescriptor:
-        return (v.base.dtype, *v.block_shape, v.padding)
+    if t in _DESCRIPTOR_TYPES:
+        return (t, v.base.dtype, *v.block_shape, v.padding, getattr(v, "layout", None))
     if v is None or t is bool or t is str:
         return (t, v)
     raise TypeError  # anything else: the regular path
@@ -304,7 +317,7 @@ class _PlannedLaunch:
     compiled: object
     grid: tuple
     template: tuple            # argument values; per-call tensors as None
-    slots: tuple               # (position, tensor name, descriptor fields or None)
+    slots: tuple               # (position, tensor name, (descriptor class, its fields) or None)
 
 
 def plan_key(kind: str, tensors: tuple, *scalars):
@@ -341,9 +354,9 @@ def end_record(key, tensors: dict) -> None:
     for compiled, grid, values in launches:
         template, slots = list(values), []
         for i, val in enumerate(values):
-            if type(val) is TensorDescriptor:
+            if type(val) in _DESCRIPTOR_TYPES:
                 name = names.get(id(val.base))
-                fields = {f: x for f, x in val.__dict__.items() if f != "base"}
+                fields = (type(val), {f: x for f, x in val.__dict__.items() if f != "base"})
             elif isinstance(val, torch.Tensor):
                 name, fields = names.get(id(val)), None
             else:
@@ -375,8 +388,9 @@ def replay(plan, tensors: dict) -> None:
             if fields is None:
                 values[i] = t
             else:
-                desc = TensorDescriptor.__new__(TensorDescriptor)
-                desc.__dict__.update(fields, base=t)
+                cls, kept = fields
+                desc = cls.__new__(cls)
+                desc.__dict__.update(kept, base=t)
                 values[i] = desc
         compiled, grid = step.compiled, step.grid
         compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
