@@ -77,7 +77,9 @@ CASES = [
     (Case(16, 1, 1, D, DV, BF16, (400, 90), n_new=1, shared=True, window=(100, -1), splits=2), True),
     (Case(16, 1, 1, D, DV, F16, (3, 500), n_new=1, shared=True, causal=False, splits=5), True),
     (Case(16, 1, 1, D, DV, BF16, (50, 300), n_new=1, page=32, shared=True), False),      # pages below a tile
-    (Case(128, 1, 1, D, DV, BF16, (300,), n_new=1, shared=True), False),                 # 128 packed rows
+    (Case(128, 1, 1, D, DV, BF16, (300, 77), n_new=1, shared=True), True),              # 4 blocks of 32 rows
+    (Case(40, 1, 2, D, DV, F16, (150, 64), n_new=2, shared=True, splits=2), True),      # 80 rows: a ragged block
+    (Case(128, 1, 2, D, DV, BF16, (90,), n_new=2, shared=True), False),                 # 256 packed rows
     (Case(16, 1, 1, D, DV, BF16, (90, 60), shared=True, softcap=4.0), False),
 ]
 

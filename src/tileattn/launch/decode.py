@@ -54,8 +54,8 @@ one, 0.995 / 0.996 -> 0.998 / 0.999x on the other; at 16k and below the
 combine costs more than it gains, and on 16-token pages (rows gathered by
 pointer) it lost up to 3% on one of the two machines.
 
-On Hopper a call on the absorbed MLA cache with at most 32 packed rows
-(``decode_hopper.eligible``) runs its own partial kernel
+On Hopper a call on the absorbed MLA cache (``decode_hopper.eligible``)
+runs its own partial kernel, 16 or 32 packed rows a program
 (``kernels/decode_hopper.py``): the same splits of whole 64-key tiles, the
 same partial outputs and combine, with ``decode_hopper.PROGRAMS_PER_SM`` (1)
 and ``decode_hopper.MIN_KEYS`` (128) in the split rule.
@@ -256,9 +256,11 @@ def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, 
     b, hq, n_q, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
-    m_blocks = triton.cdiv(group * n_q, block_m)
     hopper = (k_src is not k_cache and config is None
-              and decode_hopper.eligible(q, k_src, v_cache, block_table, softcap, alibi_slopes, block_m))
+              and decode_hopper.eligible(q, k_src, v_cache, block_table, softcap, alibi_slopes))
+    if hopper:
+        block_m = decode_hopper.block_rows(group * n_q)
+    m_blocks = triton.cdiv(group * n_q, block_m)
     if num_splits == 0 and hopper:
         num_splits = choose_num_splits(b * hkv * m_blocks, capacity, runtime.sm_count(q.device),
                                        programs_per_sm=decode_hopper.PROGRAMS_PER_SM, min_keys=decode_hopper.MIN_KEYS)

@@ -3,8 +3,9 @@
 
 Which calls run it (:func:`eligible`): a shared cache (``v_cache =
 k_cache[..., :512]``, D = 576: the absorbed layout), a CUDA device of compute
-capability 9.0 with Gluon, fp16 or bf16, at most ``MAX_ROWS`` packed query
-rows a kv head (16 query heads x 1 or 2 tokens), no softcap or ALiBi,
+capability 9.0 with Gluon, fp16 or bf16, at most ``MAX_GROUP_ROWS`` packed
+query rows a kv head (group size x Nq; a program takes 16 or 32 of them,
+:func:`block_rows`), no softcap or ALiBi,
 a contiguous cache or pages of a multiple of ``BLOCK_N`` tokens, cache
 views the copy engine can address.  Everything else runs the portable
 partial kernel.  ``TILEATTN_HOPPER_DECODE=0`` (or
@@ -29,6 +30,7 @@ from .runtime import LOG2E, tma_strides
 BLOCK_N = 64            # keys a tile (a warpgroup MMA's M)
 NUM_STAGES = 2          # key tiles in shared memory (2 x 73,728 B at 576 channels)
 MAX_ROWS = 32           # packed rows a program (the MMAs' N; Oᵀ is 4 x 128 x rows float32)
+MAX_GROUP_ROWS = 128    # packed rows a kv head (group size x Nq) the path takes, in blocks of MAX_ROWS
 HEAD_DIMS = (576, 512)  # (QK, V) head dims the kernel is built for
 NUM_WARPS = 4           # the softmax warpgroup (the load partition adds one warp)
 PROGRAMS_PER_SM = 1     # the split rule's programs an SM can hold
@@ -40,8 +42,15 @@ def enabled() -> bool:
     return dispatch.HOPPER_DECODE and env("TILEATTN_HOPPER_DECODE", "1") != "0"
 
 
-def eligible(q: torch.Tensor, k_hi: torch.Tensor, v_lo: torch.Tensor, block_table, softcap, alibi_slopes,
-             block_m: int) -> bool:
+def block_rows(rows: int) -> int:
+    """Packed rows a program (the MMAs' N) for ``rows`` = group size x Nq:
+    16, else 32; more than 32 run in blocks of 32, each block reading the
+    cache (the blocks of one split run side by side, so their second reads
+    come from L2)."""
+    return 16 if rows <= 16 else MAX_ROWS
+
+
+def eligible(q: torch.Tensor, k_hi: torch.Tensor, v_lo: torch.Tensor, block_table, softcap, alibi_slopes) -> bool:
     """Whether a shared-cache call runs the Hopper kernel; ``k_hi`` and
     ``v_lo`` are the cache's last and first channels as the launcher passes
     them (``k_cache[..., 512:]``, ``k_cache[..., :512]``)."""
@@ -49,7 +58,7 @@ def eligible(q: torch.Tensor, k_hi: torch.Tensor, v_lo: torch.Tensor, block_tabl
         return False
     if (q.shape[3], v_lo.shape[3]) != HEAD_DIMS or k_hi.shape[3] != HEAD_DIMS[0] - HEAD_DIMS[1]:
         return False
-    if softcap is not None or alibi_slopes is not None or block_m > MAX_ROWS:
+    if softcap is not None or alibi_slopes is not None or q.shape[1] // k_hi.shape[1] * q.shape[2] > MAX_GROUP_ROWS:
         return False
     if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16) or interpreter_active():
         return False
