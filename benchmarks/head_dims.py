@@ -11,8 +11,6 @@ out of shared memory) is reported as refused with its error, not dropped.
 
 ``tileattn-portable`` (on request only) is tileattn with its Hopper kernels
 turned off: the two beside each other say where the dispatch should switch.
-``tileattn-early-s`` (on request only, backward) is tileattn with the Hopper
-backward's table config switched to ``early_s``.
 
 TFLOP/s by ``tileattn.cost.attention_flops`` (with ``head_dim_v``); ratios
 are against FlexAttention measured in the same run: its default tiles, or
@@ -22,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import statistics
 
 import torch
@@ -67,7 +64,6 @@ def providers() -> dict:
     return {"flex": flex_with(None), "flex-small": flex_with(FLEX_SMALL),
             "tileattn": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
             "tileattn-portable": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
-            "tileattn-early-s": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
             "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
             "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
             "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
@@ -88,40 +84,19 @@ def _portable(on: bool):
         dispatch.HOPPER_FWD, dispatch.HOPPER_BWD = saved
 
 
-@contextlib.contextmanager
-def _early_s(on: bool, d: int, dv: int):
-    """With ``on``: the Hopper backward's table config for (d, dv) with
-    ``early_s`` (the next tile's S issued under this tile's dQ staging)."""
-    from tileattn import configs
-    saved = configs.HOPPER_BWD.get((d, dv))
-    if on and saved is not None:
-        configs.HOPPER_BWD[(d, dv)] = dataclasses.replace(saved, early_s=True)
-    try:
-        yield
-    finally:
-        if saved is not None:
-            configs.HOPPER_BWD[(d, dv)] = saved
-
-
-def _switches(name, q, v):
-    stack = contextlib.ExitStack()
-    stack.enter_context(_portable(name == "tileattn-portable"))
-    stack.enter_context(_early_s(name == "tileattn-early-s", q.shape[-1], v.shape[-1]))
-    return stack
-
-
 def _step(name, fn, q, k, v, do, causal, mode):
+    portable = name == "tileattn-portable"
     if mode == "fwd":
         def fwd():
-            with _switches(name, q, v):
+            with _portable(portable):
                 return fn(q, k, v, causal)
         return fwd
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    with _switches(name, q, v):
+    with _portable(portable):
         out = fn(*leaves, causal)
 
     def bwd():
-        with _switches(name, q, v):
+        with _portable(portable):
             return torch.autograd.grad(out, leaves, do, retain_graph=True)
     return bwd
 
@@ -137,13 +112,12 @@ def main():
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--providers", nargs="+", default=None,
-                    help="time only these (default: all but tileattn-portable and tileattn-early-s); "
-                         "flex or flex-small is the ratios' base")
+                    help="time only these (default: all but tileattn-portable); flex or flex-small is the ratios' base")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     provs = providers()
-    wanted = args.providers or [name for name in provs if name not in ("tileattn-portable", "tileattn-early-s")]
+    wanted = args.providers or [name for name in provs if name != "tileattn-portable"]
     unknown = sorted(set(wanted) - set(provs))
     if unknown:
         ap.error(f"--providers: unknown {unknown}; known: {sorted(provs)}")

@@ -9,8 +9,7 @@ and either the Hopper kernel (forced) beside tileattn's default dispatch or,
 with ``--configs``, each Hopper config.  Backward providers (the time of
 ``torch.autograd.grad`` through a graph built once): tileattn with the
 atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
-``--configs`` also each Hopper backward config, forced (causal: the
-table's with every tile masked too, ``mask_all``).  ``--sinks``:
+``--configs`` also each Hopper backward config, forced.  ``--sinks``:
 tileattn's default call with and without attention sinks, beside cuDNN
 (backward: also with the Hopper kernel's ``defer_sums``).
 ``--memory`` (backward): each provider's forward+backward peak over the
@@ -120,7 +119,7 @@ def bwd_config_steps(q, k, v, do, causal) -> dict:
     scale = d ** -0.5
     out, lse = launch.attn_fwd(q, k, v, causal, scale)
     table = configs.HOPPER_BWD[(d, d)]
-    cfgs = [table, HopperBwdConfig(num_stages=3)] + ([dataclasses.replace(table, mask_all=True)] if causal else [])
+    cfgs = [table, HopperBwdConfig(num_stages=3)]
     return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
                                                  deterministic=False)) for c in cfgs}
 

@@ -350,8 +350,6 @@ class HopperBwdConfig:
     block_n: int = 64           # keys per compute warpgroup (a program owns 2 * block_n)
     num_stages: int = 2         # Q/dO ring slots
     dk_from_smem: bool = False  # dK += dSᵀ Q reads dSᵀ from shared memory (else registers)
-    early_s: bool = False       # the wide kernel: the next tile's Sᵀ runs while this tile's dQᵀ is staged
-    mask_all: bool = False      # causal, d = 64/128: mask every tile (one copy of the softmax code)
     defer_sums: bool = False    # sinks, d = 64/128: a tile's dS row sums added under the next tile's products
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
@@ -359,8 +357,7 @@ class HopperBwdConfig:
 
     @property
     def name(self) -> str:
-        flags = "".join(f for f, on in (("-dks", self.dk_from_smem), ("-es", self.early_s), ("-ma", self.mask_all),
-                                        ("-ds", self.defer_sums)) if on)
+        flags = "".join(f for f, on in (("-dks", self.dk_from_smem), ("-ds", self.defer_sums)) if on)
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}{flags}"
 
 

@@ -182,7 +182,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                        off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                        DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
-                       SUM_DS: gl.constexpr, MASK_ALL: gl.constexpr, DEFER_SUMS: gl.constexpr):
+                       SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr):
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     # Sᵀ/dPᵀ: BLOCK_N keys x BLOCK_M queries; dK/dV: BLOCK_N keys x D; dQ: BLOCK_M x D/2
@@ -232,14 +232,14 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
             if t > 0:   # the previous tile's row sums, while Sᵀ and dPᵀ run
                 _add_row_sums(DS_SUM, rs_sum, off_b, hq_sum, m_sum, N_HEADS, N_Q, BLOCK_M, rs_layout)
         st = warpgroup_mma_wait(1, deps=[st])
-        if IS_CAUSAL and not MASK_ALL:
+        if IS_CAUSAL:
             # only tiles whose first row misses this warpgroup's last key need the mask
             if m + diag < key0 + BLOCK_N - 1:
                 pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, True)
             else:
                 pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, False)
-        else:   # MASK_ALL: every causal tile masked (fewer spills: 0 / 660 B at d = 64 / 128 against 28 / 932)
-            pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, IS_CAUSAL)
+        else:
+            pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, False)
         # Δ is read once lse₂ is dead (a query-indexed vector costs 16 registers a thread here)
         delta = gl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do2, dv, is_async=True)
@@ -308,8 +308,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                             GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
-                            SUM_DS: gl.constexpr, MASK_ALL: gl.constexpr = False,
-                            DEFER_SUMS: gl.constexpr = False):
+                            SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr = False):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup."""
     # causal: the first key blocks see the most query tiles, run them first
     pid_n = gl.program_id(0)
@@ -348,14 +347,14 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                               DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
-                              SUM_DS, MASK_ALL, DEFER_SUMS)),
+                              SUM_DS, DEFER_SUMS)),
         (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                               q_empty,
                               do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                               DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
-                              SUM_DS, MASK_ALL, DEFER_SUMS)),
+                              SUM_DS, DEFER_SUMS)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                            q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
                            BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0)),

@@ -22,13 +22,9 @@ program owns ``2 * BLOCK_N`` keys (``BLOCK_N`` per compute warpgroup), a load
 warp streams Q and dO tiles through ``NUM_STAGES`` slots, the two compute
 warpgroups meet once per tile when both halves of dSᵀ are in shared memory,
 and the copy engine adds the dQᵀ chunks into the sum.  The causal kernel
-masks every tile (cheaper here than two copies of the softmax code).  With
-``EARLY_S`` the next tile's Sᵀ (and its lse₂) is issued as soon as this
-tile's products are done, so it runs on the tensor cores while this tile's
-dQᵀ chunks are staged (compiled: 240-284 B of spills against 24-72 B; not
-yet timed, so not the table's).  No sinks (their row sums of dS would cost a
-third more dQ work here): the dispatch sends calls with sinks to the
-portable kernels.
+masks every tile (cheaper here than two copies of the softmax code).  No
+sinks (their row sums of dS would cost a third more dQ work here): the
+dispatch sends calls with sinks to the portable kernels.
 
 This module imports Gluon at load time: only the Hopper launcher imports it,
 lazily, so a CPU install never does.
@@ -54,35 +50,13 @@ def _stage_dqt(dqt, dq_stage, dq_desc, off_b, hq, m, row0, BLOCK_M: gl.constexpr
 
 
 @gluon.jit
-def _issue_st(k_mine, kt_mine, q_smem, qt_smem, q_ready, t, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """Wait for query tile ``t`` and issue Sᵀ = K Qᵀ over both pieces, asynchronously."""
-    s = t % NUM_STAGES
-    mbarrier.wait(q_ready.index(s), (t // NUM_STAGES) & 1)
-    zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-    st = warpgroup_mma(k_mine, q_smem.index(s).reshape([BLOCK_M, HEAD_DIM_V]).permute([1, 0]), zero,
-                       use_acc=False, is_async=True)
-    return warpgroup_mma(kt_mine, qt_smem.index(s).reshape([BLOCK_M, TAIL_DIM]).permute([1, 0]), st, is_async=True)
-
-
-@gluon.jit
-def _tile_lse2(t, n_m, m_lo, off_b, off_hk, GROUP_SIZE, N_HEADS, N_Q, LSE2, s_layout: gl.constexpr,
-               BLOCK_M: gl.constexpr):
-    """lse₂ of query tile ``t``'s rows (+inf past N_Q)."""
-    g = t // n_m
-    offs_m = m_lo + (t - g * n_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-    row = (off_b * N_HEADS + off_hk * GROUP_SIZE + g).to(gl.int64) * N_Q + offs_m
-    return gl.load(LSE2 + row, mask=offs_m < N_Q, other=float("inf"))
-
-
-@gluon.jit
 def _compute_partition(WG: gl.constexpr, k_smem, kt_smem, v_smem, q_smem, qt_smem, do_smem, ds_smem, dq_smem,
                        kv_bar, q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                        stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                        off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr,
                        TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                       DQ_BUFS: gl.constexpr, EARLY_S: gl.constexpr):
+                       DQ_BUFS: gl.constexpr):
     dtype: gl.constexpr = q_smem.dtype
     gl.static_assert(HEAD_DIM_V == 2 * CHUNK, "the first piece is two dQ chunks wide")
     gl.static_assert(TAIL_DIM == CHUNK, "the tail is one dQ chunk wide")
@@ -109,15 +83,6 @@ def _compute_partition(WG: gl.constexpr, k_smem, kt_smem, v_smem, q_smem, qt_sme
     dk = gl.zeros([BLOCK_N, HEAD_DIM_V], gl.float32, kv_layout)
     dkt = gl.zeros([BLOCK_N, TAIL_DIM], gl.float32, kt_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM_V], gl.float32, kv_layout)
-    if EARLY_S:
-        # Sᵀ of tile t + 1 is issued once tile t's products are done, so it runs
-        # while tile t's dQᵀ is staged; tile 0's before the loop
-        st_next = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-        lse_next = gl.full([BLOCK_M], float("inf"), gl.float32, gl.SliceLayout(0, s_layout))
-        if GROUP_SIZE * n_m > 0:
-            lse_next = _tile_lse2(0, n_m, m_lo, off_b, off_hk, GROUP_SIZE, N_HEADS, N_Q, LSE2, s_layout, BLOCK_M)
-            st_next = warpgroup_mma_wait(0, deps=[_issue_st(k_mine, kt_mine, q_smem, qt_smem, q_ready, 0, s_layout,
-                                                            BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES)])
     for t in range(GROUP_SIZE * n_m):
         g = t // n_m
         m = m_lo + (t - g * n_m) * BLOCK_M
@@ -126,27 +91,18 @@ def _compute_partition(WG: gl.constexpr, k_smem, kt_smem, v_smem, q_smem, qt_sme
         phase = (t // NUM_STAGES) & 1
         offs_m = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
         row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_m
-        if EARLY_S:
-            st = st_next
-            lse2 = lse_next
-            q2 = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM_V])
-            qt2 = qt_smem.index(s).reshape([BLOCK_M, TAIL_DIM])
-            zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-            mbarrier.wait(do_ready.index(s), phase)
-            do2 = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM_V])
-            dpt = warpgroup_mma(v_mine, do2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
-        else:
-            lse2 = gl.load(LSE2 + row, mask=offs_m < N_Q, other=float("inf"))
-            mbarrier.wait(q_ready.index(s), phase)
-            q2 = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM_V])
-            qt2 = qt_smem.index(s).reshape([BLOCK_M, TAIL_DIM])
-            zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-            st = warpgroup_mma(k_mine, q2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
-            st = warpgroup_mma(kt_mine, qt2.permute([1, 0]), st, is_async=True)
-            mbarrier.wait(do_ready.index(s), phase)
-            do2 = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM_V])
-            dpt = warpgroup_mma(v_mine, do2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
-            st = warpgroup_mma_wait(1, deps=[st])
+        lse2 = gl.load(LSE2 + row, mask=offs_m < N_Q, other=float("inf"))
+
+        mbarrier.wait(q_ready.index(s), phase)
+        q2 = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM_V])
+        qt2 = qt_smem.index(s).reshape([BLOCK_M, TAIL_DIM])
+        zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+        st = warpgroup_mma(k_mine, q2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+        st = warpgroup_mma(kt_mine, qt2.permute([1, 0]), st, is_async=True)
+        mbarrier.wait(do_ready.index(s), phase)
+        do2 = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM_V])
+        dpt = warpgroup_mma(v_mine, do2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=[st])
         # causal: every tile is masked (one copy of the softmax code: a split into
         # masked and unmasked tiles spilled 392 B and ran 1-2 % slower, perf-notes v15)
         pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, IS_CAUSAL)
@@ -169,30 +125,19 @@ def _compute_partition(WG: gl.constexpr, k_smem, kt_smem, v_smem, q_smem, qt_sme
         dv, dk, dkt, dqt = warpgroup_mma_wait(0, deps=[dv, dk, dkt, dqt])
         mbarrier.arrive(q_empty.index(s), count=1)
         mbarrier.arrive(do_empty.index(s), count=1)
-        if EARLY_S:
-            # the last tile issues its own Sᵀ again (its slot is not refilled): one spare product a program
-            t1 = gl.minimum(t + 1, GROUP_SIZE * n_m - 1)
-            lse_next = _tile_lse2(t1, n_m, m_lo, off_b, off_hk, GROUP_SIZE, N_HEADS, N_Q, LSE2, s_layout, BLOCK_M)
-            st_async = _issue_st(k_mine, kt_mine, q_smem, qt_smem, q_ready, t1, s_layout, BLOCK_M, BLOCK_N,
-                                 HEAD_DIM_V, TAIL_DIM, NUM_STAGES)
         # the previous tiles' reduces have read the staging buffers by now
         tma.store_wait(0)
         if t % 2 == WG:
             # the tail's chunk runs on the tensor cores while this warpgroup's is staged
             dqt2 = warpgroup_mma(kt_all.permute([1, 0]), ds_buf, zero_q, use_acc=False, is_async=True)
             _stage_dqt(dqt, dq_smem.index(DQ_BUFS * WG), dq_desc, off_b, hq, m, WG * CHUNK, BLOCK_M)
-            if EARLY_S:
-                st_next, dqt2 = warpgroup_mma_wait(0, deps=[st_async, dqt2])
-            else:
-                dqt2 = warpgroup_mma_wait(0, deps=[dqt2])
+            dqt2 = warpgroup_mma_wait(0, deps=[dqt2])
             if DQ_BUFS == 1:   # one staging buffer: the first chunk's reduce must have read it
                 tma.store_wait(0)
             _stage_dqt(dqt2, dq_smem.index(DQ_BUFS * WG + DQ_BUFS - 1), dq_desc, off_b, hq, m, HEAD_DIM_V,
                        BLOCK_M)
         else:
             _stage_dqt(dqt, dq_smem.index(DQ_BUFS * WG), dq_desc, off_b, hq, m, WG * CHUNK, BLOCK_M)
-            if EARLY_S:
-                st_next = warpgroup_mma_wait(0, deps=[st_async])
     tma.store_wait(0)
 
     # dK (both pieces) and dV of this warpgroup's keys (rows past N_K dropped)
@@ -217,7 +162,7 @@ def _attn_bwd_hopper_wide_kernel(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_de
                                  GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                                  HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
-                                 DQ_BUFS: gl.constexpr, EARLY_S: gl.constexpr):
+                                 DQ_BUFS: gl.constexpr):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup."""
     pid_n = gl.program_id(0)
     off_hk = gl.program_id(1)
@@ -245,14 +190,12 @@ def _attn_bwd_hopper_wide_kernel(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_de
                               q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, DQ_BUFS,
-                              EARLY_S)),
+                              BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, DQ_BUFS)),
         (_compute_partition, (1, k_smem, kt_smem, v_smem, q_smem, qt_smem, do_smem, ds_smem, dq_smem, kv_bar,
                               q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, DQ_BUFS,
-                              EARLY_S)),
+                              BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, DQ_BUFS)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                            q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
                            BLOCK_M, NUM_STAGES, qt_desc, kt_desc, qt_smem, kt_smem, TAIL_DIM)),

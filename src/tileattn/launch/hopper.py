@@ -148,7 +148,7 @@ def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_s
         GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
         DS_SUM=delta if ds_sum is None else ds_sum, SUM_DS=ds_sum is not None,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal), NUM_STAGES=cfg.num_stages,
-        DK_FROM_SMEM=cfg.dk_from_smem, MASK_ALL=cfg.mask_all, DEFER_SUMS=cfg.defer_sums)
+        DK_FROM_SMEM=cfg.dk_from_smem, DEFER_SUMS=cfg.defer_sums)
 
 
 def bwd_config_for(head_dim: int, head_dim_v: int | None = None) -> HopperBwdConfig:
@@ -181,8 +181,7 @@ def _wide_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg)
         stride_dvb=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
         GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
         HEAD_DIM_V=w, TAIL_DIM=d - w, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
-        NUM_STAGES=cfg.num_stages, DQ_BUFS=2 if cfg.block_m <= 32 else 1,   # 64 rows: 16 KB a buffer
-        EARLY_S=cfg.early_s)
+        NUM_STAGES=cfg.num_stages, DQ_BUFS=2 if cfg.block_m <= 32 else 1)   # 64 rows: 16 KB a buffer
 
 
 def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale: float,
@@ -225,13 +224,12 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
     if w != head_dim:
         from ..kernels.bwd_hopper_wide import _attn_bwd_hopper_wide_kernel as kernel
         args = _wide_bwd_args(tv, t, t, tv, dq_sum_transposed(t), t, tv, lse, lse, causal, 1.0, cfg)
-        const = {"HEAD_DIM_V", "TAIL_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DQ_BUFS", "EARLY_S"}
+        const = {"HEAD_DIM_V", "TAIL_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DQ_BUFS"}
     else:
         from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel as kernel
         f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
         args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, torch.empty(1, 2, 256) if sinks else None)
-        const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "MASK_ALL",
-                 "DEFER_SUMS"}
+        const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "DEFER_SUMS"}
     sig = {}
     for name in kernel.arg_names:
         value = args[name]
