@@ -16,7 +16,7 @@ tileattn's default call with and without attention sinks, beside cuDNN
 tensors a training step must hold.
 
     python benchmarks/vs_cudnn.py [--mode fwd|bwd] [--head-dim 64 128] [--seqlen 2048 ...]
-                                  [--dtype bf16] [--rounds 3] [--configs | --sinks] [--memory]
+                                  [--dtype bf16] [--group 1] [--rounds 3] [--configs | --sinks] [--memory]
                                   [--json out.json]
 """
 from __future__ import annotations
@@ -40,7 +40,8 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
     def sdpa(backend):
         def fn(q, k, v, causal):
             with torch.nn.attention.sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                        enable_gqa=k.shape[1] != q.shape[1])
         return fn
 
     def portable(q, k, v, causal):
@@ -104,7 +105,8 @@ def _deferred_sums(on: bool, head_dim: int):
 def bwd_providers() -> dict:
     def sdpa(q, k, v, causal):
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                    enable_gqa=k.shape[1] != q.shape[1])
     return {"sdpa-cudnn": sdpa,
             "tileattn-atomic": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal, deterministic=False),
             "tileattn-deterministic": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal,
@@ -180,9 +182,12 @@ def main():
     ap.add_argument("--memory", action="store_true", help="also report the forward+backward memory peak")
     ap.add_argument("--sinks", action="store_true", help="tileattn with and without attention sinks (their cost)")
     ap.add_argument("--mode", choices=("fwd", "bwd"), default="fwd")
+    ap.add_argument("--group", type=int, default=1, help="query heads a kv head (GQA; 1: none)")
     ap.add_argument("--configs", action="store_true",
                     help="time each Hopper config (forward: instead of the default; backward: beside it)")
     args = ap.parse_args()
+    if args.group < 1 or any((2048 // d) % args.group for d in args.head_dim):
+        ap.error(f"--group {args.group} must divide the query heads (2048 // head dim)")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     rows = []
     for d in args.head_dim:
@@ -193,7 +198,8 @@ def main():
         for causal in map(bool, args.causal):
             for n in args.seqlen:
                 b, h = max(1, 16384 // n), 2048 // d
-                q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype) for _ in range(3))
+                q = torch.randn(b, h, n, d, device="cuda", dtype=dtype)
+                k, v = (torch.randn(b, h // args.group, n, d, device="cuda", dtype=dtype) for _ in range(2))
                 errs = {}
                 if args.mode == "fwd":
                     ref = provs["sdpa-cudnn"](q, k, v, causal).float()
@@ -215,7 +221,8 @@ def main():
                 base = statistics.median(times["sdpa-cudnn"])
                 for name in names:
                     ms = statistics.median(times[name])
-                    rows.append(dict(mode=args.mode, dtype=args.dtype, d=d, causal=causal, n=n, provider=name, ms=ms,
+                    rows.append(dict(mode=args.mode, dtype=args.dtype, d=d, group=args.group, causal=causal, n=n,
+                                     provider=name, ms=ms,
                                      tflops=flops / ms * 1e-9, vs_cudnn=base / ms, max_diff_vs_cudnn=errs[name],
                                      rounds=times[name]))
                 line = "  ".join(f"{r['provider']}={r['tflops']:.0f}({r['vs_cudnn']:.3f}x,"
@@ -224,7 +231,8 @@ def main():
                 if args.memory and args.mode == "bwd":
                     print(f"  memory peak / (q, k, v, dO, O, dQ, dK, dV, lse): " + "  ".join(
                         f"{name}={_peak_ratio(fn, q, k, v, do, causal):.3f}" for name, fn in provs.items()), flush=True)
-                print(f"{args.mode} {args.dtype} d={d} causal={int(causal)} N={n}: {line}", flush=True)
+                gqa = f" group={args.group}" if args.group > 1 else ""
+                print(f"{args.mode} {args.dtype} d={d}{gqa} causal={int(causal)} N={n}: {line}", flush=True)
     if args.json:
         write_json(args.json, rows)
 
