@@ -9,7 +9,8 @@ and either the Hopper kernel (forced) beside tileattn's default dispatch or,
 with ``--configs``, each Hopper config.  Backward providers (the time of
 ``torch.autograd.grad`` through a graph built once): tileattn with the
 atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
-``--configs`` also each Hopper backward config, forced.  ``--sinks``:
+``--configs`` also each Hopper backward config, forced (causal: the table's
+with one key block a program, ``pair_blocks=False``, too).  ``--sinks``:
 tileattn's default call with and without attention sinks, beside cuDNN
 (backward: also with the Hopper kernel's ``defer_sums``).
 ``--memory`` (backward): each provider's forward+backward peak over the
@@ -121,7 +122,7 @@ def bwd_config_steps(q, k, v, do, causal) -> dict:
     scale = d ** -0.5
     out, lse = launch.attn_fwd(q, k, v, causal, scale)
     table = configs.HOPPER_BWD[(d, d)]
-    cfgs = [table, HopperBwdConfig(num_stages=3)]
+    cfgs = [table, HopperBwdConfig(num_stages=3)] + ([dataclasses.replace(table, pair_blocks=False)] if causal else [])
     return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
                                                  deterministic=False)) for c in cfgs}
 

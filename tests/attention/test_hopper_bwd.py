@@ -37,7 +37,9 @@ needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a 
 # ((QK, V head dims), config): the table's and the other configs worth forcing
 FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((128, 128), HopperBwdConfig(num_stages=3)), ((128, 128), HopperBwdConfig(dk_from_smem=True)),
-    ((64, 64), HopperBwdConfig(dk_from_smem=False)), ((192, 128), HopperBwdConfig(block_m=32, num_stages=3))]
+    ((64, 64), HopperBwdConfig(dk_from_smem=False)), ((192, 128), HopperBwdConfig(block_m=32, num_stages=3)),
+    # causal: one key block a program instead of a pair of mirror-image blocks
+    ((128, 128), HopperBwdConfig(pair_blocks=False)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=False))]
 # the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D)
 SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1]]
 # (dims, config, causal, sinks): every forced config; with sinks, the table's configs adding each tile's

@@ -77,11 +77,16 @@ def _query_tiles(start_n, N_Q, N_K, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constex
 def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
                     do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
                     BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, qt_desc, kt_desc, qt_smem, kt_smem,
-                    TAIL_DIM: gl.constexpr):
+                    TAIL_DIM: gl.constexpr, t0, kv_empty, WAIT_KV: gl.constexpr):
     """The load warp: the program's K and V tiles once, then the Q and dO
     tiles of every query tile into the ring.  With a tail (``TAIL_DIM`` > 0,
     the wide kernel) Q and K come as two pieces each, through ``qt_desc`` /
-    ``kt_desc`` into ``qt_smem`` / ``kt_smem`` (without one those are unused)."""
+    ``kt_desc`` into ``qt_smem`` / ``kt_smem`` (without one those are unused).
+    ``t0``: the ring's tiles before this key block's (a program's second
+    block of a pair); ``WAIT_KV``: its K and V tiles replace the first
+    block's once both compute warpgroups arrived on ``kv_empty``."""
+    if WAIT_KV:
+        mbarrier.wait(kv_empty, 0)
     if TAIL_DIM > 0:
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + kt_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, start_n, 0], kv_bar, k_smem)
@@ -94,9 +99,9 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
         g = t // n_m
         m = m_lo + (t - g * n_m) * BLOCK_M
         hq = off_hk * GROUP_SIZE + g
-        s = t % NUM_STAGES
+        s = (t0 + t) % NUM_STAGES
         # a slot starts empty: the first wait on each passes (phase 1)
-        phase = ((t // NUM_STAGES) & 1) ^ 1
+        phase = (((t0 + t) // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(q_empty.index(s), phase)
         _load_rows(q_desc, qt_desc, [off_b, hq, m, 0], q_ready.index(s), q_smem.index(s), qt_smem.index(s),
                    TAIL_DIM)
@@ -182,7 +187,12 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                        off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                        DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
-                       SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr):
+                       SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr, t0, kv_phase, kv_empty,
+                       ARRIVE_KV: gl.constexpr):
+    """One key block of the program: ``t0`` ring tiles came before it and its
+    K and V tiles complete ``kv_bar`` in phase ``kv_phase`` (a pair's second
+    block: 1); with ``ARRIVE_KV`` the warpgroup arrives on ``kv_empty`` after
+    a pair's first block, once its products are done with its K and V."""
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     # Sᵀ/dPᵀ: BLOCK_N keys x BLOCK_M queries; dK/dV: BLOCK_N keys x D; dQ: BLOCK_M x D/2
@@ -200,7 +210,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     offs_n = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
     diag = N_K - N_Q
 
-    mbarrier.wait(kv_bar, 0)
+    mbarrier.wait(kv_bar, kv_phase)
     k_all = k_smem.reshape([2 * BLOCK_N, HEAD_DIM])
     k_mine = k_all.slice(WG * BLOCK_N, BLOCK_N, dim=0)
     v_mine = v_smem.reshape([2 * BLOCK_N, HEAD_DIM]).slice(WG * BLOCK_N, BLOCK_N, dim=0)
@@ -215,8 +225,9 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         g = t // n_m
         m = m_lo + (t - g * n_m) * BLOCK_M
         hq = off_hk * GROUP_SIZE + g
-        s = t % NUM_STAGES
-        phase = (t // NUM_STAGES) & 1
+        tg = t0 + t   # the ring's and the dSᵀ buffers' count
+        s = tg % NUM_STAGES
+        phase = (tg // NUM_STAGES) & 1
         offs_m = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
         row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_m
         lse2 = gl.load(LSE2 + row, mask=offs_m < N_Q, other=float("inf"))
@@ -254,7 +265,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         # dSᵀ to shared memory for dQ (both halves); with DK_FROM_SMEM dK += dSᵀ Q
         # reads this warpgroup's half from there too, so no registers are held
         # while it runs, else it takes dSᵀ from registers and starts sooner
-        ds_buf = ds_smem.index(t % 2)
+        ds_buf = ds_smem.index(tg % 2)
         ds_mine = ds_buf.slice(WG * BLOCK_N, BLOCK_N, dim=0)
         if not DK_FROM_SMEM:
             dk = warpgroup_mma(gl.convert_layout(ds16, a_layout), q2, dk, is_async=True)
@@ -263,8 +274,8 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         gl.thread_barrier()
         if DK_FROM_SMEM:
             dk = warpgroup_mma(ds_mine, q2, dk, is_async=True)
-        mbarrier.arrive(ds_bars.index(t % 2), count=1)
-        mbarrier.wait(ds_bars.index(t % 2), (t // 2) & 1)
+        mbarrier.arrive(ds_bars.index(tg % 2), count=1)
+        mbarrier.wait(ds_bars.index(tg % 2), (tg // 2) & 1)
         zero_q = gl.zeros([BLOCK_M, HALF_D], gl.float32, dq_layout)
         dq = warpgroup_mma(ds_buf.permute([1, 0]), k_cols, zero_q, use_acc=False, is_async=True)
         if SUM_DS:
@@ -290,6 +301,9 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         if GROUP_SIZE * n_m > 0:
             _add_row_sums(DS_SUM, rs_sum, off_b, hq_sum, m_sum, N_HEADS, N_Q, BLOCK_M, rs_layout)
     tma.store_wait(0)
+    if ARRIVE_KV:   # after a pair's first block: the second block's K and V may land now
+        if kv_phase == 0:
+            mbarrier.arrive(kv_empty, count=1)
 
     # dK and dV of this warpgroup's keys (rows past N_K dropped)
     offs_kn = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
@@ -303,13 +317,54 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
 
 
 @gluon.jit
+def _compute_paired(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
+                    q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
+                    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                    off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE, N_HEADS,
+                    N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                    DK_FROM_SMEM: gl.constexpr, SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr):
+    """A compute warpgroup over a pair of key blocks (the second one only
+    where ``n_m_b`` >= 0), one loop iteration each (one copy of the block's
+    code, not two): the ring's and the dSᵀ buffers' counts run on across
+    the two, and K/V's barrier completes a second time."""
+    t0 = n_m * 0
+    for blk in range(gl.where(n_m_b >= 0, 2, 1)):
+        first = blk == 0
+        _compute_partition(WG, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
+                           q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
+                           stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                           off_b, off_hk, gl.where(first, start_n, start_b), gl.where(first, m_lo, m_lo_b),
+                           gl.where(first, n_m, n_m_b), GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
+                           DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS,
+                           DEFER_SUMS, t0, blk, kv_empty, True)
+        t0 = t0 + GROUP_SIZE * n_m
+
+
+@gluon.jit
+def _load_paired(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
+                 do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty,
+                 GROUP_SIZE, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The load warp over a pair of key blocks (see :func:`_compute_paired`)."""
+    _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
+                    do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, BLOCK_M, NUM_STAGES,
+                    q_desc, k_desc, q_smem, k_smem, 0, 0, kv_empty, False)
+    if n_m_b >= 0:
+        _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
+                        do_ready, do_empty, off_b, off_hk, start_b, m_lo_b, n_m_b, GROUP_SIZE, BLOCK_M,
+                        NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, GROUP_SIZE * n_m, kv_empty, True)
+
+
+@gluon.jit
 def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LSE2, DELTA,
                             stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                             GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
-                            SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr = False):
-    """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup."""
+                            SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr = False, PAIRED: gl.constexpr = False):
+    """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup; with
+    PAIRED (causal) two such key blocks, the grid's first half of them and
+    their mirror images, so that every program has the same work."""
     # causal: the first key blocks see the most query tiles, run them first
     pid_n = gl.program_id(0)
     off_hk = gl.program_id(1)
@@ -340,24 +395,50 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
 
     # the two compute partitions' argument tuples are written out: a tuple
     # built by concatenation in the kernel loses its constexpr entries (triton 3.6)
-    gl.warp_specialize([
-        (_compute_partition, (0, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
-                              q_empty,
-                              do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
-                              stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                              off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
-                              SUM_DS, DEFER_SUMS)),
-        (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
-                              q_empty,
-                              do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
-                              stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                              off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
-                              SUM_DS, DEFER_SUMS)),
-        (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
-                           q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
-                           BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0)),
-    ], [4, 1], [240, 24])
+    if PAIRED:
+        # key blocks pid_n and n_blocks - 1 - pid_n, one after the other: equal causal work a program
+        kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_empty, count=2)
+        start_b = (gl.cdiv(N_K, 2 * BLOCK_N) - 1 - pid_n) * (2 * BLOCK_N)
+        m_lo_b, n_m_b = _query_tiles(start_b, N_Q, N_K, BLOCK_M, IS_CAUSAL)
+        n_m_b = gl.where(start_b > start_n, n_m_b, -1)   # -1: no second block (the middle one of an odd count)
+        gl.warp_specialize([
+            (_compute_paired, (0, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
+                               q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
+                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                               off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE,
+                               N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM,
+                               NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS)),
+            (_compute_paired, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
+                               q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
+                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                               off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE,
+                               N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM,
+                               NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS)),
+            (_load_paired, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
+                            q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b,
+                            kv_empty, GROUP_SIZE, BLOCK_M, NUM_STAGES)),
+        ], [4, 1], [240, 24])
+        mbarrier.invalidate(kv_empty)
+    else:
+        gl.warp_specialize([
+            (_compute_partition, (0, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
+                                  q_empty,
+                                  do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
+                                  stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                                  off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
+                                  DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
+                                  SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False)),
+            (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
+                                  q_empty,
+                                  do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
+                                  stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                                  off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
+                                  DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
+                                  SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False)),
+            (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
+                               q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
+                               BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, 0, kv_bar, False)),
+        ], [4, 1], [240, 24])
 
     _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES)

@@ -148,7 +148,7 @@ def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_s
         GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
         DS_SUM=delta if ds_sum is None else ds_sum, SUM_DS=ds_sum is not None,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal), NUM_STAGES=cfg.num_stages,
-        DK_FROM_SMEM=cfg.dk_from_smem, DEFER_SUMS=cfg.defer_sums)
+        DK_FROM_SMEM=cfg.dk_from_smem, DEFER_SUMS=cfg.defer_sums, PAIRED=bool(causal) and cfg.pair_blocks)
 
 
 def bwd_config_for(head_dim: int, head_dim_v: int | None = None) -> HopperBwdConfig:
@@ -205,6 +205,8 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
                                            num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
         return
     from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel
+    if causal and cfg.pair_blocks:   # a program takes a pair of key blocks
+        grid = (triton.cdiv(grid[0], 2), hkv, b)
     _attn_bwd_hopper_kernel[grid](**_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum),
                                   num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
 
@@ -229,7 +231,8 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
         from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel as kernel
         f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
         args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, torch.empty(1, 2, 256) if sinks else None)
-        const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "DEFER_SUMS"}
+        const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "PAIRED",
+                 "DEFER_SUMS"}
     sig = {}
     for name in kernel.arg_names:
         value = args[name]
