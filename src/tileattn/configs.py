@@ -351,7 +351,7 @@ class HopperBwdConfig:
     num_stages: int = 2         # Q/dO ring slots
     dk_from_smem: bool = False  # dK += dSᵀ Q reads dSᵀ from shared memory (else registers)
     defer_sums: bool = False    # sinks, d = 64/128: a tile's dS row sums added under the next tile's products
-    pair_blocks: bool = True    # causal, d = 64/128: a program takes key blocks j and n-1-j (equal work)
+    pair_blocks: bool | None = None  # causal, d = 64/128: key blocks j, n-1-j a program (None: pairs_pay)
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
@@ -359,7 +359,8 @@ class HopperBwdConfig:
     @property
     def name(self) -> str:
         flags = "".join(f for f, on in (("-dks", self.dk_from_smem), ("-ds", self.defer_sums),
-                                        ("-unpaired", not self.pair_blocks)) if on)
+                                        ("-paired", self.pair_blocks is True),
+                                        ("-unpaired", self.pair_blocks is False)) if on)
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}{flags}"
 
 

@@ -38,7 +38,8 @@ needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a 
 FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((128, 128), HopperBwdConfig(num_stages=3)), ((128, 128), HopperBwdConfig(dk_from_smem=True)),
     ((64, 64), HopperBwdConfig(dk_from_smem=False)), ((192, 128), HopperBwdConfig(block_m=32, num_stages=3)),
-    # causal: one key block a program instead of a pair of mirror-image blocks
+    # causal: always a pair of mirror-image key blocks a program, never (the table's: where pairs_pay)
+    ((128, 128), HopperBwdConfig(pair_blocks=True)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=True)),
     ((128, 128), HopperBwdConfig(pair_blocks=False)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=False))]
 # the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D)
 SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1]]
@@ -300,3 +301,24 @@ def test_default_takes_hopper_unless_torch_deterministic(switch, torch_determini
         tileattn.attention(*leaves, causal=True).backward(do)
     assert bool(calls) is (not switch), \
         "deterministic=None: the Hopper backward unless torch.use_deterministic_algorithms is on"
+
+
+# (name, n, batch x kv heads, pairing expected): the H200 cases of perf-notes v16 (16 query heads,
+# d = 128, 16k tokens a batch) -- pairing won 31 % at GQA 8, 4k and lost 1-10 % on the others
+PAIRING = [("gqa8-4k", 4096, 8, True), ("gqa8-16k", 16384, 2, False), ("mha-2k", 2048, 128, False),
+           ("mha-4k", 4096, 64, False), ("mha-16k", 16384, 16, False), ("one-wave-333", 333, 6, False)]
+
+
+@pytest.mark.parametrize("n,copies,expected", [c[1:] for c in PAIRING], ids=[c[0] for c in PAIRING])
+def test_pairing_rule(n, copies, expected):
+    """Where the table's config (pair_blocks=None) takes key blocks in pairs:
+    only where the simulated balance of the plain grid is poor."""
+    assert launch_hopper.pairs_pay(n, n, copies, 128, 64, 132) is expected
+
+
+def test_pairing_follows_the_config():
+    q = torch.empty(1, 16, 4096, 128)
+    k = torch.empty(1, 2, 4096, 128)
+    assert not launch_hopper._paired(q, k, False, HopperBwdConfig(pair_blocks=True))   # never without causal
+    assert launch_hopper._paired(q, k, True, HopperBwdConfig(pair_blocks=True))
+    assert not launch_hopper._paired(q, k, True, HopperBwdConfig(pair_blocks=False))
