@@ -98,6 +98,10 @@ def test_table_output():
     assert "PASS" in res.stdout and "FAIL" not in res.stdout
     assert "pure-PyTorch tiled path" in res.stdout  # says which path ran
     assert "passed, 0 failed" in res.stdout
+    # without a terminal each check writes one line to stderr as it ends (a log shows where a run is)
+    progress = [line for line in res.stderr.splitlines() if line.startswith("[")]
+    n = int(progress[-1].split("]")[0].split("/")[1]) if progress else 0
+    assert progress and len(progress) == n and progress[-1].startswith(f"[{n}/{n}]"), res.stderr
 
 
 def test_a_failing_check_exits_1(capsys, monkeypatch):
