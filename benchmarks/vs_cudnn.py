@@ -230,7 +230,7 @@ def main():
                                  f"e{r['max_diff_vs_cudnn']:.0e})" for r in rows[-len(names):])
                 del steps
                 if args.memory and args.mode == "bwd":
-                    print(f"  memory peak / (q, k, v, dO, O, dQ, dK, dV, lse): " + "  ".join(
+                    print("  memory peak / (q, k, v, dO, O, dQ, dK, dV, lse): " + "  ".join(
                         f"{name}={_peak_ratio(fn, q, k, v, do, causal):.3f}" for name, fn in provs.items()), flush=True)
                 gqa = f" group={args.group}" if args.group > 1 else ""
                 print(f"{args.mode} {args.dtype} d={d}{gqa} causal={int(causal)} N={n}: {line}", flush=True)

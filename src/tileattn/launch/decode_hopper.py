@@ -20,7 +20,6 @@ kernel's, merged by the same combine.
 from __future__ import annotations
 
 import torch
-import triton
 
 from .. import dispatch
 from .._env import env, interpreter_active
@@ -121,10 +120,8 @@ def launch(q, k_hi, v_lo, cache_seqlens, block_table, o_part, l_part, *, n_new: 
 def compile_sm90(block_m: int = 16, paged: bool = False, dtype: str = "bf16", causal: bool = False):
     """Compile the kernel for sm_90a without a GPU (Triton bundles ptxas); not
     under ``TRITON_INTERPRET`` (see ``launch.hopper.compile_sm90``)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
     from ..kernels.decode_hopper import _decode_absorbed_hopper_kernel as kernel
+    from .hopper import compile_gluon
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
     d, dv = HEAD_DIMS
     cache = torch.empty(2, 1, 256, d, dtype=torch_dtype)
@@ -136,22 +133,7 @@ def compile_sm90(block_m: int = 16, paged: bool = False, dtype: str = "bf16", ca
     args = kernel_args(q, cache[..., dv:], cache[..., :dv], seqlens, table, o, lse, n_new=0, capacity=256,
                        scale=1.0, window=(-1, 0 if causal else -1), lead_permille=0, block_m=block_m)
     const = {"BLOCK_M", "BLOCK_N", "NUM_STAGES", "PAGE_SIZE", "HEAD_DIM_V", "HEAD_DIM_HI", "HAS_LEFT", "HAS_RIGHT"}
-    sig = {}
-    for name in kernel.arg_names:
-        value = args[name]
-        if name in const:
-            sig[name] = "constexpr"
-        elif isinstance(value, torch.Tensor):
-            sig[name] = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32",
-                         torch.int32: "*i32"}[value.dtype]
-        elif isinstance(value, float):
-            sig[name] = "fp32"
-        elif isinstance(value, int):
-            sig[name] = "i32"
-        else:
-            sig[name] = mangle_type(value)
-    src = GluonASTSource(fn=kernel, signature=sig, constexprs={(kernel.arg_names.index(k),): args[k] for k in const})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=NUM_WARPS))
+    return compile_gluon(kernel, args, const, dict(num_warps=NUM_WARPS))
 
 
 def compile_report(block_m: int = 16, paged: bool = False, dtype: str = "bf16", causal: bool = False) -> dict:

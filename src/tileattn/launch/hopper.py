@@ -268,9 +268,6 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
     """:func:`compile_sm90` for the backward kernel (``sinks``: with the dS
     row sums their gradient needs; ``head_dim_v`` narrower than ``head_dim``:
     the wide kernel)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
     w = head_dim if head_dim_v is None else head_dim_v
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
     t, tv = (torch.empty(1, 2, 256, x, dtype=torch_dtype) for x in (head_dim, w))
@@ -286,24 +283,33 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
                          paired=bool(causal) and cfg.pair_blocks is True)
         const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "PAIRED",
                  "DEFER_SUMS"}
+    return compile_gluon(kernel, args, const, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg))
+
+
+_POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32"}
+
+
+def compile_gluon(kernel, args: dict, const: set, options: dict):
+    """Compile a Gluon kernel for sm_90a from its keyword arguments (the
+    names in ``const`` as constexprs), without a GPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
     sig = {}
     for name in kernel.arg_names:
         value = args[name]
         if name in const:
             sig[name] = "constexpr"
         elif isinstance(value, torch.Tensor):
-            sig[name] = "*bf16" if value.dtype == torch.bfloat16 else ("*fp16" if value.dtype == torch.float16
-                                                                      else "*fp32")
+            sig[name] = _POINTER_TYPES[value.dtype]
         elif isinstance(value, float):
             sig[name] = "fp32"
         elif isinstance(value, int):
             sig[name] = "i32"
         else:
             sig[name] = mangle_type(value)
-    src = GluonASTSource(fn=kernel, signature=sig,
-                         constexprs={(kernel.arg_names.index(k),): args[k] for k in const})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg))
+    src = GluonASTSource(fn=kernel, signature=sig, constexprs={(kernel.arg_names.index(k),): args[k] for k in const})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def compile_bwd_report(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16",
