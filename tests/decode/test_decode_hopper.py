@@ -141,3 +141,31 @@ def test_second_call_replays_a_plan(kernels, splits):
     assert calls == [1], f"{len(calls)} launcher calls: the second call did not replay a plan"
     for name, (out, want, low) in (("first", first), ("second", second)):
         check_accuracy(f"{name} call", out, want, low, BF16)
+
+
+@pytest.mark.parametrize("rows,expected", [(1, 16), (16, 16), (17, 32), (32, 32), (128, 32)])
+def test_block_rows(rows, expected):
+    """16 packed rows a program, else 32 (more rows: blocks of 32)."""
+    assert decode_hopper.block_rows(rows) == expected
+
+
+# (name, batch, cache capacity, splits) on 132 SMs, 16 heads (one 16-row block a batch element)
+HOPPER_SPLITS = [("b4-4k", 4, 4096, 31), ("b4-32k", 4, 32768, 32), ("b32-8k", 32, 8192, 4),
+                 ("b128-4k", 128, 4096, 1), ("b4-200", 4, 200, 1)]
+
+
+@pytest.mark.parametrize("batch,capacity,expected", [c[1:] for c in HOPPER_SPLITS], ids=[c[0] for c in HOPPER_SPLITS])
+def test_split_rule_on_the_hopper_path(batch, capacity, expected):
+    """One program an SM and splits of at least two 64-key tiles, the fewest
+    within 5 % of the best fill: the H200 runs of perf-notes v16 (B = 4 at
+    32k: 32 splits of 1k keys)."""
+    from tileattn.launch.decode import choose_num_splits
+    got = choose_num_splits(batch, capacity, 132, programs_per_sm=decode_hopper.PROGRAMS_PER_SM,
+                            min_keys=decode_hopper.MIN_KEYS)
+    assert got == expected
+
+
+def test_not_eligible_off_hopper():
+    """CPU tensors (and so the interpreter's) never take the Hopper kernel."""
+    k = torch.empty(1, 1, 64, D)
+    assert not decode_hopper.eligible(torch.empty(1, 16, 1, D), k[..., DV:], k[..., :DV], None, None, None)
