@@ -1,6 +1,6 @@
 """Is the PTX of the kernels unchanged by a refactor?  Compiles the training
-kernels (forward, dK/dV, dQ, the atomic dK/dV) and the decoding kernel for
-sm_90 ahead of time (no GPU, no TRITON_INTERPRET) over a named set of cases,
+kernels (forward, dK/dV, dQ, the atomic dK/dV), the decoding kernel and the
+Gluon Hopper kernels (``--only hopper``) for sm_90 ahead of time (no GPU, no TRITON_INTERPRET) over a named set of cases,
 saves the PTX, or compares it with a saved set after normalising both
 (line info, debug sections, comments and inline-asm markers removed).
 
@@ -72,10 +72,48 @@ DECODE_CASES = {
 }
 
 
+def hopper_cases():
+    """name -> ("hopper", kernel, QK head dim, V head dim or rows, causal, sinks or paged, paired): the
+    Gluon kernels at every table config (the backward's causal one also forced into key-block pairs), and the
+    absorbed decoding kernel at 16 and 32 rows, contiguous and paged."""
+    from tileattn import configs
+    cases = {}
+    for (d, dv) in configs.HOPPER_FWD:
+        for causal in (False, True):
+            cases[f"hopper-fwd-d{d}-{dv}-{'causal' if causal else 'full'}"] = ("hopper", "fwd", d, dv, causal, False,
+                                                                                False)
+    for (d, dv) in configs.HOPPER_BWD:
+        for causal in (False, True):
+            for sinks in ((False, True) if d == dv else (False,)):
+                for paired in ((False, True) if causal and d == dv else (False,)):
+                    name = (f"hopper-bwd-d{d}-{dv}-{'causal' if causal else 'full'}{'-sinks' if sinks else ''}"
+                            f"{'-paired' if paired else ''}")
+                    cases[name] = ("hopper", "bwd", d, dv, causal, sinks, paired)
+    for rows in (16, 32):
+        for paged in (False, True):
+            cases[f"hopper-decode-mla-rows{rows}-{'paged' if paged else 'contig'}"] = ("hopper", "decode", 576, rows,
+                                                                                       True, paged, False)
+    return cases
+
+
 def all_cases():
     cases = training_cases()
     cases.update({name: ("decode", kw) for name, kw in DECODE_CASES.items()})
+    cases.update(hopper_cases())
     return cases
+
+
+def _compile_hopper(case):
+    import dataclasses
+    from tileattn import configs
+    from tileattn.launch import decode_hopper, hopper
+    _, kind, d, dv, causal, flag, paired = case
+    if kind == "fwd":
+        return hopper.compile_sm90(d, configs.HOPPER_FWD[(d, dv)], causal, "bf16", False, head_dim_v=dv)
+    if kind == "bwd":
+        cfg = dataclasses.replace(configs.HOPPER_BWD[(d, dv)], pair_blocks=paired or None)
+        return hopper.compile_bwd_sm90(d, cfg, causal, "bf16", flag, head_dim_v=dv)
+    return decode_hopper.compile_sm90(dv, flag, "bf16", causal)
 
 
 _DROP = re.compile(r"^\s*(\.loc|\.file|//|\$L__tmp\d+:|\$L__func_(begin|end)\d+:)")
@@ -99,8 +137,8 @@ def build(name_case):
     import compile_report as cr
     from tileattn import configs
     try:
-        if case[0] == "decode":
-            ck = cr.compile_decode(**case[1])
+        if case[0] in ("decode", "hopper"):
+            ck = cr.compile_decode(**case[1]) if case[0] == "decode" else _compile_hopper(case)
             ptx = ck.asm["ptx"]
             regs, spills = cr._ptxas_info(ptx, 90)
             smem = ck.metadata.shared
