@@ -7,7 +7,7 @@ import re
 import statistics
 from pathlib import Path
 
-from .hardware import KB, Hardware, Value, hardware_from_dict, user_hardware_dir
+from .hardware import Hardware, hardware_from_dict, user_hardware_dir
 
 
 class NoGPUError(RuntimeError):
