@@ -124,10 +124,12 @@ def choose_num_splits(programs_per_split: int, capacity: int, num_sms: int,
     return next(s for s in range(1, limit + 1) if efficiency(s) >= _EFFICIENCY_SLACK * best)
 
 
-def choose_splits(programs_per_split: int, capacity: int, num_sms: int, descriptor_tiles: bool) -> tuple[int, int]:
+def choose_splits(programs_per_split: int, capacity: int, num_sms: int, descriptor_tiles: bool,
+                  programs_per_sm: int = PROGRAMS_PER_SM, min_keys: int = MIN_KEYS_PER_SPLIT) -> tuple[int, int]:
     """(split count, leading split's share in 1/1000) for ``num_splits=0``:
-    :func:`choose_num_splits`, and where that is one split, :func:`choose_lead`."""
-    splits = choose_num_splits(programs_per_split, capacity, num_sms)
+    :func:`choose_num_splits` (with the partial kernel's programs an SM and
+    fewest keys a split), and where that is one split, :func:`choose_lead`."""
+    splits = choose_num_splits(programs_per_split, capacity, num_sms, programs_per_sm, min_keys)
     if splits == 1:
         lead = choose_lead(programs_per_split, capacity, num_sms, descriptor_tiles)
         if lead:
@@ -261,17 +263,16 @@ def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, 
     if hopper:
         block_m = decode_hopper.block_rows(group * n_q)
     m_blocks = triton.cdiv(group * n_q, block_m)
-    if num_splits == 0 and hopper:
-        num_splits = choose_num_splits(b * hkv * m_blocks, capacity, runtime.sm_count(q.device),
-                                       programs_per_sm=decode_hopper.PROGRAMS_PER_SM, min_keys=decode_hopper.MIN_KEYS)
-        lead = choose_lead(b * hkv * m_blocks, capacity, runtime.sm_count(q.device), True) if num_splits == 1 else 0
-        num_splits = LEAD_SPLITS if lead else num_splits
-        lead_permille = lead if lead_permille is None else lead_permille
-    elif num_splits == 0:
-        by_descriptor = (descriptor_tiles(k_src, v_cache, block_table is not None)
-                         and not _shared_pages_by_pointer(k_src is not k_cache, block_table is not None, block_m,
-                                                          k_cache.element_size()))
-        num_splits, lead = choose_splits(b * hkv * m_blocks, capacity, runtime.sm_count(q.device), by_descriptor)
+    if num_splits == 0:
+        if hopper:   # tiles by descriptor; one program an SM, two tiles a split at least
+            by_descriptor, rule = True, dict(programs_per_sm=decode_hopper.PROGRAMS_PER_SM,
+                                             min_keys=decode_hopper.MIN_KEYS)
+        else:
+            by_descriptor, rule = (descriptor_tiles(k_src, v_cache, block_table is not None)
+                                   and not _shared_pages_by_pointer(k_src is not k_cache, block_table is not None,
+                                                                    block_m, k_cache.element_size())), {}
+        num_splits, lead = choose_splits(b * hkv * m_blocks, capacity, runtime.sm_count(q.device), by_descriptor,
+                                         **rule)
         lead_permille = lead if lead_permille is None else lead_permille
     lead_permille = lead_permille or 0
     if lead_permille and num_splits < 2:   # (before the append writes the cache)

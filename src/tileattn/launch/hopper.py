@@ -15,6 +15,7 @@ imported on first use, so a CPU install never imports it.
 from __future__ import annotations
 
 import functools
+import heapq
 
 import torch
 import triton
@@ -22,7 +23,7 @@ import triton
 from .. import configs
 from ..configs import HopperBwdConfig, HopperFwdConfig
 from ..dispatch import tma_addressable
-from .runtime import LOG2E, tma_strides
+from .runtime import LOG2E, sm_count, tma_strides
 
 
 def _descriptor(t: torch.Tensor, rows: int):
@@ -152,7 +153,6 @@ PAIR_MARGIN = 0.1       # pair where the simulated balance gains at least this
 def _balance(works: tuple, sms: int) -> float:
     """The SMs' busy fraction when programs of these works (in launch order)
     go to the first free SM, each with half a tile of fixed cost."""
-    import heapq
     free = [0.0] * min(sms, len(works))
     for w in works:
         heapq.heappush(free, heapq.heappop(free) + w + 0.5)
@@ -182,7 +182,6 @@ def _paired(q, k, causal: bool, cfg: HopperBwdConfig) -> bool:
     if cfg.pair_blocks:
         return True
     b, _, n_q, _ = q.shape
-    from .runtime import sm_count
     return pairs_pay(n_q, k.shape[2], b * k.shape[1], 2 * cfg.block_n, cfg.block_m, sm_count(q.device))
 
 
