@@ -58,9 +58,9 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
     out = {"sdpa-cudnn": sdpa(torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
            "sdpa-flash": sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION),
            "portable": portable}
-    variants = {64: [dict(), dict(warpgroups=3, overlap=False), dict(warpgroups=3, block_n=64),
-                     dict(warpgroups=3, overlap=False, poly_exp=1)],
-                128: [dict(), dict(num_stages=3), dict(pingpong=False)]}
+    variants = {64: [dict(num_stages=3), dict(num_stages=2), dict(num_stages=3, pingpong=False)],
+                128: [dict(num_stages=2), dict(num_stages=3), dict(num_stages=2, pingpong=False),
+                      dict(num_stages=2, overlap=False)]}
     if not per_config:
         out["hopper"] = hopper(configs.HOPPER_FWD[(head_dim, head_dim)])
         out["tileattn"] = lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal)
@@ -122,8 +122,7 @@ def bwd_config_steps(q, k, v, do, causal) -> dict:
     scale = d ** -0.5
     out, lse = launch.attn_fwd(q, k, v, causal, scale)
     table = configs.HOPPER_BWD[(d, d)]
-    cfgs = [table, dataclasses.replace(table, own_dq=True)] + ([dataclasses.replace(table, pair_blocks=False)]
-                                                               if causal else [])
+    cfgs = [table, HopperBwdConfig(num_stages=3)] + ([dataclasses.replace(table, pair_blocks=False)] if causal else [])
     return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
                                                  deterministic=False)) for c in cfgs}
 

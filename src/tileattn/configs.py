@@ -324,7 +324,8 @@ def all_configs() -> list[tuple[str, int, KernelConfig]]:
 # Hopper forward (Gluon, kernels/fwd_hopper.py).  A program runs 2 * block_m query rows: block_m per softmax
 # warpgroup (two partitions of 4 warps) plus a one-warp TMA loader; 168 registers per thread at launch,
 # reallocated to 240 for the softmax warps and 24 for the loader (3 warpgroups x 128 threads x 168 <= 65536).
-# Shared memory: 2 Q tiles + num_stages K, V tiles (sm_90a compile report, tests/attention/test_hopper_fwd.py).
+# Shared memory is 2 Q tiles + num_stages K and V tiles (the sm_90a compile report, triton 3.6.0, compiled
+# without a GPU, matches it within the barriers; tests/attention/test_hopper_fwd.py).  H200 timing: v11.
 # ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class HopperFwdConfig:
@@ -332,17 +333,15 @@ class HopperFwdConfig:
     block_n: int = 128
     num_stages: int = 2
     overlap: bool = True        # issue Q K_j^T with P_{j-1} V_{j-1}; softmax j under the latter
-    pingpong: bool = True       # the softmax warpgroups take turns issuing their products
-    warpgroups: int = 2         # softmax warpgroups: 2 (240 registers each) or 3 (160, maxnreg 128)
-    poly_exp: int = 0           # of every 4 exp2s of an unmasked tile, this many on the FMA pipe (0-2)
+    pingpong: bool = True       # the two warpgroups take turns issuing their products
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
 
     @property
     def name(self) -> str:
-        return (f"hopper-M{self.block_m}x{self.warpgroups}-N{self.block_n}-s{self.num_stages}{'-ov' if self.overlap else ''}"
-                f"{'-pp' if self.pingpong else ''}{f'-pe{self.poly_exp}' if self.poly_exp else ''}")
+        return (f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}"
+                f"{'-ov' if self.overlap else ''}{'-pp' if self.pingpong else ''}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,16 +352,15 @@ class HopperBwdConfig:
     dk_from_smem: bool = False  # dK += dSᵀ Q reads dSᵀ from shared memory (else registers)
     defer_sums: bool = False    # sinks, d = 64/128: a tile's dS row sums added under the next tile's products
     pair_blocks: bool | None = None  # causal, d = 64/128: key blocks j, n-1-j a program (None: pairs_pay)
-    own_dq: bool = False        # each warpgroup adds all dQ columns from its own keys (no meeting a tile)
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
 
     @property
     def name(self) -> str:
-        flags = "".join(f for f, on in (("-dks", self.dk_from_smem), ("-ds", self.defer_sums), ("-odq", self.own_dq),
-                                        ("-paired", self.pair_blocks is True), ("-unpaired", self.pair_blocks is False))
-                        if on)
+        flags = "".join(f for f, on in (("-dks", self.dk_from_smem), ("-ds", self.defer_sums),
+                                        ("-paired", self.pair_blocks is True),
+                                        ("-unpaired", self.pair_blocks is False)) if on)
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}{flags}"
 
 
@@ -375,10 +373,11 @@ class HopperBwdConfig:
 # (192 full) or at 512 and 1k (256), the Hopper kernel 1.26-1.80x the portable from 2k.
 HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048,
                        (192, False): 1024, (192, True): 2048, (256, False): 2048, (256, True): 2048}
-# (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA): 2 Q tiles of 64 x 192 + 2 stages of
-# K (128 x 192) and V (128 x 128) = 212,992 B; O (as wide as V) is staged in the Q tile's first
-# piece.  256: 64-key tiles (2 Q tiles of 64 KB + 2 stages of 2 x 32 KB = 196,608 B; O is 128
-# registers a thread of the 240).
+# (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA): 2 Q tiles of
+# 64 x 192 + 2 stages of K (128 x 192) and V (128 x 128) = 212,992 B; O (as
+# wide as V) is staged in the Q tile's first piece.  256: 64-key tiles (2 Q
+# tiles of 64 KB + 2 stages of 2 x 32 KB = 196,608 B; O is 128 registers a
+# thread of the 240).
 HOPPER_FWD = {
     (64, 64): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
     (128, 128): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),

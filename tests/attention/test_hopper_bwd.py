@@ -40,10 +40,7 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((64, 64), HopperBwdConfig(dk_from_smem=False)), ((192, 128), HopperBwdConfig(block_m=32, num_stages=3)),
     # causal: always a pair of mirror-image key blocks a program, never (the table's: where pairs_pay)
     ((128, 128), HopperBwdConfig(pair_blocks=True)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=True)),
-    ((128, 128), HopperBwdConfig(pair_blocks=False)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=False)),
-    # each warpgroup adds every dQ column from its own keys
-    ((64, 64), HopperBwdConfig(dk_from_smem=True, own_dq=True)),
-    ((64, 64), HopperBwdConfig(dk_from_smem=True, own_dq=True, pair_blocks=True))]
+    ((128, 128), HopperBwdConfig(pair_blocks=False)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=False))]
 # the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D)
 SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1]]
 # (dims, config, causal, sinks): every forced config; with sinks, the table's configs adding each tile's
@@ -61,16 +58,13 @@ def _dims_id(dims):
 def _expected_shared(dims, cfg):
     """The shared memory the kernel's buffers take (barriers aside): the
     program's K and V, the Q and dO slots, two dSᵀ buffers and the float32
-    dQ staging (two column halves, or two full-width tiles with
-    ``own_dq``; the wide kernel: two 64-row chunks a warpgroup at 32-query
-    tiles, one at 64)."""
+    dQ staging (two column halves; the wide kernel: two 64-row chunks a
+    warpgroup at 32-query tiles, one at 64)."""
     d, dv = dims
     kv = 2 * cfg.block_n * (d + dv) * 2
     ring = cfg.num_stages * cfg.block_m * (d + dv) * 2
     ds = 2 * (2 * cfg.block_n * cfg.block_m * 2)
     dq = (4 if cfg.block_m <= 32 else 2) * 64 * cfg.block_m * 4 if dv != d else 2 * cfg.block_m * d // 2 * 4
-    if cfg.own_dq:
-        dq *= 2
     return kv + ring + ds + dq
 
 

@@ -36,12 +36,6 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((128, 128), HopperFwdConfig(num_stages=2, overlap=True, pingpong=False)),
     ((128, 128), HopperFwdConfig(num_stages=3)),
     ((192, 128), HopperFwdConfig(num_stages=2, overlap=False)),
-    ((64, 64), HopperFwdConfig(poly_exp=1)),
-    ((64, 64), HopperFwdConfig(poly_exp=2)),
-    ((128, 128), HopperFwdConfig(poly_exp=1)),
-    # three softmax warpgroups (160 registers each): without the overlap, or with 64-key tiles
-    ((64, 64), HopperFwdConfig(warpgroups=3, overlap=False)),
-    ((64, 64), HopperFwdConfig(warpgroups=3, block_n=64)),
 ]
 
 
@@ -87,11 +81,10 @@ def test_compiles_for_sm90(reports, dims, cfg, causal, name):
     rep = reports[(dims, name, causal)]
     assert rep["wgmma"] > 0, "no warpgroup MMA in the PTX"
     assert rep["tma"], "no TMA copy in the PTX"
-    softmax_regs = "240" if cfg.warpgroups == 2 else "160"
-    assert {"24", softmax_regs} <= set(rep["setmaxnreg"]), \
-        f"register reallocation {rep['setmaxnreg']}: not 24 for the loader and {softmax_regs} for the softmax warps"
+    assert {"24", "240"} <= set(rep["setmaxnreg"]), \
+        f"register reallocation {rep['setmaxnreg']}: not 24 for the loader and 240 for the softmax warps"
     assert not rep["local"], "local memory in the PTX (a register array indexed at run time)"
-    expect = cfg.warpgroups * cfg.block_m * head_dim * 2 + cfg.num_stages * cfg.block_n * (head_dim + head_dim_v) * 2
+    expect = 2 * cfg.block_m * head_dim * 2 + cfg.num_stages * cfg.block_n * (head_dim + head_dim_v) * 2
     assert expect <= rep["shared"] <= expect + 1024, \
         f"shared memory {rep['shared']} is not Q + K/V stages ({expect}) + barriers"
     assert rep["shared"] <= 227 * 1024, "more shared memory than a Hopper block may have"
@@ -148,13 +141,10 @@ def test_every_config(dims, cfg, causal):
 
 @needs_hopper
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d,cfg", [(128, None), (64, HopperFwdConfig(poly_exp=2))], ids=["d128", "d64-poly-exp"])
-def test_large_logits_and_strided_layout(causal, d, cfg):
-    """Large logits (scores far below the row max: the polynomial exp2's
-    clamp) and a (B, N, H, D) layout."""
-    q, k, v = _inputs(2, 4, 4, 600, 600, d, torch.bfloat16, seed=11, layout="bnhd", logit_scale=30.0)
+def test_large_logits_and_strided_layout(causal):
+    q, k, v = _inputs(2, 4, 4, 600, 600, 128, torch.bfloat16, seed=11, layout="bnhd", logit_scale=30.0)
     assert not q.is_contiguous()
-    _check("large-logits-bnhd", q, k, v, causal, cfg)
+    _check("large-logits-bnhd", q, k, v, causal)
 
 
 @needs_hopper

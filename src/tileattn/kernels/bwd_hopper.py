@@ -167,18 +167,16 @@ def _add_row_sums(DS_SUM, sums, off_b, hq, m, N_HEADS, N_Q, BLOCK_M: gl.constexp
 
 
 @gluon.jit
-def _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, WG: gl.constexpr, BLOCK_M: gl.constexpr, COL0: gl.constexpr,
-               WIDTH: gl.constexpr):
-    """Stage this warpgroup's dQ columns [COL0, COL0 + WIDTH) and let the
-    copy engine add them into the float32 sum at rows [m, m + BLOCK_M) of
-    head ``hq``."""
+def _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, WG: gl.constexpr, BLOCK_M: gl.constexpr, HALF_D: gl.constexpr):
+    """Stage this warpgroup's dQ columns and let the copy engine add them
+    into the float32 sum at rows [m, m + BLOCK_M) of head ``hq``."""
     # the previous tile's reduce has read the staging buffer by now
     tma.store_wait(0)
     stage = dq_smem.index(WG)
     stage.store(dq)
     fence_async_shared()
     gl.thread_barrier()
-    _tma_reduce_add(dq_desc, [off_b, hq, m, COL0], stage.reshape([1, 1, BLOCK_M, WIDTH]))
+    _tma_reduce_add(dq_desc, [off_b, hq, m, WG * HALF_D], stage.reshape([1, 1, BLOCK_M, HALF_D]))
 
 
 @gluon.jit
@@ -190,23 +188,20 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                        DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
                        SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr, t0, kv_phase, kv_empty,
-                       ARRIVE_KV: gl.constexpr, OWN_DQ: gl.constexpr):
+                       ARRIVE_KV: gl.constexpr):
     """One key block of the program: ``t0`` ring tiles came before it and its
     K and V tiles complete ``kv_bar`` in phase ``kv_phase`` (a pair's second
     block: 1); with ``ARRIVE_KV`` the warpgroup arrives on ``kv_empty`` after
-    a pair's first block, once its products are done with its K and V.  With
-    ``OWN_DQ`` the warpgroup adds all of dQ's columns from its own keys' dS
-    (twice the reduce traffic, and the two warpgroups need not meet a tile)."""
+    a pair's first block, once its products are done with its K and V."""
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
-    DQ_W: gl.constexpr = HEAD_DIM if OWN_DQ else HALF_D   # dQ columns a warpgroup forms
     # Sᵀ/dPᵀ: BLOCK_N keys x BLOCK_M queries; dK/dV: BLOCK_N keys x D; dQ: BLOCK_M x D/2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_DIM, 16])
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, DQ_W, 16])
+                                                        instr_shape=[16, HALF_D, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     # SUM_DS: queries x 8 (column 0 is the sum, the others multiply zeros)
     rs_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -279,13 +274,10 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         gl.thread_barrier()
         if DK_FROM_SMEM:
             dk = warpgroup_mma(ds_mine, q2, dk, is_async=True)
-        zero_q = gl.zeros([BLOCK_M, DQ_W], gl.float32, dq_layout)
-        if OWN_DQ:
-            dq = warpgroup_mma(ds_mine.permute([1, 0]), k_mine, zero_q, use_acc=False, is_async=True)
-        else:
-            mbarrier.arrive(ds_bars.index(tg % 2), count=1)
-            mbarrier.wait(ds_bars.index(tg % 2), (tg // 2) & 1)
-            dq = warpgroup_mma(ds_buf.permute([1, 0]), k_cols, zero_q, use_acc=False, is_async=True)
+        mbarrier.arrive(ds_bars.index(tg % 2), count=1)
+        mbarrier.wait(ds_bars.index(tg % 2), (tg // 2) & 1)
+        zero_q = gl.zeros([BLOCK_M, HALF_D], gl.float32, dq_layout)
+        dq = warpgroup_mma(ds_buf.permute([1, 0]), k_cols, zero_q, use_acc=False, is_async=True)
         if SUM_DS:
             zero_rs = gl.zeros([BLOCK_M, 8], gl.float32, rs_layout)
             rs = warpgroup_mma(ds_mine.permute([1, 0]), ones_smem.permute([1, 0]), zero_rs, use_acc=False,
@@ -304,7 +296,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
             dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
         mbarrier.arrive(q_empty.index(s), count=1)
         mbarrier.arrive(do_empty.index(s), count=1)
-        _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, WG, BLOCK_M, 0 if OWN_DQ else WG * HALF_D, DQ_W)
+        _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, WG, BLOCK_M, HALF_D)
     if SUM_DS and DEFER_SUMS:
         if GROUP_SIZE * n_m > 0:
             _add_row_sums(DS_SUM, rs_sum, off_b, hq_sum, m_sum, N_HEADS, N_Q, BLOCK_M, rs_layout)
@@ -331,8 +323,7 @@ def _compute_paired(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
                     off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE, N_HEADS,
                     N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                    DK_FROM_SMEM: gl.constexpr, SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr,
-                    OWN_DQ: gl.constexpr):
+                    DK_FROM_SMEM: gl.constexpr, SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr):
     """A compute warpgroup over a pair of key blocks (the second one only
     where ``n_m_b`` >= 0), one loop iteration each (one copy of the block's
     code, not two): the ring's and the dSᵀ buffers' counts run on across
@@ -346,7 +337,7 @@ def _compute_paired(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
                            off_b, off_hk, gl.where(first, start_n, start_b), gl.where(first, m_lo, m_lo_b),
                            gl.where(first, n_m, n_m_b), GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                            DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS,
-                           DEFER_SUMS, t0, blk, kv_empty, True, OWN_DQ)
+                           DEFER_SUMS, t0, blk, kv_empty, True)
         t0 = t0 + GROUP_SIZE * n_m
 
 
@@ -370,8 +361,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                             GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
-                            SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr = False, PAIRED: gl.constexpr = False,
-                            OWN_DQ: gl.constexpr = False):
+                            SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr = False, PAIRED: gl.constexpr = False):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup; with
     PAIRED (causal) two such key blocks, the grid's first half of them and
     their mirror images, so that every program has the same work."""
@@ -390,9 +380,8 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BLOCK_N, BLOCK_M], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_N, BLOCK_M], ds_layout)
-    DQ_W: gl.constexpr = HEAD_DIM if OWN_DQ else HALF_D
-    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_W], gl.float32)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_W], dq_layout)
+    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF_D], gl.float32)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF_D], dq_layout)
     ones_smem = dq_smem  # a placeholder without SUM_DS
     if SUM_DS:
         # a column of ones (row 0 of this K-major tile) for dS's sums over keys
@@ -419,13 +408,13 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE,
                                N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM,
-                               NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS, OWN_DQ)),
+                               NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS)),
             (_compute_paired, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                                stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE,
                                N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM,
-                               NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS, OWN_DQ)),
+                               NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS)),
             (_load_paired, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                             q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b,
                             kv_empty, GROUP_SIZE, BLOCK_M, NUM_STAGES)),
@@ -439,14 +428,14 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                   stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                   off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                                   DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
-                                  SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, OWN_DQ)),
+                                  SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False)),
             (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                                   q_empty,
                                   do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                                   stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                   off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                                   DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
-                                  SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, OWN_DQ)),
+                                  SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
                                BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, 0, kv_bar, False)),

@@ -45,48 +45,6 @@ LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
 
-def _exp2_asm(n_poly: int) -> str:
-    """PTX for four exp2s of x <= 0: the first ``n_poly`` on the FMA pipe,
-    the others on the special-function unit (ex2.approx.ftz).  The FMA ones
-    split x (clamped to -125) as j + f, j = round(x) by the 1.5 * 2^23 trick
-    (so j's bits are also t's low mantissa bits), f in [-0.5, 0.5]; 2^f is a
-    cubic fitted for the least worst relative error (7.5e-5, below a bf16 or
-    fp16 rounding), and j is added into the exponent field."""
-    parts = []
-    for i in range(4):
-        x, y = f"${i + 4}", f"${i}"
-        if i >= n_poly:
-            parts.append(f"ex2.approx.ftz.f32 {y}, {x};")
-            continue
-        parts.append(
-            "{ .reg .f32 x, t, j, f, p; .reg .b32 e, b; "
-            f"max.f32 x, {x}, 0fC2FA0000; add.rn.f32 t, x, 0f4B400000; sub.rn.f32 j, t, 0f4B400000; "
-            "sub.rn.f32 f, x, j; fma.rn.f32 p, f, 0f3D61FB81, 0f3E786F00; fma.rn.f32 p, p, f, 0f3F31798D; "
-            "fma.rn.f32 p, p, f, 0f3F7FFB49; mov.b32 e, t; shl.b32 e, e, 23; mov.b32 b, p; "
-            f"add.s32 b, b, e; mov.b32 {y}, b; }}")
-    return " ".join(parts)
-
-
-EXP2_POLY1: gl.constexpr = gl.constexpr(_exp2_asm(1))
-EXP2_POLY2: gl.constexpr = gl.constexpr(_exp2_asm(2))
-
-
-@gluon.jit
-def _exp2(x, POLY_EXP: gl.constexpr):
-    """exp2 of x <= 0 (finite where POLY_EXP > 0): with POLY_EXP = 1 or 2, that
-    many of every four on the FMA pipe (:func:`_exp2_asm`), so the
-    special-function unit, which bounds the softmax at d = 64, does fewer."""
-    gl.static_assert(POLY_EXP >= 0 and POLY_EXP <= 2, "POLY_EXP (exp2s of four on the FMA pipe) must be 0, 1 or 2")
-    if POLY_EXP == 1:
-        return gl.inline_asm_elementwise(EXP2_POLY1, "=r,=r,=r,=r,r,r,r,r", [x], dtype=gl.float32, is_pure=True,
-                                         pack=4)
-    elif POLY_EXP == 2:
-        return gl.inline_asm_elementwise(EXP2_POLY2, "=r,=r,=r,=r,r,r,r,r", [x], dtype=gl.float32, is_pure=True,
-                                         pack=4)
-    else:
-        return gl.exp2(x)
-
-
 @gluon.jit
 def _key_tiles(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """(n_full, n_tiles) for the query tile at ``start_m``: key tiles
@@ -123,10 +81,9 @@ def _load_rows(desc, tail_desc, coords, bar, smem, tail_smem, TAIL_DIM: gl.const
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
                     k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
-                    NUM_WG: gl.constexpr):
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr):
     # one Q tile of BLOCK_M rows per softmax warpgroup
-    for wg in gl.static_range(NUM_WG):
+    for wg in gl.static_range(2):
         _load_rows(q_desc, qt_desc, [off_b, off_h, start_m + wg * BLOCK_M, 0], q_bars.index(wg), q_smem.index(wg),
                    qt_smem.index(wg), TAIL_DIM)
     for j in range(n_tiles):
@@ -169,16 +126,14 @@ def _issue_pv(p, acc, v_smem, v_ready, j, o_layout: gl.constexpr, BLOCK_N: gl.co
 
 @gluon.jit
 def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, POLY_EXP: gl.constexpr):
+                  IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr):
     """The running softmax of key tile ``j``: (p, alpha, m_new, l_new).
 
     The max runs over the raw scores and is scaled once per row, so each
     score costs one fused multiply-add before its exp2: exp2(s * c - m * c)
     (c = scale * log2 e > 0, so the max commutes with the scaling).  As in
     ``kernels.common.online_softmax_step``, a row that has seen no visible
-    key keeps max -inf and subtracts 0, so exp2 gives 0, not NaN.  Only
-    unmasked tiles take ``POLY_EXP`` (the polynomial's clamp would turn a
-    hidden score's 0 into 2^-125)."""
+    key keeps max -inf and subtracts 0, so exp2 gives 0, not NaN."""
     if MASKED:
         offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         visible = (offs_n < N_K)[None, :]
@@ -190,10 +145,7 @@ def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.cons
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_ref = m_new
-    if MASKED:
-        p = gl.exp2(qk * qk_scale - m_ref[:, None])
-    else:
-        p = _exp2(qk * qk_scale - m_ref[:, None], POLY_EXP)
+    p = gl.exp2(qk * qk_scale - m_ref[:, None])
     alpha = gl.exp2(m_i - m_ref)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
@@ -201,33 +153,29 @@ def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.cons
 
 @gluon.jit
 def _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr,
-                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, POLY_EXP: gl.constexpr):
+                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """:func:`_softmax_step` with the mask where tile ``j`` needs one."""
     if j < n_full:
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
-                                           IS_CAUSAL, False, POLY_EXP)
+                                           IS_CAUSAL, False)
     else:
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
-                                           IS_CAUSAL, True, 0)
+                                           IS_CAUSAL, True)
     return p, alpha, m_i, l_i
 
 
 @gluon.jit
 def _my_turn(turns, i, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Wait until the warpgroup before this one (round robin) has issued its
-    products of step i (warpgroup 0: the last one's of step i-1; it goes
-    first, its first wait passes)."""
+    """Wait until the other warpgroup has issued its products of step i-1
+    (warpgroup 0 goes first: its first wait passes)."""
     if PINGPONG:
-        if WG == 0:
-            mbarrier.wait(turns.index(0), (i & 1) ^ 1)
-        else:
-            mbarrier.wait(turns.index(WG), i & 1)
+        mbarrier.wait(turns.index(WG), (i & 1) ^ (1 - WG))
 
 
 @gluon.jit
-def _your_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr, NUM_WG: gl.constexpr):
+def _your_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
     if PINGPONG:
-        mbarrier.arrive(turns.index((WG + 1) % NUM_WG), count=1)
+        mbarrier.arrive(turns.index(1 - WG), count=1)
 
 
 @gluon.jit
@@ -237,7 +185,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                        IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-                       HAS_SINKS: gl.constexpr, POLY_EXP: gl.constexpr, NUM_WG: gl.constexpr):
+                       HAS_SINKS: gl.constexpr):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of the program's query tile.
     Both warpgroups run every key tile of the program (the loader's ring is
     shared), each with its own mask boundary ``n_full``."""
@@ -275,27 +223,27 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
             _my_turn(turns, 0, WG, PINGPONG)
             qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, 0, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                            TAIL_DIM, NUM_STAGES)
-            _your_turn(turns, WG, PINGPONG, NUM_WG)
+            _your_turn(turns, WG, PINGPONG)
             qk = warpgroup_mma_wait(0, deps=[qk])
             mbarrier.arrive(k_empty.index(0), count=1)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, 0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                               BLOCK_N, IS_CAUSAL, POLY_EXP)
+                                               BLOCK_N, IS_CAUSAL)
             for j in range(1, n_tiles):
                 _my_turn(turns, j, WG, PINGPONG)
                 qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                                TAIL_DIM, NUM_STAGES)
                 acc = _issue_pv(p, acc, v_smem, v_ready, j - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
-                _your_turn(turns, WG, PINGPONG, NUM_WG)
+                _your_turn(turns, WG, PINGPONG)
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
                 p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                                   BLOCK_N, IS_CAUSAL, POLY_EXP)
+                                                   BLOCK_N, IS_CAUSAL)
                 acc = warpgroup_mma_wait(0, deps=[acc])
                 mbarrier.arrive(v_empty.index((j - 1) % NUM_STAGES), count=1)
                 acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, n_tiles, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, n_tiles - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
-            _your_turn(turns, WG, PINGPONG, NUM_WG)
+            _your_turn(turns, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=[acc])
             mbarrier.arrive(v_empty.index((n_tiles - 1) % NUM_STAGES), count=1)
     else:
@@ -303,15 +251,15 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
             _my_turn(turns, 2 * j, WG, PINGPONG)
             qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                            TAIL_DIM, NUM_STAGES)
-            _your_turn(turns, WG, PINGPONG, NUM_WG)
+            _your_turn(turns, WG, PINGPONG)
             qk = warpgroup_mma_wait(0, deps=[qk])
             mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                               BLOCK_N, IS_CAUSAL, POLY_EXP)
+                                               BLOCK_N, IS_CAUSAL)
             acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, 2 * j + 1, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, j, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
-            _your_turn(turns, WG, PINGPONG, NUM_WG)
+            _your_turn(turns, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=[acc])
             mbarrier.arrive(v_empty.index(j % NUM_STAGES), count=1)
 
@@ -334,8 +282,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr,
                             PINGPONG: gl.constexpr, HAS_SINKS: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-                            TAIL_DIM: gl.constexpr = 0, qt_desc=None, kt_desc=None, POLY_EXP: gl.constexpr = 0,
-                            NUM_WG: gl.constexpr = 2):
+                            TAIL_DIM: gl.constexpr = 0, qt_desc=None, kt_desc=None):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
@@ -346,77 +293,55 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     off_h = gl.program_id(1)
     off_b = gl.program_id(2)
     off_hk = off_h // GROUP_SIZE
-    start_m = pid_m * (NUM_WG * BLOCK_M)
-    _, n_tiles = _key_tiles(start_m, N_Q, N_K, NUM_WG * BLOCK_M, BLOCK_N, IS_CAUSAL)
+    start_m = pid_m * (2 * BLOCK_M)
+    _, n_tiles = _key_tiles(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
     lse_row0 = off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
 
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
     if TAIL_DIM > 0:
-        qt_smem = gl.allocate_shared_memory(dtype, [NUM_WG] + qt_desc.block_type.shape, qt_desc.layout)
+        qt_smem = gl.allocate_shared_memory(dtype, [2] + qt_desc.block_type.shape, qt_desc.layout)
         kt_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + kt_desc.block_type.shape, kt_desc.layout)
     else:   # unused
         qt_smem = q_smem
         kt_smem = k_smem
-    q_bars = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_WG):
+    for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(turns.index(i), count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        # every softmax warpgroup reads every tile
-        mbarrier.init(k_empty.index(i), count=NUM_WG)
-        mbarrier.init(v_empty.index(i), count=NUM_WG)
+        # both softmax warpgroups read every tile
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
 
     # the two softmax partitions' argument tuples are written out: a tuple
     # built by concatenation in the kernel loses its constexpr entries (triton 3.6)
-    if NUM_WG == 3:   # d = 64: two softmaxes run under the third warpgroup's products
-        gl.warp_specialize([
-            (_softmax_partition, (0, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
-                                  v_empty, turns, o_desc,
-                                  LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
-                                  BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                                  PINGPONG, HAS_SINKS, POLY_EXP, NUM_WG)),
-            (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
-                                  v_empty, turns, o_desc,
-                                  LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
-                                  BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                                  PINGPONG, HAS_SINKS, POLY_EXP, NUM_WG)),
-            (_softmax_partition, (2, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
-                                  v_empty, turns, o_desc,
-                                  LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
-                                  BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                                  PINGPONG, HAS_SINKS, POLY_EXP, NUM_WG)),
-            (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
-                               q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
-                               BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, NUM_WG)),
-        ], [4, 4, 1], [160, 160, 24])
-    else:
-        gl.warp_specialize([
-            (_softmax_partition, (0, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
-                                  v_empty, turns, o_desc,
-                                  LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
-                                  BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                                  PINGPONG, HAS_SINKS, POLY_EXP, NUM_WG)),
-            (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
-                                  v_empty, turns, o_desc,
-                                  LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
-                                  BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                                  PINGPONG, HAS_SINKS, POLY_EXP, NUM_WG)),
-            (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
-                               q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
-                               BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, NUM_WG)),
-        ], [4, 1], [240, 24])
+    gl.warp_specialize([
+        (_softmax_partition, (0, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
+                              v_empty, turns, o_desc,
+                              LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
+                              BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
+                              PINGPONG, HAS_SINKS)),
+        (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
+                              v_empty, turns, o_desc,
+                              LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
+                              BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
+                              PINGPONG, HAS_SINKS)),
+        (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
+                           q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
+                           BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM)),
+    ], [4, 1], [240, 24])
 
-    for i in gl.static_range(NUM_WG):
+    for i in gl.static_range(2):
         mbarrier.invalidate(q_bars.index(i))
         mbarrier.invalidate(turns.index(i))
     for i in gl.static_range(NUM_STAGES):

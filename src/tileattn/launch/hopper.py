@@ -57,13 +57,6 @@ def config_for(head_dim: int, head_dim_v: int | None = None) -> HopperFwdConfig:
     return configs.HOPPER_FWD[(head_dim, head_dim if head_dim_v is None else head_dim_v)]
 
 
-def fwd_maxnreg(cfg: HopperFwdConfig) -> int:
-    """Registers a thread at launch: the softmax warpgroups and the loader's
-    (padded to a warpgroup) share the 65,536 of an SM (3 softmax
-    warpgroups: 128, reallocated to 160 / 24)."""
-    return min(cfg.maxnreg, 65536 // (128 * (cfg.warpgroups + 1)))
-
-
 def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None = None, poison: bool = False,
              sinks: torch.Tensor | None = None):
     """Forward on the Hopper kernel. Returns (out like q, as wide as v; lse
@@ -80,7 +73,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     if poison:
         o.fill_(float("nan"))
         lse.fill_(float("nan"))
-    grid = (triton.cdiv(n_q, cfg.warpgroups * cfg.block_m), hq, b)
+    grid = (triton.cdiv(n_q, 2 * cfg.block_m), hq, b)
     _attn_fwd_hopper_kernel[grid](
         **_qk_descriptors(q, k, dv, cfg), v_desc=_descriptor(v, cfg.block_n), o_desc=_descriptor(o, cfg.block_m),
         LSE=lse, SINKS=lse if sinks is None else sinks.float().contiguous(),
@@ -88,7 +81,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
         NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks is not None,
-        POLY_EXP=cfg.poly_exp, NUM_WG=cfg.warpgroups, num_warps=cfg.num_warps, maxnreg=fwd_maxnreg(cfg))
+        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
     return o, lse
 
 
@@ -109,7 +102,6 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
                  o_desc=_descriptor(tv, cfg.block_m))
     const = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks,
-                 POLY_EXP=cfg.poly_exp, NUM_WG=cfg.warpgroups,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0))
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
@@ -122,7 +114,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     src = GluonASTSource(fn=kernel, signature=sig,
                          constexprs={(kernel.arg_names.index(k),): v for k, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=cfg.num_warps, maxnreg=fwd_maxnreg(cfg)))
+                          options=dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg))
 
 
 def compile_report(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16",
@@ -199,13 +191,13 @@ def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_s
     return dict(
         q_desc=_descriptor(q, cfg.block_m), k_desc=_descriptor(k, 2 * cfg.block_n),
         v_desc=_descriptor(v, 2 * cfg.block_n), do_desc=_descriptor(do, cfg.block_m),
-        dq_desc=_dq_descriptor(dq_acc, cfg.block_m, d if cfg.own_dq else d // 2), DK=dk, DV=dv, LSE2=lse2, DELTA=delta,
+        dq_desc=_dq_descriptor(dq_acc, cfg.block_m, d // 2), DK=dk, DV=dv, LSE2=lse2, DELTA=delta,
         stride_dkb=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
         stride_dvb=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
         GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
         DS_SUM=delta if ds_sum is None else ds_sum, SUM_DS=ds_sum is not None,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal), NUM_STAGES=cfg.num_stages,
-        DK_FROM_SMEM=cfg.dk_from_smem, DEFER_SUMS=cfg.defer_sums, PAIRED=paired, OWN_DQ=cfg.own_dq)
+        DK_FROM_SMEM=cfg.dk_from_smem, DEFER_SUMS=cfg.defer_sums, PAIRED=paired)
 
 
 def bwd_config_for(head_dim: int, head_dim_v: int | None = None) -> HopperBwdConfig:
@@ -289,7 +281,7 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
         args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, torch.empty(1, 2, 256) if sinks else None,
                          paired=bool(causal) and cfg.pair_blocks is True)
         const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "PAIRED",
-                 "DEFER_SUMS", "OWN_DQ"}
+                 "DEFER_SUMS"}
     return compile_gluon(kernel, args, const, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg))
 
 
