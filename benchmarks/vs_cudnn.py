@@ -117,12 +117,12 @@ def bwd_providers() -> dict:
 def bwd_config_steps(q, k, v, do, causal) -> dict:
     """Backward: each Hopper config forced, through the launcher (no autograd)."""
     from tileattn import configs, launch
-    from tileattn.configs import HopperBwdConfig
     d = q.shape[-1]
     scale = d ** -0.5
     out, lse = launch.attn_fwd(q, k, v, causal, scale)
     table = configs.HOPPER_BWD[(d, d)]
-    cfgs = [table, HopperBwdConfig(num_stages=3)] + ([dataclasses.replace(table, pair_blocks=False)] if causal else [])
+    cfgs = [table, dataclasses.replace(table, stats_tma=not table.stats_tma)] + (
+        [dataclasses.replace(table, pair_blocks=False)] if causal else [])
     return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
                                                  deterministic=False)) for c in cfgs}
 

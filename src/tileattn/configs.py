@@ -352,13 +352,14 @@ class HopperBwdConfig:
     dk_from_smem: bool = False  # dK += dSᵀ Q reads dSᵀ from shared memory (else registers)
     defer_sums: bool = False    # sinks, d = 64/128: a tile's dS row sums added under the next tile's products
     pair_blocks: bool | None = None  # causal, d = 64/128: key blocks j, n-1-j a program (None: pairs_pay)
+    stats_tma: bool = False     # d = 64/128: lse₂ and Δ by the copy engine into shared memory (else loads)
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
 
     @property
     def name(self) -> str:
-        flags = "".join(f for f, on in (("-dks", self.dk_from_smem), ("-ds", self.defer_sums),
+        flags = "".join(f for f, on in (("-dks", self.dk_from_smem), ("-ds", self.defer_sums), ("-st", self.stats_tma),
                                         ("-paired", self.pair_blocks is True),
                                         ("-unpaired", self.pair_blocks is False)) if on)
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}{flags}"
@@ -384,11 +385,11 @@ HOPPER_FWD = {
     (192, 128): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v14, v15"),
     (256, 256): HopperFwdConfig(block_n=64, num_stages=2, source="sm_90a compile report; H200 timing, v14, v15"),
 }
-# (QK, V head dim) -> config.  perf-notes v12: dSᵀ from shared memory for dK won 2-6 % at d = 64,
-# lost ~3 % at 128; v16: defer_sums (sinks only) +4-10 % at 64, 0 / -47 % at 128; 192/128: v15
+# (QK, V head dim) -> config.  perf-notes v12: dSᵀ from shared memory for dK won 2-6 % at d = 64, lost ~3 % at
+# 128; v16: defer_sums (sinks only) +4-10 % at 64, 0 / -47 % at 128; v17: stats_tma; 192/128: v15
 HOPPER_BWD = {
-    (64, 64): HopperBwdConfig(dk_from_smem=True, defer_sums=True, source="H200 timing, perf-notes v12, v16"),
-    (128, 128): HopperBwdConfig(dk_from_smem=False, source="H200 timing, perf-notes v12"),
+    (64, 64): HopperBwdConfig(dk_from_smem=True, defer_sums=True, stats_tma=True, source="H200 timing, v12, v16, v17"),
+    (128, 128): HopperBwdConfig(dk_from_smem=False, stats_tma=True, source="H200 timing, perf-notes v12, v17"),
     (192, 128): HopperBwdConfig(block_m=32, num_stages=2, source="sm_90a compile report, perf-notes v15"),
 }
 

@@ -40,7 +40,10 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((64, 64), HopperBwdConfig(dk_from_smem=False)), ((192, 128), HopperBwdConfig(block_m=32, num_stages=3)),
     # causal: always a pair of mirror-image key blocks a program, never (the table's: where pairs_pay)
     ((128, 128), HopperBwdConfig(pair_blocks=True)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=True)),
-    ((128, 128), HopperBwdConfig(pair_blocks=False)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=False))]
+    ((128, 128), HopperBwdConfig(pair_blocks=False)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=False)),
+    # lse₂ and Δ by the copy engine into shared memory
+    ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True)), ((128, 128), HopperBwdConfig(stats_tma=True)),
+    ((128, 128), HopperBwdConfig(stats_tma=True, pair_blocks=True))]
 # the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D)
 SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1]]
 # (dims, config, causal, sinks): every forced config; with sinks, the table's configs adding each tile's
@@ -59,13 +62,15 @@ def _expected_shared(dims, cfg):
     """The shared memory the kernel's buffers take (barriers aside): the
     program's K and V, the Q and dO slots, two dSᵀ buffers and the float32
     dQ staging (two column halves; the wide kernel: two 64-row chunks a
-    warpgroup at 32-query tiles, one at 64)."""
+    warpgroup at 32-query tiles, one at 64); with ``stats_tma`` each slot's
+    lse₂ and Δ rows."""
     d, dv = dims
     kv = 2 * cfg.block_n * (d + dv) * 2
     ring = cfg.num_stages * cfg.block_m * (d + dv) * 2
     ds = 2 * (2 * cfg.block_n * cfg.block_m * 2)
     dq = (4 if cfg.block_m <= 32 else 2) * 64 * cfg.block_m * 4 if dv != d else 2 * cfg.block_m * d // 2 * 4
-    return kv + ring + ds + dq
+    stats = 2 * cfg.num_stages * cfg.block_m * 4 if cfg.stats_tma else 0
+    return kv + ring + ds + dq + stats
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +160,33 @@ def test_against_float64(case, causal, dtype):
 @pytest.mark.parametrize("dims,cfg", FORCED, ids=[f"{_dims_id(dims)}-{c.name}" for dims, c in FORCED])
 def test_every_config(dims, cfg, causal):
     _check(cfg.name, *_inputs(2, 4, 2, 700, 900, dims[0], torch.bfloat16, seed=7, dv=dims[1]), causal, cfg)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("direct", [False, True], ids=["padded-rows", "direct-contiguous"])
+def test_stats_tma_odd_rows(causal, direct):
+    """lse₂ and Δ by the copy engine at a query length that is not a multiple
+    of 4: through the launcher (rows padded by ``stats_rows``), and a direct
+    launch with contiguous rows (copied into padded ones first)."""
+    from tileattn.launch import attention as launch_attention
+    cfg = HopperBwdConfig(dk_from_smem=True, stats_tma=True)
+    q, k, v, do = _inputs(1, 4, 2, 333, 517, 64, torch.bfloat16, seed=13)
+    if not direct:
+        _check("stats-tma-333x517", q, k, v, do, causal, cfg)
+        return
+    scale = 64 ** -0.5
+    out, lse = launch.attn_fwd(q, k, v, causal, scale)
+    delta, lse2 = (torch.full((1, 4, 333), float("nan"), device="cuda") for _ in range(2))
+    launch_attention._bwd_preprocess(do, out, lse, None, delta, lse2)
+    dq_acc = torch.zeros(q.shape, device="cuda", dtype=torch.float32)
+    dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+    launch_hopper.attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, config=cfg)
+    dq = torch.full_like(q, float("nan"))
+    launch_attention._dq_convert(dq_acc, dq, scale)
+    ref, low = _reference_grads(q, k, v, do, causal)
+    for part, g, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
+        check_accuracy(f"stats-tma-direct {part}", g, r, lo, q.dtype)
 
 
 @pytest.mark.parametrize("n_q", [1, 33, 130], ids=["nq1", "nq33", "nq130"])

@@ -47,7 +47,7 @@ from .common import (LOG2E, STAGE_MASKED, add_rows, alibi_slope_log2, head_base,
 def _attn_bwd_preprocess_kernel(
     O, DO, LSE, DLSE, DELTA, LSE2,
     stride_ob, stride_oh, stride_on, stride_od,
-    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dob, stride_doh, stride_don, stride_dod, stride_sh,
     N_HEADS, N_Q,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_DLSE: tl.constexpr,
@@ -67,15 +67,17 @@ def _attn_bwd_preprocess_kernel(
     o = load_tile(o_ptrs, m_ok, d_ok, True, HEAD_DIM != BLOCK_D).to(tl.float32)
     do = load_tile(do_ptrs, m_ok, d_ok, True, HEAD_DIM != BLOCK_D).to(tl.float32)
     delta = tl.sum(o * do, axis=1)
-    # LSE, DLSE, DELTA, LSE2 are contiguous (B, H, N_Q)
+    # LSE, DLSE are contiguous (B, H, N_Q); DELTA, LSE2 (B, H, N_Q) with rows stride_sh apart
+    # (N_Q, or padded for the Hopper backward's copy engine)
     row = (off_b.to(tl.int64) * N_HEADS + off_h) * N_Q + offs_m
+    out_row = (off_b.to(tl.int64) * N_HEADS + off_h) * stride_sh + offs_m
     if HAS_DLSE:
         delta -= tl.load(DLSE + row, mask=m_ok, other=0.0)
     lse = tl.load(LSE + row, mask=m_ok, other=0.0)
     # rows that saw no key (lse = -inf) get +inf: P = exp2(s - inf) = 0, no NaN
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    tl.store(DELTA + row, delta, mask=m_ok)
-    tl.store(LSE2 + row, lse2, mask=m_ok)
+    tl.store(DELTA + out_row, delta, mask=m_ok)
+    tl.store(LSE2 + out_row, lse2, mask=m_ok)
 
 
 @triton.jit

@@ -77,14 +77,18 @@ def _query_tiles(start_n, N_Q, N_K, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constex
 def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
                     do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
                     BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, qt_desc, kt_desc, qt_smem, kt_smem,
-                    TAIL_DIM: gl.constexpr, t0, kv_empty, WAIT_KV: gl.constexpr):
+                    TAIL_DIM: gl.constexpr, t0, kv_empty, WAIT_KV: gl.constexpr, lse_desc, delta_desc, lse_smem,
+                    delta_smem, stat_ready, STATS_TMA: gl.constexpr):
     """The load warp: the program's K and V tiles once, then the Q and dO
     tiles of every query tile into the ring.  With a tail (``TAIL_DIM`` > 0,
     the wide kernel) Q and K come as two pieces each, through ``qt_desc`` /
     ``kt_desc`` into ``qt_smem`` / ``kt_smem`` (without one those are unused).
     ``t0``: the ring's tiles before this key block's (a program's second
     block of a pair); ``WAIT_KV``: its K and V tiles replace the first
-    block's once both compute warpgroups arrived on ``kv_empty``."""
+    block's once both compute warpgroups arrived on ``kv_empty``.  With
+    ``STATS_TMA`` each query tile's lse₂ and Δ come by the copy engine too,
+    into ``lse_smem``/``delta_smem`` (completing ``stat_ready``); without it
+    those arguments are unused."""
     if WAIT_KV:
         mbarrier.wait(kv_empty, 0)
     if TAIL_DIM > 0:
@@ -108,6 +112,10 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
         mbarrier.wait(do_empty.index(s), phase)
         mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(do_desc, [off_b, hq, m, 0], do_ready.index(s), do_smem.index(s))
+        if STATS_TMA:   # the slot's lse₂ and Δ are dead once both warpgroups released its Q and dO
+            mbarrier.expect(stat_ready.index(s), 2 * lse_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(lse_desc, [off_b, hq, m], stat_ready.index(s), lse_smem.index(s))
+            tma.async_copy_global_to_shared(delta_desc, [off_b, hq, m], stat_ready.index(s), delta_smem.index(s))
 
 
 @gluon.jit
@@ -188,11 +196,14 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                        DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
                        SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr, t0, kv_phase, kv_empty,
-                       ARRIVE_KV: gl.constexpr):
+                       ARRIVE_KV: gl.constexpr, lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr):
     """One key block of the program: ``t0`` ring tiles came before it and its
     K and V tiles complete ``kv_bar`` in phase ``kv_phase`` (a pair's second
     block: 1); with ``ARRIVE_KV`` the warpgroup arrives on ``kv_empty`` after
-    a pair's first block, once its products are done with its K and V."""
+    a pair's first block, once its products are done with its K and V.  With
+    ``STATS_TMA`` lse₂ and Δ are read from the slot's shared-memory copies
+    (rows past N_Q read as 0 there: harmless, their dO rows are 0, so are
+    their dP and dS), else from global memory."""
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     # Sᵀ/dPᵀ: BLOCK_N keys x BLOCK_M queries; dK/dV: BLOCK_N keys x D; dQ: BLOCK_M x D/2
@@ -230,7 +241,8 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         phase = (tg // NUM_STAGES) & 1
         offs_m = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
         row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_m
-        lse2 = gl.load(LSE2 + row, mask=offs_m < N_Q, other=float("inf"))
+        if not STATS_TMA:
+            lse2 = gl.load(LSE2 + row, mask=offs_m < N_Q, other=float("inf"))
 
         mbarrier.wait(q_ready.index(s), phase)
         q2 = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
@@ -242,6 +254,9 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         if SUM_DS and DEFER_SUMS:
             if t > 0:   # the previous tile's row sums, while Sᵀ and dPᵀ run
                 _add_row_sums(DS_SUM, rs_sum, off_b, hq_sum, m_sum, N_HEADS, N_Q, BLOCK_M, rs_layout)
+        if STATS_TMA:
+            mbarrier.wait(stat_ready.index(s), phase)
+            lse2 = lse_smem.index(s).reshape([BLOCK_M]).load(gl.SliceLayout(0, s_layout))
         st = warpgroup_mma_wait(1, deps=[st])
         if IS_CAUSAL:
             # only tiles whose first row misses this warpgroup's last key need the mask
@@ -252,7 +267,10 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         else:
             pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, False)
         # Δ is read once lse₂ is dead (a query-indexed vector costs 16 registers a thread here)
-        delta = gl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
+        if STATS_TMA:
+            delta = delta_smem.index(s).reshape([BLOCK_M]).load(gl.SliceLayout(0, s_layout))
+        else:
+            delta = gl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do2, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=[dpt])
         ds = pt * (dpt - delta[None, :])
@@ -323,7 +341,8 @@ def _compute_paired(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
                     off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE, N_HEADS,
                     N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                    DK_FROM_SMEM: gl.constexpr, SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr):
+                    DK_FROM_SMEM: gl.constexpr, SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr, lse_smem,
+                    delta_smem, stat_ready, STATS_TMA: gl.constexpr):
     """A compute warpgroup over a pair of key blocks (the second one only
     where ``n_m_b`` >= 0), one loop iteration each (one copy of the block's
     code, not two): the ring's and the dSᵀ buffers' counts run on across
@@ -337,22 +356,25 @@ def _compute_paired(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
                            off_b, off_hk, gl.where(first, start_n, start_b), gl.where(first, m_lo, m_lo_b),
                            gl.where(first, n_m, n_m_b), GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                            DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS,
-                           DEFER_SUMS, t0, blk, kv_empty, True)
+                           DEFER_SUMS, t0, blk, kv_empty, True, lse_smem, delta_smem, stat_ready, STATS_TMA)
         t0 = t0 + GROUP_SIZE * n_m
 
 
 @gluon.jit
 def _load_paired(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
                  do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty,
-                 GROUP_SIZE, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+                 GROUP_SIZE, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, lse_desc, delta_desc, lse_smem,
+                 delta_smem, stat_ready, STATS_TMA: gl.constexpr):
     """The load warp over a pair of key blocks (see :func:`_compute_paired`)."""
     _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
                     do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, BLOCK_M, NUM_STAGES,
-                    q_desc, k_desc, q_smem, k_smem, 0, 0, kv_empty, False)
+                    q_desc, k_desc, q_smem, k_smem, 0, 0, kv_empty, False, lse_desc, delta_desc, lse_smem, delta_smem,
+                    stat_ready, STATS_TMA)
     if n_m_b >= 0:
         _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, off_b, off_hk, start_b, m_lo_b, n_m_b, GROUP_SIZE, BLOCK_M,
-                        NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, GROUP_SIZE * n_m, kv_empty, True)
+                        NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, GROUP_SIZE * n_m, kv_empty, True, lse_desc,
+                        delta_desc, lse_smem, delta_smem, stat_ready, STATS_TMA)
 
 
 @gluon.jit
@@ -361,10 +383,13 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                             GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
-                            SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr = False, PAIRED: gl.constexpr = False):
+                            SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr = False, PAIRED: gl.constexpr = False,
+                            STATS_TMA: gl.constexpr = False):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup; with
     PAIRED (causal) two such key blocks, the grid's first half of them and
-    their mirror images, so that every program has the same work."""
+    their mirror images, so that every program has the same work.  With
+    STATS_TMA, ``LSE2`` and ``DELTA`` are rank-3 (B, Hq, N_Q) descriptors with
+    a (1, 1, BLOCK_M) box, else pointers to contiguous (B, Hq, N_Q) tensors."""
     # causal: the first key blocks see the most query tiles, run them first
     pid_n = gl.program_id(0)
     off_hk = gl.program_id(1)
@@ -392,6 +417,16 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                               gl.where(rows == 0, 1.0, 0.0).to(dtype))
         fence_async_shared()
     kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty = _barriers(NUM_STAGES)
+    if STATS_TMA:   # lse₂ and Δ of each ring slot, and the barrier the copy engine completes with them
+        lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + LSE2.block_type.shape, LSE2.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + DELTA.block_type.shape, DELTA.layout)
+        stat_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(stat_ready.index(i), count=1)
+    else:   # unused
+        lse_smem = dq_smem
+        delta_smem = dq_smem
+        stat_ready = q_ready
 
     # the two compute partitions' argument tuples are written out: a tuple
     # built by concatenation in the kernel loses its constexpr entries (triton 3.6)
@@ -408,16 +443,19 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE,
                                N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM,
-                               NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS)),
+                               NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS, lse_smem, delta_smem,
+                               stat_ready, STATS_TMA)),
             (_compute_paired, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                                stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE,
                                N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM,
-                               NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS)),
+                               NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS, lse_smem, delta_smem,
+                               stat_ready, STATS_TMA)),
             (_load_paired, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                             q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b,
-                            kv_empty, GROUP_SIZE, BLOCK_M, NUM_STAGES)),
+                            kv_empty, GROUP_SIZE, BLOCK_M, NUM_STAGES, LSE2, DELTA, lse_smem, delta_smem, stat_ready,
+                            STATS_TMA)),
         ], [4, 1], [240, 24])
         mbarrier.invalidate(kv_empty)
     else:
@@ -428,17 +466,23 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                   stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                   off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                                   DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
-                                  SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False)),
+                                  SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, lse_smem, delta_smem, stat_ready,
+                                  STATS_TMA)),
             (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                                   q_empty,
                                   do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                                   stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                   off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                                   DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
-                                  SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False)),
+                                  SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, lse_smem, delta_smem, stat_ready,
+                                  STATS_TMA)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
-                               BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, 0, kv_bar, False)),
+                               BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, 0, kv_bar, False, LSE2, DELTA,
+                               lse_smem, delta_smem, stat_ready, STATS_TMA)),
         ], [4, 1], [240, 24])
 
     _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES)
+    if STATS_TMA:
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.invalidate(stat_ready.index(i))

@@ -392,7 +392,11 @@ def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None):
     gradient after them when there are sinks."""
     b, hq, n_q, d = q.shape
     dq, dk, dv = output_like(q), output_like(k), output_like(v)
-    delta, lse2 = output_f32((b, hq, n_q), q.device), output_f32((b, hq, n_q), q.device)
+    config = config or hopper.bwd_config_for(d, v.shape[-1])
+    if config.stats_tma:   # the kernel's copy engine reads them: rows padded to 16 bytes
+        delta, lse2 = hopper.stats_rows(b, hq, n_q, q.device)
+    else:
+        delta, lse2 = output_f32((b, hq, n_q), q.device), output_f32((b, hq, n_q), q.device)
     # a V head dim of its own: the wide kernel adds dQ transposed, (B, Hq, D, Nq) seen as (B, Hq, Nq, D)
     dq_acc = _dq_accumulator(q) if v.shape[-1] == d else hopper.dq_sum_transposed(q)
     ds_sum = None if sinks is None else torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32)
@@ -406,14 +410,17 @@ def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None):
 
 def _bwd_preprocess(do, o, lse, dlse, delta, lse2):
     """delta = rowsum(dO o O) (minus dlse) and lse2 = lse log2 e (+inf where
-    -inf); the rows of O and dO are V's head dim wide."""
+    -inf); the rows of O and dO are V's head dim wide.  ``delta`` and
+    ``lse2`` share one layout, contiguous or with padded rows
+    (:func:`hopper.stats_rows`)."""
     b, hq, n_q, d = o.shape
+    assert delta.stride() == lse2.stride() and delta.stride(2) == 1 and delta.stride(0) == delta.stride(1) * hq
     pre_block = configs.INTERPRETER_BWD.block_m if interpreter_active() else 64
     has_dlse = dlse is not None
     lse = lse.contiguous()
     runtime.run(_attn_bwd_preprocess_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
         O=o, DO=do, LSE=lse, DLSE=dlse.contiguous() if has_dlse else lse, DELTA=delta, LSE2=lse2,
-        **strides4(o, "o"), **strides4(do, "do"),
+        **strides4(o, "o"), **strides4(do, "do"), stride_sh=delta.stride(1),
         N_HEADS=hq, N_Q=n_q, HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block,
         HAS_DLSE=has_dlse))
 

@@ -23,7 +23,7 @@ import triton
 from .. import configs
 from ..configs import HopperBwdConfig, HopperFwdConfig
 from ..dispatch import tma_addressable
-from .runtime import LOG2E, sm_count, tma_strides
+from .runtime import LOG2E, output_f32, sm_count, tma_strides
 
 
 def _descriptor(t: torch.Tensor, rows: int):
@@ -129,6 +129,25 @@ def compile_report(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str
             "local": ".local" in ptx}
 
 
+def stats_rows(b: int, hq: int, n_q: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(delta, lse2) for the backward, float32 (B, Hq, N_Q) views of rows
+    padded to a multiple of 4 (a copy-engine stride is 16-byte aligned), so
+    that ``HopperBwdConfig.stats_tma`` can address them (NaN under
+    POISON_OUTPUTS)."""
+    pad = (n_q + 3) // 4 * 4
+    store = output_f32((2, b, hq, pad), device)
+    return store[0, ..., :n_q], store[1, ..., :n_q]
+
+
+def _row_descriptor(x: torch.Tensor, rows: int):
+    """A rank-3 (B, H, N) float32 descriptor with a (1, 1, rows) box, no
+    swizzle (one row of a tile: lse₂ or Δ); rows past N read as zeros."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    return TensorDescriptor(x, list(x.shape), tma_strides(x, 2), [1, 1, rows],
+                            gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3))
+
+
 def _dq_descriptor(dq_acc: torch.Tensor, rows: int, cols: int):
     """The float32 dQ sum as a rank-4 descriptor with a (1, 1, rows, cols)
     box: the backward adds column halves of its dQ tiles into it."""
@@ -191,13 +210,15 @@ def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_s
     return dict(
         q_desc=_descriptor(q, cfg.block_m), k_desc=_descriptor(k, 2 * cfg.block_n),
         v_desc=_descriptor(v, 2 * cfg.block_n), do_desc=_descriptor(do, cfg.block_m),
-        dq_desc=_dq_descriptor(dq_acc, cfg.block_m, d // 2), DK=dk, DV=dv, LSE2=lse2, DELTA=delta,
+        dq_desc=_dq_descriptor(dq_acc, cfg.block_m, d // 2), DK=dk, DV=dv,
+        LSE2=_row_descriptor(lse2, cfg.block_m) if cfg.stats_tma else lse2,
+        DELTA=_row_descriptor(delta, cfg.block_m) if cfg.stats_tma else delta,
         stride_dkb=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
         stride_dvb=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
         GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
         DS_SUM=delta if ds_sum is None else ds_sum, SUM_DS=ds_sum is not None,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal), NUM_STAGES=cfg.num_stages,
-        DK_FROM_SMEM=cfg.dk_from_smem, DEFER_SUMS=cfg.defer_sums, PAIRED=paired)
+        DK_FROM_SMEM=cfg.dk_from_smem, DEFER_SUMS=cfg.defer_sums, PAIRED=paired, STATS_TMA=cfg.stats_tma)
 
 
 def bwd_config_for(head_dim: int, head_dim_v: int | None = None) -> HopperBwdConfig:
@@ -245,6 +266,11 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     b, hq, n_q, d = q.shape
     hkv, n_k, w = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or bwd_config_for(d, w)
+    if cfg.stats_tma and any(t.stride(1) % 4 or t.data_ptr() % 16 for t in (lse2, delta)):
+        padded = stats_rows(b, hq, n_q, q.device)   # rows the copy engine cannot address: copies that it can
+        for dst, src in zip(padded, (delta, lse2)):
+            dst.copy_(src)
+        delta, lse2 = padded
     grid = (triton.cdiv(n_k, 2 * cfg.block_n), hkv, b)
     if w != d:
         from ..kernels.bwd_hopper_wide import _attn_bwd_hopper_wide_kernel
@@ -281,7 +307,7 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
         args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, torch.empty(1, 2, 256) if sinks else None,
                          paired=bool(causal) and cfg.pair_blocks is True)
         const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "PAIRED",
-                 "DEFER_SUMS"}
+                 "DEFER_SUMS", "STATS_TMA"}
     return compile_gluon(kernel, args, const, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg))
 
 
