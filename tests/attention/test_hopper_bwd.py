@@ -189,6 +189,33 @@ def test_stats_tma_odd_rows(causal, direct):
         check_accuracy(f"stats-tma-direct {part}", g, r, lo, q.dtype)
 
 
+@pytest.mark.parametrize("n_q", [1, 33, 128], ids=["nq1", "nq33", "nq128"])
+def test_preprocess_writes_padded_stat_rows(n_q):
+    """``stats_rows`` gives (B, Hq, N_Q) views whose rows are 16-byte aligned
+    (what ``stats_tma``'s copy engine needs), and the preprocess kernel
+    writes Δ and lse₂ into them (here under the interpreter, or compiled on a
+    GPU): the values of contiguous rows, the padding left alone."""
+    import math
+    from tileattn.launch import attention as launch_attention
+    device = "cuda" if HAS_CUDA else "cpu"
+    gen = torch.Generator().manual_seed(n_q)
+    o, do = (torch.randn(2, 3, n_q, 16, generator=gen).to(device) for _ in range(2))
+    lse = torch.randn(2, 3, n_q, generator=gen).to(device)
+    lse[0, 1, 0] = float("-inf")   # a row that saw no key: lse₂ = +inf
+    delta, lse2 = launch_hopper.stats_rows(2, 3, n_q, device)
+    assert delta.shape == lse2.shape == (2, 3, n_q) and delta.stride(1) % 4 == 0 and delta.stride(2) == 1
+    pad = delta.stride(1)
+    sentinel = torch.tensor(-7.0, device=device)
+    for t in (delta, lse2):   # the padding after each row, seen through the row's storage
+        t.as_strided((2, 3, pad), t.stride()).fill_(sentinel)
+    launch_attention._bwd_preprocess(do, o, lse, None, delta, lse2)
+    torch.testing.assert_close(delta, (o * do).sum(-1), rtol=1e-5, atol=1e-5)
+    want = torch.where(lse == float("-inf"), float("inf"), lse * math.log2(math.e))
+    torch.testing.assert_close(lse2, want, rtol=1e-6, atol=1e-6)
+    for t in (delta, lse2):
+        assert (t.as_strided((2, 3, pad), t.stride())[..., n_q:] == sentinel).all(), "the padding was written"
+
+
 @pytest.mark.parametrize("n_q", [1, 33, 130], ids=["nq1", "nq33", "nq130"])
 def test_transposed_dq_sum_converts(n_q):
     """The wide kernel's float32 sum is stored (B, H, D, Nq padded to 4) and
