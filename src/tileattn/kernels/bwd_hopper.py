@@ -9,7 +9,9 @@ Three partitions share the CTA:
   V tiles once, then Q and dO tiles into a ring of ``NUM_STAGES`` slots
   (``q_ready``/``do_ready`` completed by the copy engine, ``q_empty``/
   ``do_empty`` by both compute warpgroups once their products have read the
-  slot);
+  slot); with ``STATS_TMA`` also each tile's lse₂ and Δ (BLOCK_M floats each),
+  so the compute warpgroups read them from shared memory, not with global
+  loads in the tile's critical path;
 * two **compute partitions** (4 warps, 240 registers each; warpgroup ``WG``
   owns keys [start_n + BLOCK_N WG, +BLOCK_N)) keep dK and dV of their keys in
   registers and run, per query tile, as warpgroup MMAs:
@@ -30,7 +32,9 @@ gradient needs them.  The sum over keys runs across the warps, so it is an
 MMA of dSᵀ (already in shared memory for dQ) against a ones column, not a
 reduction in registers.
 
-Rows past N_Q read as zeros with lse₂ = +inf, so their P is 0; keys past N_K
+Rows past N_Q read as zeros with lse₂ = +inf, so their P is 0 (by TMA, lse₂
+reads 0 there and P is 1, but their dO rows are zeros, so their dP, dS and
+every product they feed are 0); keys past N_K
 read as zeros, so their dS meets a zero K row in dQ, and their dK/dV rows are
 not stored.  Only the causal diagonal needs a mask.  The preprocess and the
 dQ convert kernels are the portable ones (``kernels/bwd.py``): Δ = rowsum(dO∘O)
