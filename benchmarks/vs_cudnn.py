@@ -9,8 +9,9 @@ and either the Hopper kernel (forced) beside tileattn's default dispatch or,
 with ``--configs``, each Hopper config.  Backward providers (the time of
 ``torch.autograd.grad`` through a graph built once): tileattn with the
 atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
-``--configs`` also each Hopper backward config, forced (causal: the table's
-with one key block a program, ``pair_blocks=False``, too).  ``--sinks``:
+``--configs`` also the table's Hopper backward config and the same with
+``stats_tma`` toggled, forced (causal: the table's with one key block a
+program, ``pair_blocks=False``, too).  ``--sinks``:
 tileattn's default call with and without attention sinks, beside cuDNN
 (backward: also with the Hopper kernel's ``defer_sums``).
 ``--memory`` (backward): each provider's forward+backward peak over the
