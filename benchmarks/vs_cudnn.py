@@ -13,7 +13,9 @@ atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
 ``stats_tma`` toggled, forced (causal: the table's with one key block a
 program, ``pair_blocks=False``, too).  ``--sinks``:
 tileattn's default call with and without attention sinks, beside cuDNN
-(backward: also with the Hopper kernel's ``defer_sums``).
+(forward: also a call whose sinks need a gradient, which stores the output's
+rounding remainder; backward: also the sinks' gradient from the kernels' dS
+row sums, the forward keeping no remainder).
 ``--memory`` (backward): each provider's forward+backward peak over the
 tensors a training step must hold.
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import statistics
 
@@ -78,30 +81,30 @@ def with_sinks_providers(mode: str) -> dict:
     def plain(q, k, v, causal):
         return tileattn.attention(q, k, v, causal=causal)
 
-    def sinks(q, k, v, causal):
-        logits = torch.linspace(-2.0, 2.0, q.shape[1], device=q.device, requires_grad=mode == "bwd")
+    def sinks(q, k, v, causal, grad=mode == "bwd"):
+        logits = torch.linspace(-2.0, 2.0, q.shape[1], device=q.device, requires_grad=grad)
         return tileattn.attention(q, k, v, causal=causal, sinks=logits)
     # bwd_providers' cuDNN call is a plain forward: the backward mode differentiates through it
     provs = {"sdpa-cudnn": bwd_providers()["sdpa-cudnn"], "tileattn": plain, "tileattn-sinks": sinks}
-    if mode == "bwd":   # the Hopper backward with each tile's dS row sums added under the next tile's products
-        provs["tileattn-sinks-deferred"] = sinks
+    if mode == "fwd":   # sinks that need a gradient: the forward also stores its output's rounding remainder
+        provs["tileattn-sinks-train"] = functools.partial(sinks, grad=True)
+    else:   # the forward keeps no remainder: the kernels sum dS for the sinks' gradient
+        provs["tileattn-sinks-dS-sums"] = sinks
     return provs
 
 
 @contextlib.contextmanager
-def _deferred_sums(on: bool, head_dim: int):
-    """With ``on``: the Hopper backward's table config at this head dim with
-    ``defer_sums`` (while the graph is built and differentiated)."""
-    from tileattn import configs
-    key = (head_dim, head_dim)
-    saved = configs.HOPPER_BWD.get(key)
-    if on and saved is not None:
-        configs.HOPPER_BWD[key] = dataclasses.replace(saved, defer_sums=True)
+def _without_remainder(on: bool):
+    """With ``on``: calls with sinks keep no output remainder (while the
+    graph is built), so their backward sums dS for the sinks' gradient."""
+    from tileattn import ops
+    saved = ops.keeps_remainder
+    if on:
+        ops.keeps_remainder = lambda *args: False
     try:
         yield
     finally:
-        if saved is not None:
-            configs.HOPPER_BWD[key] = saved
+        ops.keeps_remainder = saved
 
 
 def bwd_providers() -> dict:
@@ -162,14 +165,13 @@ def write_json(path: str, rows: list) -> None:
                    "triton": triton.__version__, "rows": rows}, f, indent=1)
 
 
-def _bwd_step(fn, q, k, v, do, causal, deferred: bool = False):
+def _bwd_step(fn, q, k, v, do, causal, sums: bool = False):
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    with _deferred_sums(deferred, q.shape[-1]):
+    with _without_remainder(sums):
         out = fn(*leaves, causal)
 
     def step():
-        with _deferred_sums(deferred, q.shape[-1]):
-            return torch.autograd.grad(out, leaves, do, retain_graph=True)
+        return torch.autograd.grad(out, leaves, do, retain_graph=True)
     return step
 
 
@@ -210,7 +212,7 @@ def main():
                         errs[name] = float((step().float() - ref).abs().max())
                 else:
                     do = torch.randn_like(q)
-                    steps = {name: _bwd_step(fn, q, k, v, do, causal, deferred=name.endswith("-deferred"))
+                    steps = {name: _bwd_step(fn, q, k, v, do, causal, sums=name.endswith("-dS-sums"))
                              for name, fn in provs.items()}
                     if args.configs:
                         steps.update(bwd_config_steps(q, k, v, do, causal))

@@ -37,9 +37,14 @@ def _bf16_shim(fn, n_tensor_args):
             return fn(*args, **kwargs)
         up = tuple(t.float() if isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 else t
                    for t in tensors)
+        if kwargs.get("o_lo") is not None:   # the forward's rounding remainder, for the backward
+            kwargs = dict(kwargs, o_lo=kwargs["o_lo"].float())
         outs = fn(*up, *args[n_tensor_args:], **kwargs)
         # 4-d results (out, dq, dk, dv) return in the caller's dtype; lse stays float32
-        return tuple(o.to(torch.bfloat16) if o.dim() == 4 else o for o in outs)
+        rounded = tuple(o.to(torch.bfloat16) if o.dim() == 4 else o for o in outs)
+        if kwargs.get("remainder"):   # (out, lse, out_lo): what rounding the float32 out to bf16 drops
+            rounded = rounded[:2] + ((outs[0] - rounded[0].float()).to(torch.bfloat16),)
+        return rounded
     return wrapped
 
 

@@ -98,18 +98,22 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
     mask = val.check_block_mask(block_mask, q, b, hq, n_q, k.shape[2])
     sinks = val.check_sinks(sinks, q, hq)
     plain = (left, right, cap, slopes, mask) == (-1, -1, 0.0, None, None)
+    # a 16-bit call with sinks that will be differentiated keeps its output's
+    # rounding remainder, so its backward needs no dS sums for their gradient
+    remainder = ops.keeps_remainder(q, sinks, ops.wants_remainder(q, k, v, sinks))
     if det is None:
-        det = dispatch.default_deterministic(q, k, v, plain, sinks is not None)
+        det = dispatch.default_deterministic(q, k, v, plain, sinks is not None and not remainder)
     check_shared_memory(q, k, v, sinks, det)
     if dispatch.eager_applies(q, k, v):
         # same launchers, without the custom-op dispatch (host time; see ops.py)
         out, lse = ops.eager_attention(q, k, v, causal, scale,
                                        None if plain else ops.variant_kwargs(left, right, cap, slopes, mask), det,
-                                       sinks)
+                                       sinks, remainder)
     elif plain and sinks is None:
-        out, lse = ops.attention_fwd(q, k, v, causal, scale, deterministic=det)
+        out, lse, _ = ops.attention_fwd(q, k, v, causal, scale, deterministic=det)
     else:
-        out, lse = ops.attention_fwd(q, k, v, causal, scale, left, right, cap, slopes, mask, det, sinks)
+        out, lse, _ = ops.attention_fwd(q, k, v, causal, scale, left, right, cap, slopes, mask, det, sinks,
+                                        remainder)
     if return_lse:
         return out, lse.float()
     return out

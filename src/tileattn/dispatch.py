@@ -217,7 +217,8 @@ def hopper_bwd_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: t
     where V's head dim is narrower than Q's): the forward's rules
     (:func:`hopper_fwd_eligible`), a (QK, V) pair of head dims in
     ``configs.HOPPER_BWD``, and a dO the copy engine can address.  With
-    ``sinks`` only the kernels that sum dS for their gradient (Dv = D)."""
+    ``sinks`` (a sinks gradient from the kernel's dS row sums, i.e. without
+    the forward's output remainder) only the kernels that sum dS (Dv = D)."""
     pair = (q.shape[-1], v.shape[-1])
     if not HOPPER_BWD or pair not in configs.HOPPER_BWD or env("TILEATTN_HOPPER_BWD", "1") == "0":
         return False

@@ -18,11 +18,16 @@ lets the kernels' backward add dQ with float32 atomics (see
 backward; the pure-PyTorch path ignores it (it is deterministic anyway).
 Last, on the dense ops, ``sinks`` (Hq,) or None: the kernels start every
 row from its head's sink, and ``attention_bwd`` returns the sinks' gradient
-as a fourth output (empty without sinks): the kernels sum each row's dS
-over the keys, from which ``launch.attention._sink_grad`` gets the exact
-sum_j P_ij dP_ij;
-the PyTorch path uses delta = rowsum(dO o O) - dlse with O recomputed in
-float32 for 16-bit inputs (:func:`tileattn.sinks.sink_grad`).
+as a fourth output (empty without sinks).  That gradient sums
+delta = rowsum(dO o O) - dlse over every row (:func:`tileattn.sinks.sink_grad`),
+which the 16-bit output rounds too coarsely, so ``attention_fwd(...,
+remainder=True)`` with sinks on fp16/bf16 inputs also returns the output's
+rounding remainder O - out (its third output, empty otherwise;
+:func:`keeps_remainder`), the autograd formula saves it, and
+``attention_bwd(..., out_lo=)`` takes delta from out + out_lo.  Without it
+the kernels sum each row's dS over the keys, from which
+``launch.attention._sink_grad`` gets the exact sum_j P_ij dP_ij, and the
+PyTorch path recomputes O in float32.
 
 The eager fast path.  A ``torch.library`` custom op is what
 ``torch.compile``, fake tensors and ``opcheck`` need, but in plain eager
@@ -87,6 +92,20 @@ def variant_kwargs(window_left: int, window_right: int, softcap: float, alibi_sl
     return kw
 
 
+def keeps_remainder(q: Tensor, sinks: Optional[Tensor], remainder: bool) -> bool:
+    """Whether ``attention_fwd(..., remainder=True)`` returns the output's
+    rounding remainder: only with sinks (their gradient needs it) and a
+    16-bit output (a float32 one is exact enough)."""
+    return remainder and sinks is not None and q.dtype in (torch.float16, torch.bfloat16)
+
+
+def wants_remainder(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor]) -> bool:
+    """Whether a call with sinks will be differentiated, so that its forward
+    should keep the output's rounding remainder for the sinks' gradient."""
+    return (sinks is not None and torch.is_grad_enabled()
+            and any(t.requires_grad for t in (q, k, v, sinks)))
+
+
 # ---------------------------------------------------------------------------
 # Dense batches: q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D)
 # ---------------------------------------------------------------------------
@@ -94,21 +113,36 @@ def variant_kwargs(window_left: int, window_right: int, softcap: float, alibi_sl
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, window_left: int = -1,
                   window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
                   block_mask: Optional[Tensor] = None, deterministic: bool = True,
-                  sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                  sinks: Optional[Tensor] = None, remainder: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, lse, out_lo): out_lo is the output's rounding remainder where
+    :func:`keeps_remainder`, else empty."""
     kw = variant_kwargs(window_left, window_right, softcap, alibi_slopes, block_mask)
+    keep = keeps_remainder(q, sinks, remainder)
     if uses_triton(q):
         from . import launch
-        return launch.attn_fwd(q, k, v, causal, scale, sinks=sinks, **kw)
+        res = launch.attn_fwd(q, k, v, causal, scale, sinks=sinks, remainder=keep, **kw)
+        return res if keep else res + (q.new_empty(0),)
     out, lse = cpu.attention_fwd(q, k, v, causal, scale, block_n=_TORCH_BLOCK_N, **kw)
     out, lse = with_sinks(out, lse.to(_lse_dtype(q)), sinks)
-    return _in_layout(_out_like(q, v), out), lse.contiguous()
+    out = _in_layout(_out_like(q, v), out)
+    out_lo = q.new_empty(0)
+    if keep:   # the output in float32, less the rounded one
+        out32, _ = with_sinks(*_fwd_float32(q, k, v, causal, scale, kw), sinks)
+        out_lo = _like(out, out32 - out.float())
+    return out, lse.contiguous(), out_lo
+
+
+def _fwd_float32(q, k, v, causal, scale, kw):
+    return cpu.attention_fwd(q.float(), k.float(), v.float(), causal, scale, block_n=_TORCH_BLOCK_N, **kw)
 
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
-                        block_mask=None, deterministic=True, sinks=None):
+                        block_mask=None, deterministic=True, sinks=None, remainder=False):
     b, h, n, _ = q.shape
-    return _out_like(q, v), q.new_empty((b, h, n), dtype=_lse_dtype(q))
+    out = _out_like(q, v)
+    out_lo = torch.empty_like(out) if keeps_remainder(q, sinks, remainder) else q.new_empty(0)
+    return out, q.new_empty((b, h, n), dtype=_lse_dtype(q)), out_lo
 
 
 @torch.library.custom_op("tileattn::attention_bwd", mutates_args=())
@@ -116,24 +150,29 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                   dlse: Optional[Tensor], causal: bool, scale: float, window_left: int = -1,
                   window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
                   block_mask: Optional[Tensor] = None, deterministic: bool = True,
-                  sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dsinks); dsinks is empty without sinks."""
+                  sinks: Optional[Tensor] = None, out_lo: Optional[Tensor] = None
+                  ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dsinks); dsinks is empty without sinks.  ``out_lo``: the
+    forward's rounding remainder of ``out`` (see :func:`attention_fwd`), or
+    None."""
     kw = variant_kwargs(window_left, window_right, softcap, alibi_slopes, block_mask)
+    if out_lo is not None and (sinks is None or out_lo.shape != out.shape):
+        out_lo = None   # no sinks to differentiate, or no remainder kept
     if uses_triton(q):
         from . import launch
         grads = launch.attn_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, deterministic=deterministic,
-                                sinks=sinks, **kw)
+                                sinks=sinks, o_lo=out_lo, **kw)
         return grads if sinks is not None else grads + (q.new_empty(0, dtype=torch.float32),)
     dq, dk, dv = cpu.attention_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, block_n=_TORCH_BLOCK_N, **kw)
     dsinks = q.new_empty(0, dtype=torch.float32)
     if sinks is not None:
         out_hi = out
-        if out.dtype in (torch.float16, torch.bfloat16):
+        if out_lo is not None:
+            out_hi = out.float() + out_lo.float()
+        elif out.dtype in (torch.float16, torch.bfloat16):
             # rowsum(dO o O) from the rounded output loses digits the sinks'
             # gradient needs (it sums them over every row): O again in float32
-            out32, lse32 = cpu.attention_fwd(q.float(), k.float(), v.float(), causal, scale, block_n=_TORCH_BLOCK_N,
-                                             **kw)
-            out_hi, _ = with_sinks(out32, lse32, sinks)
+            out_hi, _ = with_sinks(*_fwd_float32(q, k, v, causal, scale, kw), sinks)
         delta = (dout.to(lse.dtype) * out_hi.to(lse.dtype)).sum(-1)
         dsinks = sink_grad(sinks, lse, delta if dlse is None else delta - dlse.to(lse.dtype))
     return _in_layout(q, dq), _in_layout(k, dk), _in_layout(v, dv), dsinks
@@ -141,29 +180,36 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(dout, q, k, v, out, lse, dlse, causal, scale, window_left=-1, window_right=-1,
-                        softcap=0.0, alibi_slopes=None, block_mask=None, deterministic=True, sinks=None):
+                        softcap=0.0, alibi_slopes=None, block_mask=None, deterministic=True, sinks=None,
+                        out_lo=None):
     dsinks = q.new_empty(0, dtype=torch.float32) if sinks is None else torch.empty_like(sinks)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
 
+_SINKS_SLOT = 6   # of the trailing arguments: window_left, window_right, softcap, alibi_slopes,
+#                  block_mask, deterministic, sinks, remainder (each where given)
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, causal, scale, *variants = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    out, lse, out_lo = output
+    ctx.save_for_backward(q, k, v, out, lse, out_lo)
     ctx.causal = causal
     ctx.scale = scale
-    # window_left, window_right, softcap, alibi_slopes, block_mask, deterministic, sinks (if given)
-    ctx.variants = tuple(variants)
+    ctx.n_inputs = len(inputs)
+    ctx.variants = tuple(variants[:_SINKS_SLOT + 1])   # attention_bwd's trailing arguments, up to the sinks
 
 
-def _backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
+def _backward(ctx, dout, dlse, _dout_lo):
+    q, k, v, out, lse, out_lo = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv, dsinks = attention_bwd(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, *ctx.variants)
-    grads = [dq, dk, dv, None, None] + [None] * len(ctx.variants)
-    if len(ctx.variants) == 7 and ctx.variants[6] is not None:   # the sinks' slot
-        grads[-1] = dsinks
+    sinks = ctx.variants[_SINKS_SLOT] if len(ctx.variants) > _SINKS_SLOT else None
+    extra = () if sinks is None else (out_lo if out_lo.numel() else None,)
+    dq, dk, dv, dsinks = attention_bwd(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, *ctx.variants, *extra)
+    grads = [dq, dk, dv] + [None] * (ctx.n_inputs - 3)
+    if sinks is not None:
+        grads[5 + _SINKS_SLOT] = dsinks
     return tuple(grads)
 
 
@@ -267,10 +313,11 @@ class _KernelAttention(torch.autograd.Function):
     # setup_context, Function.apply binds the arguments through
     # inspect.signature on every call (tens of microseconds of host time).
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float, variants: dict, deterministic: bool, sinks=None):
+    def forward(ctx, q, k, v, causal: bool, scale: float, variants: dict, deterministic: bool, sinks=None,
+                remainder: bool = False):
         from . import launch
-        out, lse = launch.attn_fwd(q, k, v, causal, scale, sinks=sinks, **variants)
-        ctx.save_for_backward(q, k, v, out, lse)
+        out, lse, *out_lo = launch.attn_fwd(q, k, v, causal, scale, sinks=sinks, remainder=remainder, **variants)
+        ctx.save_for_backward(q, k, v, out, lse, *out_lo)
         # the variants' tensors (ALiBi slopes, block layout) get no gradient; the sinks do
         ctx.causal, ctx.scale, ctx.variants, ctx.deterministic = causal, scale, variants, deterministic
         ctx.sinks = sinks
@@ -281,23 +328,26 @@ class _KernelAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         from . import launch
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, *out_lo = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
         grads = launch.attn_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.scale, dlse=dlse,
-                                deterministic=ctx.deterministic, sinks=ctx.sinks, **ctx.variants)
+                                deterministic=ctx.deterministic, sinks=ctx.sinks, o_lo=out_lo[0] if out_lo else None,
+                                **ctx.variants)
         dsinks = grads[3] if ctx.sinks is not None else None
-        return grads[0], grads[1], grads[2], None, None, None, None, dsinks
+        return grads[0], grads[1], grads[2], None, None, None, None, dsinks, None
 
 
 _NO_VARIANTS: dict = {}
 
 
 def eager_attention(q, k, v, causal: bool, scale: float, variants: dict | None = None, deterministic: bool = True,
-                    sinks: Optional[Tensor] = None):
+                    sinks: Optional[Tensor] = None, remainder: bool = False):
     """(out, lse) of the dense kernels without the custom-op dispatch.
     ``variants``: the launchers' keyword arguments (``window``, ``softcap``,
     ``alibi_slopes``, ``block_mask``), as :func:`variant_kwargs` builds them;
     ``deterministic`` picks the backward (see ``launch.attn_bwd``); ``sinks``
-    (Hq,) get their gradient."""
-    return _KernelAttention.apply(q, k, v, causal, scale, variants or _NO_VARIANTS, deterministic, sinks)
+    (Hq,) get their gradient, from the output's rounding remainder where
+    ``remainder`` (:func:`keeps_remainder`) has the forward keep it."""
+    remainder = keeps_remainder(q, sinks, remainder)
+    return _KernelAttention.apply(q, k, v, causal, scale, variants or _NO_VARIANTS, deterministic, sinks, remainder)

@@ -56,6 +56,19 @@ def max_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     return 0.0
 
 
+def check_remainder(out: torch.Tensor, out_lo: torch.Tensor) -> None:
+    """``out_lo`` is what rounding a float32 result to ``out`` dropped (the
+    forward's ``remainder=True`` output): finite, not all zero, and at most
+    half a unit in the last place of ``out`` at every element."""
+    assert out_lo.dtype == out.dtype and out_lo.shape == out.shape and out_lo.isfinite().all()
+    assert out_lo.abs().max() > 0, "the remainder is all zero"
+    mant = {torch.float16: 10, torch.bfloat16: 7}[out.dtype]
+    _, exp = torch.frexp(out.float().abs().clamp_min(torch.finfo(out.dtype).tiny))   # |out| = m 2^exp, m in [0.5, 1)
+    half_ulp = torch.ldexp(torch.ones_like(out, dtype=torch.float32), exp - 2 - mant)
+    excess = (out_lo.float().abs() - half_ulp).max().item()
+    assert excess <= 0, f"the remainder exceeds half a unit in out's last place by {excess:.3g}"
+
+
 def _worst_index(got, ref):
     diff = (got.detach().double().cpu() - ref.detach().double().cpu()).abs().nan_to_num(nan=float("inf"))
     diff = torch.where(torch.isfinite(ref.detach().double().cpu()), diff, torch.zeros_like(diff))
@@ -417,12 +430,13 @@ HOPPER_CASES = {
 @contextlib.contextmanager
 def counting_calls(module, name: str):
     """Replace ``module.name`` by a wrapper for the block's duration and yield a
-    list that gets one entry per call (e.g. which launches a dispatch takes)."""
+    list that gets one entry per call, its (args, kwargs) (e.g. which
+    launches a dispatch takes, and with what)."""
     calls = []
     real = getattr(module, name)
 
     def spy(*args, **kwargs):
-        calls.append(1)
+        calls.append((args, kwargs))
         return real(*args, **kwargs)
     setattr(module, name, spy)
     try:

@@ -167,7 +167,7 @@ def test_opcheck_atomic_backward_ops(kernels, launched):
     """The backward custom ops with deterministic=False, dense and packed."""
     torch.manual_seed(11)
     q, k, v = (torch.randn(1, 2, 40, 16, device=DEVICE) for _ in range(3))
-    out, lse = torch.ops.tileattn.attention_fwd(q, k, v, True, 0.25)
+    out, lse, _ = torch.ops.tileattn.attention_fwd(q, k, v, True, 0.25)
     torch.library.opcheck(torch.ops.tileattn.attention_bwd.default,
                           (torch.randn_like(out), q, k, v, out, lse, None, True, 0.25, -1, -1, 0.0, None, None, False))
     qp, kp, vp = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import tileattn
-from tileattn import configs, dispatch, launch
+from tileattn import configs, dispatch, launch, ops
 from tileattn.configs import HopperBwdConfig
 from tileattn.launch import hopper as launch_hopper
 from tileattn.reference import standard_attention
@@ -256,8 +256,10 @@ def test_wide_large_logits_strided_and_dlse(causal):
 @needs_hopper
 def test_wide_dispatch_default_and_sinks():
     """The default call at QK 192 / V 128 takes the wide kernel (and is then
-    the non-deterministic backward); with sinks it runs the portable kernels,
-    and its gradients (sinks' included) still match float64."""
+    the non-deterministic backward), with sinks too: the forward keeps its
+    output's rounding remainder, so the sinks' gradient needs no dS sums
+    (which the wide kernel lacks; without the remainder the default is the
+    portable pair).  Gradients, the sinks' included, match float64."""
     q, k, v, do = _inputs(1, 4, 2, 513, 513, 192, torch.bfloat16, seed=23, dv=128)
     sinks = torch.linspace(-2.0, 2.0, 4, device="cuda")
     assert dispatch.default_deterministic(q, k, v, True) is False
@@ -273,7 +275,7 @@ def test_wide_dispatch_default_and_sinks():
         return torch.autograd.grad(out, ls, do.to(out.dtype))
     with _hopper_calls() as calls:
         got = grads(tileattn.attention, q, k, v, sinks)
-    assert not calls, "a call with sinks took the wide kernel, which has no sinks"
+    assert calls, "a differentiated call with sinks did not take the wide kernel"
     ref = grads(standard_attention, q.double(), k.double(), v.double(), sinks.double())
     low = grads(standard_attention, q, k, v, sinks)
     for part, g, r, lo in zip(("dq", "dk", "dv", "dsinks"), got, ref, low):
@@ -304,17 +306,23 @@ def test_dispatch_nondeterministic_plain_only():
 
 
 @needs_hopper
-@pytest.mark.parametrize("defer", [False, True], ids=["sums-at-once", "defer-sums"])
-@pytest.mark.parametrize("head_dim,causal", [(64, True), (64, False), (128, True)],
-                         ids=["d64-causal", "d64-full", "d128-causal"])
-def test_sinks_gradient_on_the_hopper_kernel(head_dim, causal, defer):
+@pytest.mark.parametrize("mode", ["remainder", "sums-at-once", "defer-sums"])
+@pytest.mark.parametrize("head_dim,causal,n", [(64, True, 700), (64, False, 700), (128, True, 700),
+                                               (64, False, 2100), (128, True, 2100)],
+                         ids=["d64-causal", "d64-full", "d128-causal", "d64-full-hopper-fwd",
+                              "d128-causal-hopper-fwd"])
+def test_sinks_gradient_on_the_hopper_kernel(head_dim, causal, n, mode, monkeypatch):
     """gpt-oss's shape family (GQA 8, d = 64) and d = 128: dq, dk, dv and the
-    sinks' gradient (gathered by the kernel from P and dP) against float64,
-    with the table's config adding each tile's row sums at once and deferring
-    them to the next tile."""
-    q, k, v, do = _inputs(1, 16, 2, 700, 700, head_dim, torch.bfloat16, seed=21)
+    sinks' gradient against float64: from the forward's output remainder (the
+    default), or, where the forward kept none, from the kernel's dS row sums,
+    added at each tile or deferred to the next.  From 2048 keys the forward
+    is the Hopper kernel too (its remainder), below it the portable one."""
+    if mode != "remainder":
+        monkeypatch.setattr(ops, "keeps_remainder", lambda *args: False)
+    defer = mode == "defer-sums"
+    q, k, v, do = _inputs(1, 16, 2, n, n, head_dim, torch.bfloat16, seed=21)
     sinks = torch.linspace(-3.0, 3.0, 16, device="cuda")
-    dlse = torch.randn(1, 16, 700, device="cuda")
+    dlse = torch.randn(1, 16, n, device="cuda")
 
     def grads(qq, kk, vv, ss, dd, impl):
         leaves = [t.detach().requires_grad_() for t in (qq, kk, vv, ss)]
@@ -326,6 +334,8 @@ def test_sinks_gradient_on_the_hopper_kernel(head_dim, causal, defer):
                                                    {(head_dim, head_dim): dataclasses.replace(table, defer_sums=defer)}):
         got = grads(q, k, v, sinks, do, functools.partial(tileattn.attention, deterministic=False))
     assert calls, "the Hopper backward did not run"
+    args, _ = calls[-1]   # attn_bwd_dkdv(..., config, ds_sum)
+    assert (args[12] is None) == (mode == "remainder"), "the kernel summed dS with a remainder kept, or not without"
     ref = grads(q.double(), k.double(), v.double(), sinks.double(), do.double(), standard_attention)
     low = grads(q, k, v, sinks, do, standard_attention)
     for part, g, r, lo in zip(("dq", "dk", "dv", "dsinks"), got, ref, low):

@@ -21,7 +21,7 @@ from tileattn import configs, dispatch, launch
 from tileattn.launch import hopper as launch_hopper, runtime
 from tileattn.configs import HopperFwdConfig
 from tileattn.reference import standard_attention
-from tileattn.testing import HOPPER_CASES, check_accuracy, counting_calls, hopper_inputs
+from tileattn.testing import HOPPER_CASES, check_accuracy, check_remainder, counting_calls, hopper_inputs
 
 from conftest import HAS_CUDA
 
@@ -52,9 +52,11 @@ def _compile_reports():
     code = (
         "import json, sys; from tileattn.configs import HopperFwdConfig; from tileattn.launch import hopper as launch_hopper\n"
         "cases = json.loads(sys.argv[1])\n"
-        "print(json.dumps([launch_hopper.compile_report(d, HopperFwdConfig(**c), causal, sinks=sinks, head_dim_v=dv)\n"
-        "                  for (d, dv), c, causal, sinks in cases]))")
-    arg = json.dumps([(dims, dataclasses.asdict(c), causal, name.endswith("sinks")) for dims, c, causal, name in cases])
+        "print(json.dumps([launch_hopper.compile_report(d, HopperFwdConfig(**c), causal, sinks=sinks, head_dim_v=dv,\n"
+        "                                                remainder=rem)\n"
+        "                  for (d, dv), c, causal, sinks, rem in cases]))")
+    arg = json.dumps([(dims, dataclasses.asdict(c), causal, "-sinks" in name, name.endswith("-remainder"))
+                      for dims, c, causal, name in cases])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -68,10 +70,12 @@ def reports():
     return _compile_reports()
 
 
-# ((QK, V head dims), config, causal, case name): every forced config, and the table's with sinks
+# ((QK, V head dims), config, causal, case name): every forced config, and the table's with sinks, also
+# storing the output's rounding remainder (a sinks call that will be differentiated)
 COMPILED = ([(dims, c, True, c.name) for dims, c in FORCED]
             + [(dims, c, False, c.name) for dims, c in configs.HOPPER_FWD.items()]
-            + [(dims, c, True, c.name + "-sinks") for dims, c in configs.HOPPER_FWD.items()])
+            + [(dims, c, True, c.name + "-sinks") for dims, c in configs.HOPPER_FWD.items()]
+            + [(dims, c, True, c.name + "-sinks-remainder") for dims, c in configs.HOPPER_FWD.items()])
 
 
 @pytest.mark.parametrize("dims,cfg,causal,name", COMPILED,
@@ -197,6 +201,29 @@ def test_sinks_in_the_kernel(case):
     low, low_lse = standard_attention(q, k, v, causal=causal, sinks=sinks, return_lse=True)
     check_accuracy(f"{case} out", out, ref, low, q.dtype)
     check_accuracy(f"{case} lse", lse, ref_lse, low_lse.float(), q.dtype)
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("dims,layout,causal", [((64, 64), "bhnd", True), ((128, 128), "bnhd", False),
+                                                ((192, 128), "bnhd", True)],
+                         ids=["d64-causal", "d128-bnhd-full", "d192-dv128-bnhd-causal"])
+def test_sinks_remainder_in_the_kernel(dims, layout, causal, dtype):
+    """remainder=True (a sinks call that will be differentiated): the same out
+    and lse bit for bit, and out_lo what rounding the float32 result to out
+    dropped (poisoned outputs; odd lengths, rows that see no key)."""
+    d, dv = dims
+    q, k, v = _inputs(2, 4, 2, 701, 333, d, dtype, seed=19, layout=layout, dv=dv)
+    sinks = torch.linspace(-4.0, 4.0, 4, device="cuda")
+    cfg = launch_hopper.config_for(d, dv)
+    out, lse = launch_hopper.attn_fwd(q, k, v, causal, d ** -0.5, cfg, poison=True, sinks=sinks)
+    out2, lse2, out_lo = launch_hopper.attn_fwd(q, k, v, causal, d ** -0.5, cfg, poison=True, sinks=sinks,
+                                                remainder=True)
+    assert torch.equal(out, out2) and torch.equal(lse, lse2)
+    assert out_lo.stride() == out.stride()
+    check_remainder(out, out_lo)
+    ref = standard_attention(q.double(), k.double(), v.double(), causal=causal, sinks=sinks.double())
+    assert (out.double() + out_lo.double() - ref).abs().mean() <= (out.double() - ref).abs().mean()
 
 
 # The wide head dims: QK 192 / V 128 (MLA training and prefill: Q and K in

@@ -113,8 +113,8 @@ def test_merge_of_key_blocks_is_exact(dtype):
     ref_out, ref_lse = standard_attention(q, k, v, return_lse=True)
     scale = 16 ** -0.5
     # the op keeps a float64 lse for float64 inputs (the public one is float32)
-    out, lse = ops.attention_fwd(q.to(dtype), k[:, :, :4].to(dtype), v[:, :, :4].to(dtype), False, scale)
-    out2, lse2 = ops.attention_fwd(q.to(dtype), k[:, :, 4:].to(dtype), v[:, :, 4:].to(dtype), False, scale)
+    out, lse, _ = ops.attention_fwd(q.to(dtype), k[:, :, :4].to(dtype), v[:, :, :4].to(dtype), False, scale)
+    out2, lse2, _ = ops.attention_fwd(q.to(dtype), k[:, :, 4:].to(dtype), v[:, :, 4:].to(dtype), False, scale)
     acc_out, acc_lse = out.double(), lse.double()
     _merge_(acc_out, acc_lse, out2, lse2)
     tol = 1e-12 if dtype == torch.float64 else 1e-5

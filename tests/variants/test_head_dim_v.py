@@ -227,7 +227,7 @@ def test_custom_ops_with_sinks_pass_opcheck(kernels):
     sinks = torch.randn(2, device=DEVICE)
     torch.library.opcheck(torch.ops.tileattn.attention_fwd.default,
                           (q, k, v, True, 0.25, -1, -1, 0.0, None, None, True, sinks))
-    out, lse = torch.ops.tileattn.attention_fwd(q, k, v, True, 0.25, -1, -1, 0.0, None, None, True, sinks)
+    out, lse, _ = torch.ops.tileattn.attention_fwd(q, k, v, True, 0.25, -1, -1, 0.0, None, None, True, sinks)
     assert out.shape == (1, 2, 40, 16)
     torch.library.opcheck(torch.ops.tileattn.attention_bwd.default,
                           (torch.randn_like(out), q, k, v, out, lse, None, True, 0.25, -1, -1, 0.0, None, None,

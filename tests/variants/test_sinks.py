@@ -15,7 +15,7 @@ import torch
 
 import tileattn
 from tileattn.reference import standard_attention, standard_attention_varlen
-from tileattn.testing import DEVICE, DT_NAME, SEED_OFFSET, check_accuracy
+from tileattn.testing import DEVICE, DT_NAME, SEED_OFFSET, check_accuracy, check_remainder
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -193,18 +193,76 @@ def test_bad_sinks_leave_the_cache_unwritten():
     assert not k_cache.any() and not v_cache.any()
 
 
-def test_custom_ops_with_sinks_pass_opcheck(kernels):
-    """The dense ops carry the sinks (forward: into the kernels; backward: their
-    gradient as the fourth output)."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_custom_ops_with_sinks_pass_opcheck(dtype, kernels):
+    """The dense ops carry the sinks (forward: into the kernels, and with
+    remainder=True the output's rounding remainder where it is 16-bit;
+    backward: their gradient as the fourth output, from the remainder where
+    it is given)."""
     torch.manual_seed(12 + SEED_OFFSET)
-    q, k, v = (torch.randn(1, 2, 40, 16, device=DEVICE) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 40, 16, device=DEVICE, dtype=dtype) for _ in range(3))
     sinks = torch.randn(2, device=DEVICE)
-    torch.library.opcheck(torch.ops.tileattn.attention_fwd.default,
-                          (q, k, v, True, 0.25, -1, -1, 0.0, None, None, True, sinks))
-    out, lse = torch.ops.tileattn.attention_fwd(q, k, v, True, 0.25, -1, -1, 0.0, None, None, True, sinks)
-    torch.library.opcheck(torch.ops.tileattn.attention_bwd.default,
-                          (torch.randn_like(out), q, k, v, out, lse, None, True, 0.25, -1, -1, 0.0, None, None,
-                           True, sinks))
+    fwd = torch.ops.tileattn.attention_fwd
+    for remainder in (False, True):
+        torch.library.opcheck(fwd.default, (q, k, v, True, 0.25, -1, -1, 0.0, None, None, True, sinks, remainder))
+    out, lse, out_lo = fwd(q, k, v, True, 0.25, -1, -1, 0.0, None, None, True, sinks, True)
+    assert out_lo.shape == (out.shape if dtype == torch.float16 else (0,))
+    args = (torch.randn_like(out), q, k, v, out, lse, None, True, 0.25, -1, -1, 0.0, None, None, True, sinks)
+    torch.library.opcheck(torch.ops.tileattn.attention_bwd.default, args)
+    torch.library.opcheck(torch.ops.tileattn.attention_bwd.default, args + (out_lo,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_remainder_is_the_rounding_of_the_output(dtype, path):
+    """attention_fwd(..., remainder=True) with sinks: out_lo is what rounding
+    the float32 result to out dropped.  On the kernels out is that result
+    rounded, so out_lo is nonzero and at most half a unit in out's last place;
+    the PyTorch path computes out in the inputs' precision and out_lo from a
+    float32 recomputation, so out + out_lo is float32-close to float64 there
+    (on the kernels P is rounded before P V, so their float32 result is not)."""
+    (q, k, v, sinks), causal, kw, _, _ = _inputs("gqa4-causal-33x130", dtype)
+    q, k, v, sinks = (t.detach() for t in (q, k, v, sinks))
+    scale = q.shape[-1] ** -0.5
+    out, lse, out_lo = torch.ops.tileattn.attention_fwd(q, k, v, causal, scale, -1, -1, 0.0, None, None, True, sinks,
+                                                        True)
+    assert out_lo.dtype == dtype and out_lo.shape == out.shape and out_lo.isfinite().all()
+    assert out_lo.abs().max() > 0
+    if path == "kernels":
+        check_remainder(out, out_lo)
+        return
+    with tileattn.use_backend("torch"):
+        ref = standard_attention(q.double(), k.double(), v.double(), causal=causal, sinks=sinks.double())
+    rounded = (out.double() - ref).abs().max().item()
+    both = (out.double() + out_lo.double() - ref).abs().max().item()
+    assert both < rounded / 16, (rounded, both)
+
+
+def test_the_sinks_gradient_takes_the_remainder(kernels, monkeypatch):
+    """A 16-bit call with sinks that needs gradients keeps the remainder, and
+    its backward then runs the kernels without their dS row sums; a call
+    without the remainder (the op called directly) still sums dS, and both
+    gradients follow the accuracy rule."""
+    from tileattn.launch import attention as launch_attention
+    sums = []
+    launch = launch_attention._attn_bwd_launch
+
+    def spy(*args, **kwargs):
+        sums.append(args[16] if len(args) > 16 else kwargs.get("ds_sum"))
+        return launch(*args, **kwargs)
+    monkeypatch.setattr(launch_attention, "_attn_bwd_launch", spy)
+    leaves, causal, kw, do, dlse = _inputs("full-37x50", torch.float16)
+    lowp, ref = _references(leaves, causal, kw, do, dlse)
+    mine = _fwd_bwd(tileattn.attention, leaves, causal, kw, do, dlse)
+    assert sums and sums[-1] is None, "the kernels summed dS although the forward kept the remainder"
+    _check("with-remainder", mine, lowp, ref, torch.float16)
+    q, k, v, sinks = (t.detach() for t in leaves)
+    scale = q.shape[-1] ** -0.5
+    out, lse, out_lo = torch.ops.tileattn.attention_fwd(q, k, v, causal, scale, -1, -1, 0.0, None, None, True, sinks)
+    assert out_lo.numel() == 0
+    dsinks = torch.ops.tileattn.attention_bwd(do, q, k, v, out, lse, dlse, causal, scale, -1, -1, 0.0, None, None,
+                                              True, sinks)[3]
+    assert sums[-1] is not None, "without the remainder the kernels must sum dS"
+    check_accuracy("without-remainder dsinks", dsinks, ref[5], lowp[5], torch.float16)
 
 
 def test_compiled_graph_differentiates_the_sinks(path):

@@ -294,7 +294,7 @@ def test_opcheck_variants(path):
     torch.library.opcheck(op, (q, k, v, True, 0.2, 30, -1, 4.0, slopes, layout))
     qd, kd, vd = (t.detach() for t in (q, k, v))
     with torch.no_grad():
-        out, lse = op(qd, kd, vd, False, 0.2, 20, 10, 0.0, None, layout)
+        out, lse, _ = op(qd, kd, vd, False, 0.2, 20, 10, 0.0, None, layout)
     torch.library.opcheck(torch.ops.tileattn.attention_bwd.default,
                           (torch.randn_like(out), qd, kd, vd, out, lse, torch.randn_like(lse), False, 0.2, 20, 10,
                            0.0, None, layout))

@@ -143,7 +143,7 @@ def _comm_device(group, q) -> torch.device:
 def _block_forward(q, k, v, plan: BlockPlan, scale: float):
     qs = q[:, :, plan.q_start:plan.q_stop]
     return ops.attention_fwd(qs, k[:, :, plan.k_start:plan.k_stop], v[:, :, plan.k_start:plan.k_stop],
-                             plan.causal, scale)
+                             plan.causal, scale)[:2]
 
 
 def _block_backward(dout, q, k, v, out, lse, dlse, plan: BlockPlan, scale: float):

@@ -7,7 +7,8 @@ the caller differentiates through lse), the gradients are
 
 The deterministic backward is three launches, no atomics, so the result is
 bitwise reproducible:
-  1. ``_attn_bwd_preprocess_kernel``: delta, and lse in log2 units;
+  1. ``_attn_bwd_preprocess_kernel``: delta, and lse in log2 units (with
+     sinks, delta from O plus its rounding remainder when the forward kept it);
   2. ``_attn_bwd_dkdv_kernel``: one program per (key block, kv head, batch)
      keeps dK/dV in registers and loops over the query heads that share the
      kv head (GQA) and over the query blocks that see the key block;
@@ -51,8 +52,10 @@ def _attn_bwd_preprocess_kernel(
     N_HEADS, N_Q,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_DLSE: tl.constexpr,
+    O_LO=None, stride_lob=None, stride_loh=None, stride_lon=None, stride_lod=None, HAS_O_LO: tl.constexpr = False,
 ):
-    # O and dO are (B, H, N_Q, Dv): HEAD_DIM / BLOCK_D here are V's head dim
+    # O and dO are (B, H, N_Q, Dv): HEAD_DIM / BLOCK_D here are V's head dim; with
+    # HAS_O_LO, O_LO holds O's rounding remainder (the forward's float32 O is O + O_LO)
     pid_m = tl.program_id(0)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
@@ -66,6 +69,10 @@ def _attn_bwd_preprocess_kernel(
                + offs_m[:, None].to(tl.int64) * stride_don + offs_d[None, :] * stride_dod)
     o = load_tile(o_ptrs, m_ok, d_ok, True, HEAD_DIM != BLOCK_D).to(tl.float32)
     do = load_tile(do_ptrs, m_ok, d_ok, True, HEAD_DIM != BLOCK_D).to(tl.float32)
+    if HAS_O_LO:
+        lo_ptrs = (head_base(O_LO, off_b, off_h, stride_lob, stride_loh)
+                   + offs_m[:, None].to(tl.int64) * stride_lon + offs_d[None, :] * stride_lod)
+        o += load_tile(lo_ptrs, m_ok, d_ok, True, HEAD_DIM != BLOCK_D).to(tl.float32)
     delta = tl.sum(o * do, axis=1)
     # LSE, DLSE are contiguous (B, H, N_Q); DELTA, LSE2 (B, H, N_Q) with rows stride_sh apart
     # (N_Q, or padded for the Hopper backward's copy engine)

@@ -21,6 +21,9 @@ plain one above (docs/variants.md):
   ``BLOCK_SPARSE`` walk the lists of visible BLOCK_Q x BLOCK_K blocks of the
                    query block's row (full blocks unmasked, partial ones
                    masked) instead of a range of key tiles.
+``HAS_SINKS`` starts every row from its head's sink logit; ``HAS_O_LO`` also
+stores the output's rounding remainder O - round(O) (the sinks' gradient
+takes rowsum(dO o O) from both).
 """
 import triton
 import triton.language as tl
@@ -90,9 +93,11 @@ def _attn_fwd_kernel(
     BS_FULL_NUM=None, BS_FULL_IDX=None, BS_PART_NUM=None, BS_PART_IDX=None,
     stride_bs_nb=None, stride_bs_nh=None, stride_bs_ib=None, stride_bs_ih=None, stride_bs_ir=None,
     SINKS=None,
+    O_LO=None, stride_lob=None, stride_loh=None, stride_lon=None, stride_lod=None,
     IS_VARLEN: tl.constexpr = False, HAS_WINDOW: tl.constexpr = False, HAS_SOFTCAP: tl.constexpr = False,
     HAS_ALIBI: tl.constexpr = False, BLOCK_SPARSE: tl.constexpr = False,
     MASK_BLOCK_Q: tl.constexpr = 128, MASK_BLOCK_K: tl.constexpr = 128, HAS_SINKS: tl.constexpr = False,
+    HAS_O_LO: tl.constexpr = False,
 ):
     # packed sequences: batch t_b of the (1, H, total, D) views, rows from
     # q_row0 / k_row0; dense: batch off_b, rows from 0
@@ -143,5 +148,9 @@ def _attn_fwd_kernel(
     out = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
     store_rows(o_head, q_row0 + start_m, out, q_row0 + n_q, BLOCK_M, HEAD_DIM_V, BLOCK_DV, O_TMA)
+    if HAS_O_LO:   # the rounding remainder O - round(O), in O's dtype (through pointers)
+        lo = out - out.to(O_LO.dtype.element_ty).to(tl.float32)
+        lo_head = (head_base(O_LO, t_b, off_h, stride_lob, stride_loh), t_b, off_h, stride_lon, stride_lod)
+        store_rows(lo_head, q_row0 + start_m, lo, q_row0 + n_q, BLOCK_M, HEAD_DIM_V, BLOCK_DV, False)
     lse_ptrs = head_base(LSE, t_b, off_h, stride_lb, stride_lh) + q_row0 + offs_m
     tl.store(lse_ptrs, lse, mask=offs_m < n_q)

@@ -23,7 +23,10 @@ The math is the portable kernel's (``fwd.py``): log2-unit scores
 (``qk_scale = scale * log2 e``), the same masked/unmasked split of the key
 tiles, rows that see no key return 0 and lse -inf.  With ``HAS_SINKS`` each
 row starts from its head's sink logit (max = sink, sum = 1), so the lse
-includes it and a row that sees no key returns 0 and lse = sink.  Tensors are addressed
+includes it and a row that sees no key returns 0 and lse = sink.  With
+``WRITE_REMAINDER`` (a sinks call that will be differentiated) the output's
+rounding remainder O - round(O) is stored too: the backward's rowsum(dO o O)
+from both is exact enough for the sinks' gradient.  Tensors are addressed
 through rank-4 (B, H, N, D) TMA descriptors, so rows past N read as zeros and
 stores past N are clipped by the copy engine; masking handles the key edge
 and the causal diagonal.  Q and K are ``HEAD_DIM`` wide, V and O
@@ -185,10 +188,12 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                        IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-                       HAS_SINKS: gl.constexpr):
+                       HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of the program's query tile.
     Both warpgroups run every key tile of the program (the loader's ring is
-    shared), each with its own mask boundary ``n_full``."""
+    shared), each with its own mask boundary ``n_full``.  With
+    ``WRITE_REMAINDER`` the output's rounding remainder O - round(O) goes
+    through ``olo_desc`` too (in O's dtype)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -269,10 +274,17 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
     lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
     gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < N_Q)
     out = acc / gl.convert_layout(l_safe, o_row_layout)[:, None]
+    out16 = out.to(q_smem.dtype)
     # the Q tile is dead: stage O in its buffer (as wide as V) for the TMA store
-    q2.store(out.to(q_smem.dtype))
+    q2.store(out16)
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], q_tile)
+    if WRITE_REMAINDER:   # O - O rounded, through the same buffer once the copy engine has read it
+        lo = (out - out16.to(gl.float32)).to(q_smem.dtype)
+        tma.store_wait(0)
+        q2.store(lo)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(olo_desc, [off_b, off_h, row0, 0], q_tile)
     tma.store_wait(0)
 
 
@@ -282,11 +294,13 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr,
                             PINGPONG: gl.constexpr, HAS_SINKS: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-                            TAIL_DIM: gl.constexpr = 0, qt_desc=None, kt_desc=None):
+                            TAIL_DIM: gl.constexpr = 0, qt_desc=None, kt_desc=None, olo_desc=None,
+                            WRITE_REMAINDER: gl.constexpr = False):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
-    without a tail)."""
+    without a tail); ``olo_desc`` (with ``WRITE_REMAINDER``) O's rounding
+    remainder, shaped and boxed like ``o_desc``."""
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     # heaviest causal tiles (last rows) first: better tail balance
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -330,12 +344,12 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                              PINGPONG, HAS_SINKS)),
+                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                              PINGPONG, HAS_SINKS)),
+                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER)),
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                            BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM)),

@@ -233,7 +233,8 @@ class _Variants:
         return args
 
 
-def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = None, sinks=None, **variants):
+def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = None, sinks=None,
+             remainder: bool = False, **variants):
     """Forward launch. Returns (out (B, Hq, Nq, Dv) in q's dtype, lse float32
     (B, Hq, Nq)); Dv is v's head dim, which may differ from q's.
 
@@ -241,15 +242,20 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     ``block_mask`` (see ``tileattn.attention``) and, for packed sequences
     given as (1, H, total, D) views, ``cu_seqlens_q``, ``cu_seqlens_k``,
     ``max_seqlen_q``, ``max_seqlen_k`` (lse is then (1, Hq, total_q)).
-    ``sinks``: float32 (Hq,) attention sinks; the lse includes them."""
+    ``sinks``: float32 (Hq,) attention sinks; the lse includes them.
+    ``remainder``: (out, lse, out_lo), out_lo = the float32 output's
+    rounding remainder O - out in out's dtype and layout, for
+    :func:`attn_bwd`'s sinks gradient (rowsum(dO o O) from the rounded out
+    loses digits that gradient sums over every row)."""
     if (not variants and (config is None or isinstance(config, HopperFwdConfig))
             and dispatch.hopper_fwd_eligible(q, k, v)
             and (config is not None or dispatch.hopper_fwd_preferred(q.shape[-1], causal, k.shape[2]))):
-        return hopper.attn_fwd(q, k, v, causal, scale, config, poison=runtime.POISON_OUTPUTS, sinks=sinks)
+        return hopper.attn_fwd(q, k, v, causal, scale, config, poison=runtime.POISON_OUTPUTS, sinks=sinks,
+                               remainder=remainder)
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     plan_key = None
-    if not variants and sinks is None and config is None and q.is_cuda:
+    if not variants and sinks is None and not remainder and config is None and q.is_cuda:
         plan_key = runtime.plan_key("fwd", (q, k, v), bool(causal), float(scale))
         plan = runtime.PLANS.get(plan_key) if plan_key is not None else None
         if plan is not None:
@@ -261,26 +267,28 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     var = _Variants(q, k, causal, scale, **variants)
     o = _output(q, v)
     lse = output_f32((b, hq, n_q), q.device)
+    o_lo = torch.empty_like(o) if remainder else None
     if n_q == 0 or b == 0 or var.batch == 0:
-        return o, lse
+        return (o, lse) if o_lo is None else (o, lse, o_lo)
     if n_k == 0:  # nothing to attend to: every row is empty (or its sink alone)
         lse.fill_(float("-inf"))
-        return (o.zero_(), lse) if sinks is None else with_sinks(o.zero_(), lse, sinks)
+        out = (o.zero_(), lse) if sinks is None else with_sinks(o.zero_(), lse, sinks)
+        return out if o_lo is None else out + (o_lo.zero_(),)
     if config is None:
         check_shared_memory(q, v, ("fwd",))
     if plan_key is not None:
         begin_record()
     try:
-        _attn_fwd_launch(q, k, v, o, lse, var, scale, config, sinks)
+        _attn_fwd_launch(q, k, v, o, lse, var, scale, config, sinks, o_lo)
     except BaseException:
         abandon_record()
         raise
     if plan_key is not None:
         end_record(plan_key, {"q": q, "k": k, "v": v, "o": o, "lse": lse})
-    return o, lse
+    return (o, lse) if o_lo is None else (o, lse, o_lo)
 
 
-def _attn_fwd_launch(q, k, v, o, lse, var, scale, config, sinks=None):
+def _attn_fwd_launch(q, k, v, o, lse, var, scale, config, sinks=None, o_lo=None):
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
 
@@ -297,11 +305,13 @@ def _attn_fwd_launch(q, k, v, o, lse, var, scale, config, sinks=None):
             N_Q_BUCKET=_bucket(var.len_q), N_K_BUCKET=_bucket(var.len_k),
             HEAD_DIM=d, BLOCK_D=configs.block_d(d), HEAD_DIM_V=v.shape[-1], BLOCK_DV=configs.block_d(v.shape[-1]),
             IS_CAUSAL=var.causal, DOT_PRECISION=dot_precision(q.dtype), USE_TMA=tma, **var.kernel_args("fwd"),
-            **({} if sinks is None else dict(SINKS=sinks.float().contiguous(), HAS_SINKS=True)))
+            **({} if sinks is None else dict(SINKS=sinks.float().contiguous(), HAS_SINKS=True)),
+            **({} if o_lo is None else dict(O_LO=o_lo, **strides4(o_lo, "lo"), HAS_O_LO=True)))
 
 
 def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
-             config: KernelConfig | dict | None = None, deterministic: bool = True, sinks=None, **variants):
+             config: KernelConfig | dict | None = None, deterministic: bool = True, sinks=None, o_lo=None,
+             **variants):
     """Backward launch. Returns (dq like q, dk like k, dv like v), and the
     sinks' gradient (float32 (Hq,)) after them when ``sinks`` is given (``o``
     and ``lse`` are then the forward's with the sinks in: the kernels'
@@ -313,13 +323,20 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     dq is then reproducible only up to the order of the float32 adds), and
     a small kernel converts the sum into dq.  ``config`` forces every
     kernel's config, or {"dkdv": ..., "dq": ..., "dkdv_atomic": ...} each;
-    ``variants`` as for :func:`attn_fwd`."""
+    ``variants`` as for :func:`attn_fwd`.
+
+    The sinks' gradient needs each row's sum_j P_ij dP_ij to float32
+    accuracy.  With ``o_lo`` (the forward's rounding remainder, see
+    :func:`attn_fwd`) the preprocess takes it as rowsum(dO o (o + o_lo)) and
+    the kernels do no extra work; without it the kernel that owns dQ's rows
+    also sums each row's dS (``_sink_grad``)."""
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     deterministic = bool(deterministic)
+    sums_ds = sinks is not None and o_lo is None   # the kernels sum dS for the sinks' gradient
     if (not deterministic and not variants and (config is None or isinstance(config, HopperBwdConfig))
-            and dispatch.hopper_bwd_eligible(q, k, v, do, sinks is not None)):
-        return _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks)
+            and dispatch.hopper_bwd_eligible(q, k, v, do, sums_ds)):
+        return _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks, o_lo)
     plan_key = None
     if not variants and sinks is None and config is None and q.is_cuda:
         plan_key = runtime.plan_key("bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), deterministic)
@@ -348,11 +365,12 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     if config is None:
         check_shared_memory(q, v, bwd_kinds(deterministic))
     dq_acc = None if deterministic else _dq_accumulator(q)
-    ds_sum = None if sinks is None else torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32)
+    ds_sum = torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32) if sums_ds else None
     if plan_key is not None:
         begin_record()
     try:
-        _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc, ds_sum)
+        _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc, ds_sum,
+                         o_lo)
     except BaseException:
         abandon_record()
         raise
@@ -366,18 +384,22 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
         end_record(plan_key, tensors)
     if sinks is None:
         return dq, dk, dv
-    return dq, dk, dv, _sink_grad(sinks, lse, dlse, delta, ds_sum)
+    return dq, dk, dv, _sink_grad(sinks, lse, dlse, delta, ds_sum, o_lo is not None)
 
 
-def _sink_grad(sinks, lse, dlse, delta, ds_sum):
+def _sink_grad(sinks, lse, dlse, delta, ds_sum, exact_delta: bool = False):
     """d sink_h = -sum_i p_sink_i (sum_j P_ij dP_ij - dlse_i), p_sink_i =
     exp(sink_h - lse_i) (``tileattn.sinks.sink_grad``).  The kernels sum
     each row's dS_ij = P_ij (dP_ij - delta_i) over the keys (``ds_sum``)
     with the delta they used, so sum_j P_ij dP_ij = ds_sum_i + delta_i
     (1 - p_sink_i) exactly, as sum_j P_ij = 1 - p_sink_i: products of float32
     tiles, where the rowsum(dO o O) of the rounded output would lose digits.
-    ``ds_sum`` is None when no key was visited (P = 0)."""
+    ``ds_sum`` is None when no key was visited (P = 0).  ``exact_delta``:
+    the preprocess took delta from O and its rounding remainder, so delta is
+    sum_j P_ij dP_ij - dlse_i already."""
     lse = lse.float()
+    if exact_delta:
+        return sink_grad(sinks.float(), lse, delta).to(sinks.dtype)
     p_dp = torch.zeros_like(lse)
     if ds_sum is not None:
         p_dp += ds_sum + delta * (1.0 - torch.exp(sinks.float()[None, :, None] - lse))
@@ -386,10 +408,11 @@ def _sink_grad(sinks, lse, dlse, delta, ds_sum):
     return sink_grad(sinks.float(), lse, p_dp).to(sinks.dtype)
 
 
-def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None):
+def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None, o_lo=None):
     """The atomic-dQ backward with the Hopper dK/dV kernel (Gluon) between
     the portable preprocess and convert kernels; (dq, dk, dv), and the sinks'
-    gradient after them when there are sinks."""
+    gradient after them when there are sinks (from ``o_lo`` where given, else
+    from the kernel's dS row sums)."""
     b, hq, n_q, d = q.shape
     dq, dk, dv = output_like(q), output_like(k), output_like(v)
     config = config or hopper.bwd_config_for(d, v.shape[-1])
@@ -399,20 +422,21 @@ def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None):
         delta, lse2 = output_f32((b, hq, n_q), q.device), output_f32((b, hq, n_q), q.device)
     # a V head dim of its own: the wide kernel adds dQ transposed, (B, Hq, D, Nq) seen as (B, Hq, Nq, D)
     dq_acc = _dq_accumulator(q) if v.shape[-1] == d else hopper.dq_sum_transposed(q)
-    ds_sum = None if sinks is None else torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32)
-    _bwd_preprocess(do, o, lse, dlse, delta, lse2)
+    sums_ds = sinks is not None and o_lo is None
+    ds_sum = torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32) if sums_ds else None
+    _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo)
     hopper.attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, config, ds_sum)
     _dq_convert(dq_acc, dq, scale)
     if sinks is None:
         return dq, dk, dv
-    return dq, dk, dv, _sink_grad(sinks, lse, dlse, delta, ds_sum)
+    return dq, dk, dv, _sink_grad(sinks, lse, dlse, delta, ds_sum, o_lo is not None)
 
 
-def _bwd_preprocess(do, o, lse, dlse, delta, lse2):
+def _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo=None):
     """delta = rowsum(dO o O) (minus dlse) and lse2 = lse log2 e (+inf where
-    -inf); the rows of O and dO are V's head dim wide.  ``delta`` and
-    ``lse2`` share one layout, contiguous or with padded rows
-    (:func:`hopper.stats_rows`)."""
+    -inf); the rows of O and dO are V's head dim wide; with ``o_lo`` (O's
+    rounding remainder) O is o + o_lo.  ``delta`` and ``lse2`` share one
+    layout, contiguous or with padded rows (:func:`hopper.stats_rows`)."""
     b, hq, n_q, d = o.shape
     assert delta.stride() == lse2.stride() and delta.stride(2) == 1 and delta.stride(0) == delta.stride(1) * hq
     pre_block = configs.INTERPRETER_BWD.block_m if interpreter_active() else 64
@@ -422,7 +446,7 @@ def _bwd_preprocess(do, o, lse, dlse, delta, lse2):
         O=o, DO=do, LSE=lse, DLSE=dlse.contiguous() if has_dlse else lse, DELTA=delta, LSE2=lse2,
         **strides4(o, "o"), **strides4(do, "do"), stride_sh=delta.stride(1),
         N_HEADS=hq, N_Q=n_q, HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block,
-        HAS_DLSE=has_dlse))
+        HAS_DLSE=has_dlse, **({} if o_lo is None else dict(O_LO=o_lo, **strides4(o_lo, "lo"), HAS_O_LO=True))))
 
 
 def _dq_convert(dq_acc, dq, scale):
@@ -434,16 +458,16 @@ def _dq_convert(dq_acc, dq, scale):
 
 
 def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc=None,
-                     ds_sum=None):
+                     ds_sum=None, o_lo=None):
     """The backward's launches; with ``dq_acc`` (a zeroed float32 tensor
     shaped like q) the atomic path: the dK/dV kernel adds dQ into it and
     the convert kernel writes dq from it.  ``ds_sum``: a zeroed float32
     (B, Hq, N_Q) tensor for each row's sum of dS (the sinks' gradient), or
-    None."""
+    None; ``o_lo``: O's rounding remainder for the preprocess, or None."""
     per_kind = config if isinstance(config, dict) else {"dkdv": config, "dq": config, "dkdv_atomic": config}
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
-    _bwd_preprocess(do, o, lse, dlse, delta, lse2)
+    _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo)
 
     tma = use_tma(q, k, v, do, dq, dk, dv)
     tiles = (lambda t: descriptor(t)) if tma else (lambda t: t)

@@ -58,10 +58,12 @@ def config_for(head_dim: int, head_dim_v: int | None = None) -> HopperFwdConfig:
 
 
 def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None = None, poison: bool = False,
-             sinks: torch.Tensor | None = None):
+             sinks: torch.Tensor | None = None, remainder: bool = False):
     """Forward on the Hopper kernel. Returns (out like q, as wide as v; lse
     float32 (B, Hq, Nq)); ``sinks`` (float32 (Hq,)) enter every row's
-    denominator and the lse."""
+    denominator and the lse.  ``remainder``: (out, lse, out_lo) with out_lo
+    = O - out (the float32 result's rounding remainder, in out's dtype and
+    layout)."""
     from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel
     b, hq, n_q, d = q.shape
     hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
@@ -70,9 +72,11 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     if o is None or not tma_addressable(o):   # a V width of its own, or an unaddressable layout: a dense one
         o = torch.empty((b, hq, n_q, dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, hq, n_q), device=q.device, dtype=torch.float32)
+    o_lo = torch.empty_like(o) if remainder else None
     if poison:
-        o.fill_(float("nan"))
-        lse.fill_(float("nan"))
+        for t in (o, lse) if o_lo is None else (o, lse, o_lo):
+            t.fill_(float("nan"))
+    extra = {} if o_lo is None else dict(olo_desc=_descriptor(o_lo, cfg.block_m), WRITE_REMAINDER=True)
     grid = (triton.cdiv(n_q, 2 * cfg.block_m), hq, b)
     _attn_fwd_hopper_kernel[grid](
         **_qk_descriptors(q, k, dv, cfg), v_desc=_descriptor(v, cfg.block_n), o_desc=_descriptor(o, cfg.block_m),
@@ -81,13 +85,14 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
         NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks is not None,
-        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
-    return o, lse
+        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg, **extra)
+    return (o, lse) if o_lo is None else (o, lse, o_lo)
 
 
 def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False,
-                 head_dim_v: int | None = None):
-    """Compile the kernel for sm_90a without a GPU (Triton bundles ptxas).
+                 head_dim_v: int | None = None, remainder: bool = False):
+    """Compile the kernel for sm_90a without a GPU (Triton bundles ptxas);
+    ``remainder``: the build that also stores O's rounding remainder.
     Not under ``TRITON_INTERPRET``: Gluon cannot be compiled once the
     interpreter has wrapped its library, so callers in an interpreted
     process run this in a fresh one (see tests/attention/test_hopper_fwd.py)."""
@@ -100,9 +105,11 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     t, tv = (torch.empty(1, 2, 256, w, dtype=torch_dtype) for w in (head_dim, dv))
     descs = dict(_qk_descriptors(t, t, dv, cfg), v_desc=_descriptor(tv, cfg.block_n),
                  o_desc=_descriptor(tv, cfg.block_m))
+    if remainder:
+        descs["olo_desc"] = _descriptor(tv, cfg.block_m)
     const = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks,
-                 HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0))
+                 HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder)
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
@@ -110,6 +117,9 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     if dv == head_dim:   # no tail: its descriptors are None
         sig.update(qt_desc="constexpr", kt_desc="constexpr")
         const.update(qt_desc=None, kt_desc=None)
+    if not remainder:
+        sig.update(olo_desc="constexpr")
+        const.update(olo_desc=None)
     sig = {name: sig[name] for name in kernel.arg_names}
     src = GluonASTSource(fn=kernel, signature=sig,
                          constexprs={(kernel.arg_names.index(k),): v for k, v in const.items()})
@@ -118,10 +128,10 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
 
 
 def compile_report(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16",
-                   sinks: bool = False, head_dim_v: int | None = None) -> dict:
+                   sinks: bool = False, head_dim_v: int | None = None, remainder: bool = False) -> dict:
     """What the sm_90a compile says of one config: shared memory, the
     instructions the design relies on, and local memory (spills)."""
-    compiled = compile_sm90(head_dim, cfg, causal, dtype, sinks, head_dim_v)
+    compiled = compile_sm90(head_dim, cfg, causal, dtype, sinks, head_dim_v, remainder)
     ptx = compiled.asm["ptx"]
     return {"shared": int(compiled.metadata.shared), "wgmma": ptx.count("wgmma.mma_async"),
             "tma": "cp.async.bulk.tensor" in ptx, "setmaxnreg": sorted(set(
