@@ -14,7 +14,7 @@ atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
 program, ``pair_blocks=False``, too).  ``--sinks``:
 tileattn's default call with and without attention sinks, beside cuDNN
 (forward: also a call whose sinks need a gradient, which stores the output's
-rounding remainder; backward: also the sinks' gradient from the kernels' dS
+rounding remainder, from staging tiles of its own and from O's buffer; backward: also the sinks' gradient from the kernels' dS
 row sums, the forward keeping no remainder).
 ``--memory`` (backward): each provider's forward+backward peak over the
 tensors a training step must hold.
@@ -88,6 +88,15 @@ def with_sinks_providers(mode: str) -> dict:
     provs = {"sdpa-cudnn": bwd_providers()["sdpa-cudnn"], "tileattn": plain, "tileattn-sinks": sinks}
     if mode == "fwd":   # sinks that need a gradient: the forward also stores its output's rounding remainder
         provs["tileattn-sinks-train"] = functools.partial(sinks, grad=True)
+
+        def serial(q, k, v, causal):   # the remainder staged in O's buffer after O's copy (no tiles of its own)
+            from tileattn.launch import hopper
+            hopper.REMAINDER_STAGING = False
+            try:
+                return sinks(q, k, v, causal, grad=True)
+            finally:
+                hopper.REMAINDER_STAGING = True
+        provs["tileattn-sinks-train-serial"] = serial
     else:   # the forward keeps no remainder: the kernels sum dS for the sinks' gradient
         provs["tileattn-sinks-dS-sums"] = sinks
     return provs

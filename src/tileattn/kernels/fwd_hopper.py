@@ -188,12 +188,14 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                        IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-                       HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr):
+                       HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
+                       LO_STAGE: gl.constexpr):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of the program's query tile.
     Both warpgroups run every key tile of the program (the loader's ring is
     shared), each with its own mask boundary ``n_full``.  With
     ``WRITE_REMAINDER`` the output's rounding remainder O - round(O) goes
-    through ``olo_desc`` too (in O's dtype)."""
+    through ``olo_desc`` too (in O's dtype), staged in ``lo_smem`` with
+    ``LO_STAGE``, else in the Q tile after O's copy has read it."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -279,12 +281,17 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
     q2.store(out16)
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], q_tile)
-    if WRITE_REMAINDER:   # O - O rounded, through the same buffer once the copy engine has read it
+    if WRITE_REMAINDER:   # O - O rounded: from a buffer of its own, or the Q tile's once O has left it
         lo = (out - out16.to(gl.float32)).to(q_smem.dtype)
-        tma.store_wait(0)
-        q2.store(lo)
+        if LO_STAGE:
+            lo_tile = lo_smem.index(WG)
+            lo_tile.reshape([BLOCK_M, HEAD_DIM_V]).store(lo)
+        else:
+            lo_tile = q_tile
+            tma.store_wait(0)
+            q2.store(lo)
         fence_async_shared()
-        tma.async_copy_shared_to_global(olo_desc, [off_b, off_h, row0, 0], q_tile)
+        tma.async_copy_shared_to_global(olo_desc, [off_b, off_h, row0, 0], lo_tile)
     tma.store_wait(0)
 
 
@@ -295,12 +302,14 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr,
                             PINGPONG: gl.constexpr, HAS_SINKS: gl.constexpr, HEAD_DIM_V: gl.constexpr,
                             TAIL_DIM: gl.constexpr = 0, qt_desc=None, kt_desc=None, olo_desc=None,
-                            WRITE_REMAINDER: gl.constexpr = False):
+                            WRITE_REMAINDER: gl.constexpr = False, LO_STAGE: gl.constexpr = False):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
     without a tail); ``olo_desc`` (with ``WRITE_REMAINDER``) O's rounding
-    remainder, shaped and boxed like ``o_desc``."""
+    remainder, shaped and boxed like ``o_desc``, staged with ``LO_STAGE`` in
+    two tiles of its own (where shared memory allows), so that it needs
+    not wait for O's copy."""
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     # heaviest causal tiles (last rows) first: better tail balance
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -313,6 +322,10 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
 
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    if WRITE_REMAINDER and LO_STAGE:
+        lo_smem = gl.allocate_shared_memory(dtype, [2] + o_desc.block_type.shape, o_desc.layout)
+    else:   # unused
+        lo_smem = q_smem
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
     if TAIL_DIM > 0:
@@ -344,12 +357,12 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER)),
+                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER)),
+                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE)),
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                            BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM)),

@@ -51,6 +51,19 @@ def _qk_descriptors(q: torch.Tensor, k: torch.Tensor, dv: int, cfg: HopperFwdCon
                 TAIL_DIM=d - dv)
 
 
+# the forward stages its output's rounding remainder in two tiles of its own
+# where they fit beside Q and the K/V stages (else it waits for O's copy and
+# reuses O's buffer); False: always the latter (a switch for benchmarks)
+REMAINDER_STAGING = True
+SMEM_LIMIT = 227 * 1024
+
+
+def remainder_staged(head_dim: int, head_dim_v: int, cfg: HopperFwdConfig, elem: int = 2) -> bool:
+    """Whether the forward's remainder gets staging tiles of its own."""
+    used = (2 * cfg.block_m * head_dim + cfg.num_stages * cfg.block_n * (head_dim + head_dim_v)) * elem + 1024
+    return REMAINDER_STAGING and used + 2 * cfg.block_m * head_dim_v * elem <= SMEM_LIMIT
+
+
 def config_for(head_dim: int, head_dim_v: int | None = None) -> HopperFwdConfig:
     """The table's config for Q/K head dim ``head_dim`` and V head dim
     ``head_dim_v`` (default: the same)."""
@@ -76,7 +89,8 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     if poison:
         for t in (o, lse) if o_lo is None else (o, lse, o_lo):
             t.fill_(float("nan"))
-    extra = {} if o_lo is None else dict(olo_desc=_descriptor(o_lo, cfg.block_m), WRITE_REMAINDER=True)
+    extra = {} if o_lo is None else dict(olo_desc=_descriptor(o_lo, cfg.block_m), WRITE_REMAINDER=True,
+                                         LO_STAGE=remainder_staged(d, dv, cfg))
     grid = (triton.cdiv(n_q, 2 * cfg.block_m), hq, b)
     _attn_fwd_hopper_kernel[grid](
         **_qk_descriptors(q, k, dv, cfg), v_desc=_descriptor(v, cfg.block_n), o_desc=_descriptor(o, cfg.block_m),
@@ -109,7 +123,8 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
         descs["olo_desc"] = _descriptor(tv, cfg.block_m)
     const = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks,
-                 HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder)
+                 HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
+                 LO_STAGE=remainder and remainder_staged(head_dim, dv, cfg))
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
