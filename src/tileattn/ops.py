@@ -26,7 +26,7 @@ rounding remainder O - out (its third output, empty otherwise;
 :func:`keeps_remainder`), the autograd formula saves it, and
 ``attention_bwd(..., out_lo=)`` takes delta from out + out_lo.  Without it
 the kernels sum each row's dS over the keys, from which
-``launch.attention._sink_grad`` gets the exact sum_j P_ij dP_ij, and the
+``tileattn.sinks.kernel_sink_grad`` gets the exact sum_j P_ij dP_ij, and the
 PyTorch path recomputes O in float32.
 
 The eager fast path.  A ``torch.library`` custom op is what

@@ -13,8 +13,7 @@ The named cases of the tests live here too, so that every test folder builds
 them one way: dense batches (``Case``, ``run_case``, ``assert_case``), the
 variants on dense batches (``VariantCase``, ``assert_variant_case``) and
 packed sequences (``VarlenCase``, ``assert_varlen_case``); the decoding
-tests' cases, which build their caches with ``shuffled_block_table`` and
-``write_tokens`` below, are ``tileattn.testing_decode``.
+tests' cases and their cache builders are ``tileattn.testing_decode``.
 """
 from __future__ import annotations
 
@@ -457,33 +456,6 @@ def hopper_inputs(b, hq, hkv, n_q, n_k, d, dtype, seed, layout="bhnd", logit_sca
             return torch.randn(b, n, h, width, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
         return torch.randn(b, h, n, width, device="cuda", dtype=dtype, generator=g)
     return make(hq, n_q, d) * logit_scale, make(hkv, n_k, d), make(hkv, n_k, dv), make(hq, n_q, dv)
-
-
-# ---------------------------------------------------------------------------
-# KV caches for decoding tests (tests/decode)
-# ---------------------------------------------------------------------------
-def shuffled_block_table(used: list, max_blocks: int, num_pages: int, unused: int) -> torch.Tensor:
-    """(B, max_blocks) int32 on the CPU: batch element i owns ``used[i]``
-    pages drawn from a shuffle of ``num_pages``; the entries it does not use
-    hold ``unused`` (out of range on purpose: never read)."""
-    perm = torch.randperm(num_pages).tolist()
-    table = torch.full((len(used), max_blocks), unused, dtype=torch.int32)
-    for i, u in enumerate(used):
-        table[i, :u] = torch.tensor([perm.pop() for _ in range(u)], dtype=torch.int32)
-    return table
-
-
-def write_tokens(cache, block_table, b, start, data) -> None:
-    """Write ``data`` (H, n, D) at logical positions start.. of batch element
-    ``b`` of a contiguous (block_table None) or paged cache."""
-    n = data.shape[1]
-    if block_table is None:
-        cache[b, :, start:start + n] = data
-        return
-    page = cache.shape[2]
-    for t in range(n):
-        pos = start + t
-        cache[int(block_table[b, pos // page]), :, pos % page] = data[:, t]
 
 
 # ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The decoding tests' cases (tests/decode): a ``Case`` of
 ``attention_with_kvcache``, the inputs it stands for (a contiguous or paged
 cache whose logical contents the test knows, built with
-``shuffled_block_table`` and ``write_tokens`` of ``tileattn.testing``), the
+``shuffled_block_table`` and ``write_tokens`` below), the
 reference, and ``assert_case`` under the accuracy rule.
 
 The reference gathers each batch element's logical sequence (the cache
@@ -20,8 +20,31 @@ from typing import Optional
 import torch
 
 from .reference import standard_attention
-from .testing import (DEVICE, DT_NAME as DT, SEED_OFFSET, check_accuracy, shuffled_block_table, variant_id_parts,
-                      write_tokens)
+from .testing import DEVICE, DT_NAME as DT, SEED_OFFSET, check_accuracy, variant_id_parts
+
+
+def shuffled_block_table(used: list, max_blocks: int, num_pages: int, unused: int) -> torch.Tensor:
+    """(B, max_blocks) int32 on the CPU: batch element i owns ``used[i]``
+    pages drawn from a shuffle of ``num_pages``; the entries it does not use
+    hold ``unused`` (out of range on purpose: never read)."""
+    perm = torch.randperm(num_pages).tolist()
+    table = torch.full((len(used), max_blocks), unused, dtype=torch.int32)
+    for i, u in enumerate(used):
+        table[i, :u] = torch.tensor([perm.pop() for _ in range(u)], dtype=torch.int32)
+    return table
+
+
+def write_tokens(cache, block_table, b, start, data) -> None:
+    """Write ``data`` (H, n, D) at logical positions start.. of batch element
+    ``b`` of a contiguous (block_table None) or paged cache."""
+    n = data.shape[1]
+    if block_table is None:
+        cache[b, :, start:start + n] = data
+        return
+    page = cache.shape[2]
+    for t in range(n):
+        pos = start + t
+        cache[int(block_table[b, pos // page]), :, pos % page] = data[:, t]
 
 
 @dataclasses.dataclass(frozen=True)

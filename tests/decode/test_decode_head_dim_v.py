@@ -22,7 +22,8 @@ import tileattn
 from tileattn import configs, reference_decode, validation
 from tileattn.launch import decode as launch_decode
 from tileattn.reference import standard_attention
-from tileattn.testing import check_accuracy, forbidden, seed_case, shuffled_block_table, write_tokens
+from tileattn.testing import check_accuracy, forbidden, seed_case
+from tileattn.testing_decode import shuffled_block_table, write_tokens
 from tileattn.testing_decode import Inputs, assert_cache_appended, reference, run
 from tileattn.validation_kvcache import MLA_HEAD_DIM, MLA_HEAD_DIM_V, shares_kv
 

@@ -19,7 +19,7 @@ from ..configs import HopperBwdConfig, HopperFwdConfig, KernelConfig
 from ..kernels.bwd import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_convert_kernel, _attn_bwd_dq_kernel,
                            _attn_bwd_preprocess_kernel)
 from ..kernels.fwd import _attn_fwd_kernel
-from ..sinks import sink_grad, with_sinks
+from ..sinks import kernel_sink_grad, with_sinks
 from ..validation import fold_causal
 from .runtime import (LOG2E, abandon_record, aligned, base_tensor, begin_record, descriptor, dot_precision, end_record,
                       output_f32, output_like, replay, smem_limit, strides4, use_tma)
@@ -329,7 +329,7 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     accuracy.  With ``o_lo`` (the forward's rounding remainder, see
     :func:`attn_fwd`) the preprocess takes it as rowsum(dO o (o + o_lo)) and
     the kernels do no extra work; without it the kernel that owns dQ's rows
-    also sums each row's dS (``_sink_grad``)."""
+    also sums each row's dS (``tileattn.sinks.kernel_sink_grad``)."""
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     deterministic = bool(deterministic)
@@ -359,7 +359,7 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
         if sinks is None:
             return zeros
         # no key: every row's softmax is the sink alone (P = 0, out 0), only dlse reaches the sinks
-        return zeros + (_sink_grad(sinks, lse, dlse, None, None),)
+        return zeros + (kernel_sink_grad(sinks, lse, dlse, None, None),)
     delta = output_f32((b, hq, n_q), q.device)
     lse2 = output_f32((b, hq, n_q), q.device)
     if config is None:
@@ -384,28 +384,7 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
         end_record(plan_key, tensors)
     if sinks is None:
         return dq, dk, dv
-    return dq, dk, dv, _sink_grad(sinks, lse, dlse, delta, ds_sum, o_lo is not None)
-
-
-def _sink_grad(sinks, lse, dlse, delta, ds_sum, exact_delta: bool = False):
-    """d sink_h = -sum_i p_sink_i (sum_j P_ij dP_ij - dlse_i), p_sink_i =
-    exp(sink_h - lse_i) (``tileattn.sinks.sink_grad``).  The kernels sum
-    each row's dS_ij = P_ij (dP_ij - delta_i) over the keys (``ds_sum``)
-    with the delta they used, so sum_j P_ij dP_ij = ds_sum_i + delta_i
-    (1 - p_sink_i) exactly, as sum_j P_ij = 1 - p_sink_i: products of float32
-    tiles, where the rowsum(dO o O) of the rounded output would lose digits.
-    ``ds_sum`` is None when no key was visited (P = 0).  ``exact_delta``:
-    the preprocess took delta from O and its rounding remainder, so delta is
-    sum_j P_ij dP_ij - dlse_i already."""
-    lse = lse.float()
-    if exact_delta:
-        return sink_grad(sinks.float(), lse, delta).to(sinks.dtype)
-    p_dp = torch.zeros_like(lse)
-    if ds_sum is not None:
-        p_dp += ds_sum + delta * (1.0 - torch.exp(sinks.float()[None, :, None] - lse))
-    if dlse is not None:
-        p_dp -= dlse.float()
-    return sink_grad(sinks.float(), lse, p_dp).to(sinks.dtype)
+    return dq, dk, dv, kernel_sink_grad(sinks, lse, dlse, delta, ds_sum, o_lo is not None)
 
 
 def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None, o_lo=None):
@@ -429,7 +408,7 @@ def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None, o_
     _dq_convert(dq_acc, dq, scale)
     if sinks is None:
         return dq, dk, dv
-    return dq, dk, dv, _sink_grad(sinks, lse, dlse, delta, ds_sum, o_lo is not None)
+    return dq, dk, dv, kernel_sink_grad(sinks, lse, dlse, delta, ds_sum, o_lo is not None)
 
 
 def _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo=None):
