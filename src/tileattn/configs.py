@@ -43,8 +43,7 @@ _SMEM_OVERHEAD = 2048
 
 
 def _widths(head_dim: int, head_dim_v: int | None) -> tuple[int, int]:
-    """The tile widths (BLOCK_D, BLOCK_DV) of Q/K and of V/O/dO (V's head
-    dim defaults to Q's)."""
+    """The tile widths (BLOCK_D, BLOCK_DV) of Q/K and of V/O/dO (V's head dim defaults to Q's)."""
     d = block_d(head_dim)
     return d, (d if head_dim_v is None else block_d(head_dim_v))
 
@@ -353,6 +352,7 @@ class HopperBwdConfig:
     defer_sums: bool = False    # sinks, d = 64/128: a tile's dS row sums added under the next tile's products
     pair_blocks: bool | None = None  # causal, d = 64/128: key blocks j, n-1-j a program (None: pairs_pay)
     stats_tma: bool = False     # d = 64/128: lse₂ and Δ by the copy engine into shared memory (else loads)
+    dq_turns: bool = False      # d = 64/128: the warpgroups take turns forming a tile's whole dQ (else half each)
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
@@ -360,7 +360,7 @@ class HopperBwdConfig:
     @property
     def name(self) -> str:
         flags = "".join(f for f, on in (("-dks", self.dk_from_smem), ("-ds", self.defer_sums), ("-st", self.stats_tma),
-                                        ("-paired", self.pair_blocks is True),
+                                        ("-dqt", self.dq_turns), ("-paired", self.pair_blocks is True),
                                         ("-unpaired", self.pair_blocks is False)) if on)
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}{flags}"
 

@@ -43,7 +43,11 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((128, 128), HopperBwdConfig(pair_blocks=False)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=False)),
     # lse₂ and Δ by the copy engine into shared memory
     ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True)), ((128, 128), HopperBwdConfig(stats_tma=True)),
-    ((128, 128), HopperBwdConfig(stats_tma=True, pair_blocks=True))]
+    ((128, 128), HopperBwdConfig(stats_tma=True, pair_blocks=True)),
+    # the warpgroups take turns forming a tile's whole dQ
+    ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True)),
+    ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True, pair_blocks=True)),
+    ((128, 128), HopperBwdConfig(stats_tma=True, dq_turns=True))]
 # the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D)
 SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1]]
 # (dims, config, causal, sinks): every forced config; with sinks, the table's configs adding each tile's
@@ -51,24 +55,29 @@ SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dim
 COMPILED = ([(dims, c, causal, False) for dims, c in FORCED for causal in (False, True)]
             + [(dims, dataclasses.replace(c, defer_sums=False), True, True) for dims, c in SUMMING]
             + [(dims, dataclasses.replace(c, defer_sums=True), causal, True) for dims, c in SUMMING
-               for causal in (False, True)])
+               for causal in (False, True)]
+            # dq_turns with dS row sums: the launcher gives the kernel half-width boxes (each half a tile)
+            + [((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, defer_sums=True, dq_turns=True), True,
+                True)])
 
 
 def _dims_id(dims):
     return f"d{dims[0]}" if dims[0] == dims[1] else f"d{dims[0]}-dv{dims[1]}"
 
 
-def _expected_shared(dims, cfg):
+def _expected_shared(dims, cfg, sinks=False):
     """The shared memory the kernel's buffers take (barriers aside): the
     program's K and V, the Q and dO slots, two dSᵀ buffers and the float32
-    dQ staging (two column halves; the wide kernel: two 64-row chunks a
+    dQ staging (two column halves, or two whole tiles with ``dq_turns``
+    unless the kernel sums dS; the wide kernel: two 64-row chunks a
     warpgroup at 32-query tiles, one at 64); with ``stats_tma`` each slot's
     lse₂ and Δ rows."""
     d, dv = dims
     kv = 2 * cfg.block_n * (d + dv) * 2
     ring = cfg.num_stages * cfg.block_m * (d + dv) * 2
     ds = 2 * (2 * cfg.block_n * cfg.block_m * 2)
-    dq = (4 if cfg.block_m <= 32 else 2) * 64 * cfg.block_m * 4 if dv != d else 2 * cfg.block_m * d // 2 * 4
+    dq_width = d if cfg.dq_turns and not sinks else d // 2
+    dq = (4 if cfg.block_m <= 32 else 2) * 64 * cfg.block_m * 4 if dv != d else 2 * cfg.block_m * dq_width * 4
     stats = 2 * cfg.num_stages * cfg.block_m * 4 if cfg.stats_tma else 0
     return kv + ring + ds + dq + stats
 
@@ -101,7 +110,7 @@ def test_compiles_for_sm90(reports, dims, cfg, causal, sinks):
     assert rep["tma"] and rep["reduce"], "no TMA copy, or no bulk reduce for dQ, in the PTX"
     assert {"24", "240"} <= set(rep["setmaxnreg"]), f"register reallocation {rep['setmaxnreg']}"
     assert not rep["local"], "local memory in the PTX (a register array indexed at run time)"
-    expect = _expected_shared(dims, cfg)
+    expect = _expected_shared(dims, cfg, sinks)
     slack = 3072 if sinks else 1024   # barriers; with sinks also the scratch of the sum's reduction
     assert expect <= rep["shared"] <= expect + slack, f"shared memory {rep['shared']}, expected {expect} + barriers"
     assert rep["shared"] <= 227 * 1024, "more shared memory than a Hopper block may have"
@@ -160,6 +169,18 @@ def test_against_float64(case, causal, dtype):
 @pytest.mark.parametrize("dims,cfg", FORCED, ids=[f"{_dims_id(dims)}-{c.name}" for dims, c in FORCED])
 def test_every_config(dims, cfg, causal):
     _check(cfg.name, *_inputs(2, 4, 2, 700, 900, dims[0], torch.bfloat16, seed=7, dv=dims[1]), causal, cfg)
+
+
+@pytest.mark.parametrize("sums", [False, True], ids=["plain", "ds-sums"])
+def test_dq_turns_box(sums):
+    """``dq_turns`` reaches the kernel as the dQ sum's box width: the whole
+    head dim, or half of it when the kernel sums dS (which it pairs with the
+    halves only)."""
+    cfg = HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True)
+    t, f, lse = torch.empty(1, 2, 256, 64, dtype=torch.bfloat16), torch.empty(1, 2, 256, 64), torch.empty(1, 2, 256)
+    args = launch_hopper._bwd_args(t, t, t, t, f, t, t, lse, lse, False, 1.0, cfg,
+                                   torch.empty(1, 2, 256) if sums else None)
+    assert list(args["dq_desc"].block_shape) == [1, 1, cfg.block_m, 32 if sums else 64]
 
 
 @needs_hopper

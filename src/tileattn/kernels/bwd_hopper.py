@@ -24,7 +24,12 @@ Three partitions share the CTA:
   - dSᵀ goes to shared memory, the two warpgroups meet at one mbarrier, and
     warpgroup ``WG`` forms columns [WG D/2, +D/2) of dQ = dS K from both
     halves, then the copy engine adds them into the float32 sum (a bulk
-    tensor reduce; rows past N are clipped).
+    tensor reduce; rows past N are clipped).  With ``dq_turns`` (the dQ
+    sum's box D wide, not D/2) the warpgroups take turns instead: the one
+    whose turn it is (tile count mod 2) waits for the other's half of dSᵀ
+    and forms all D columns, the other goes on to its next tile.  The
+    products are the same; the N = D/2 MMAs, which read shared memory at 1.5
+    times the rate it delivers at d = 64, become N = D ones.
 
 With ``SUM_DS`` each warpgroup also sums dS over its keys for every query
 row and adds the sums into ``DS_SUM`` (float32, (B, Hq, N_Q)): the sinks'
@@ -179,16 +184,17 @@ def _add_row_sums(DS_SUM, sums, off_b, hq, m, N_HEADS, N_Q, BLOCK_M: gl.constexp
 
 
 @gluon.jit
-def _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, WG: gl.constexpr, BLOCK_M: gl.constexpr, HALF_D: gl.constexpr):
-    """Stage this warpgroup's dQ columns and let the copy engine add them
-    into the float32 sum at rows [m, m + BLOCK_M) of head ``hq``."""
-    # the previous tile's reduce has read the staging buffer by now
+def _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, col0, WG: gl.constexpr, BLOCK_M: gl.constexpr,
+               WIDTH: gl.constexpr):
+    """Stage this warpgroup's dQ columns [col0, col0 + WIDTH) and let the copy
+    engine add them into the float32 sum at rows [m, m + BLOCK_M) of head ``hq``."""
+    # the warpgroup's previous reduce has read its staging buffer by now
     tma.store_wait(0)
     stage = dq_smem.index(WG)
     stage.store(dq)
     fence_async_shared()
     gl.thread_barrier()
-    _tma_reduce_add(dq_desc, [off_b, hq, m, WG * HALF_D], stage.reshape([1, 1, BLOCK_M, HALF_D]))
+    _tma_reduce_add(dq_desc, [off_b, hq, m, col0], stage.reshape([1, 1, BLOCK_M, WIDTH]))
 
 
 @gluon.jit
@@ -210,13 +216,19 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     their dP and dS), else from global memory."""
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
-    # Sᵀ/dPᵀ: BLOCK_N keys x BLOCK_M queries; dK/dV: BLOCK_N keys x D; dQ: BLOCK_M x D/2
+    # the dQ sum's box says who forms dQ: D/2 wide, each warpgroup half the
+    # columns of every tile (meeting the other at ds_bars); D wide
+    # (``dq_turns``), the warpgroups take turns, each all the columns of
+    # every other tile, and only the one whose turn it is waits for the other
+    DQ_W: gl.constexpr = dq_desc.block_type.shape[3]
+    DQ_TURNS: gl.constexpr = DQ_W == HEAD_DIM
+    # Sᵀ/dPᵀ: BLOCK_N keys x BLOCK_M queries; dK/dV: BLOCK_N keys x D; dQ: BLOCK_M x DQ_W
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_DIM, 16])
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HALF_D, 16])
+                                                        instr_shape=[16, DQ_W, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     # SUM_DS: queries x 8 (column 0 is the sum, the others multiply zeros)
     rs_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -229,7 +241,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     k_all = k_smem.reshape([2 * BLOCK_N, HEAD_DIM])
     k_mine = k_all.slice(WG * BLOCK_N, BLOCK_N, dim=0)
     v_mine = v_smem.reshape([2 * BLOCK_N, HEAD_DIM]).slice(WG * BLOCK_N, BLOCK_N, dim=0)
-    k_cols = k_all.slice(WG * HALF_D, HALF_D, dim=1)
+    k_cols = k_all if DQ_TURNS else k_all.slice(WG * HALF_D, HALF_D, dim=1)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     if SUM_DS and DEFER_SUMS:   # the row sums waiting to be added, and their tile
@@ -297,28 +309,42 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         if DK_FROM_SMEM:
             dk = warpgroup_mma(ds_mine, q2, dk, is_async=True)
         mbarrier.arrive(ds_bars.index(tg % 2), count=1)
-        mbarrier.wait(ds_bars.index(tg % 2), (tg // 2) & 1)
-        zero_q = gl.zeros([BLOCK_M, HALF_D], gl.float32, dq_layout)
-        dq = warpgroup_mma(ds_buf.permute([1, 0]), k_cols, zero_q, use_acc=False, is_async=True)
-        if SUM_DS:
-            zero_rs = gl.zeros([BLOCK_M, 8], gl.float32, rs_layout)
-            rs = warpgroup_mma(ds_mine.permute([1, 0]), ones_smem.permute([1, 0]), zero_rs, use_acc=False,
-                               is_async=True)
-            dq, dv, dk, rs = warpgroup_mma_wait(0, deps=[dq, dv, dk, rs])
-            if DEFER_SUMS:   # added in the next iteration, under its products (or after the loop)
-                rs_sum = gl.sum(rs, axis=1)
-                m_sum = m
-                hq_sum = hq
-            else:
-                # rows past N_Q are dropped; each query row gets one add per warpgroup of keys
-                offs_rs = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rs_layout))
-                rs_row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_rs
-                gl.atomic_add(DS_SUM + rs_row, gl.sum(rs, axis=1), mask=offs_rs < N_Q, sem="relaxed")
+        if DQ_TURNS:   # (the launcher does not pair it with SUM_DS)
+            dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
+            mbarrier.arrive(q_empty.index(s), count=1)   # dQ reads dSᵀ and K only
+            mbarrier.arrive(do_empty.index(s), count=1)
+            if tg % 2 == WG:
+                # ds_bars[WG] is waited on by this warpgroup alone, once a phase: the
+                # other cannot arrive at its next phase before this one arrived at the
+                # tile between, i.e. before this tile's dQ has read the buffer
+                mbarrier.wait(ds_bars.index(tg % 2), (tg // 2) & 1)
+                zero_q = gl.zeros([BLOCK_M, DQ_W], gl.float32, dq_layout)
+                dq = warpgroup_mma(ds_buf.permute([1, 0]), k_cols, zero_q, use_acc=False, is_async=True)
+                dq = warpgroup_mma_wait(0, deps=[dq])
+                _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, 0, WG, BLOCK_M, DQ_W)
         else:
-            dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
-        mbarrier.arrive(q_empty.index(s), count=1)
-        mbarrier.arrive(do_empty.index(s), count=1)
-        _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, WG, BLOCK_M, HALF_D)
+            mbarrier.wait(ds_bars.index(tg % 2), (tg // 2) & 1)
+            zero_q = gl.zeros([BLOCK_M, HALF_D], gl.float32, dq_layout)
+            dq = warpgroup_mma(ds_buf.permute([1, 0]), k_cols, zero_q, use_acc=False, is_async=True)
+            if SUM_DS:
+                zero_rs = gl.zeros([BLOCK_M, 8], gl.float32, rs_layout)
+                rs = warpgroup_mma(ds_mine.permute([1, 0]), ones_smem.permute([1, 0]), zero_rs, use_acc=False,
+                                   is_async=True)
+                dq, dv, dk, rs = warpgroup_mma_wait(0, deps=[dq, dv, dk, rs])
+                if DEFER_SUMS:   # added in the next iteration, under its products (or after the loop)
+                    rs_sum = gl.sum(rs, axis=1)
+                    m_sum = m
+                    hq_sum = hq
+                else:
+                    # rows past N_Q are dropped; each query row gets one add per warpgroup of keys
+                    offs_rs = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rs_layout))
+                    rs_row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_rs
+                    gl.atomic_add(DS_SUM + rs_row, gl.sum(rs, axis=1), mask=offs_rs < N_Q, sem="relaxed")
+            else:
+                dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
+            mbarrier.arrive(q_empty.index(s), count=1)
+            mbarrier.arrive(do_empty.index(s), count=1)
+            _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, WG * HALF_D, WG, BLOCK_M, HALF_D)
     if SUM_DS and DEFER_SUMS:
         if GROUP_SIZE * n_m > 0:
             _add_row_sums(DS_SUM, rs_sum, off_b, hq_sum, m_sum, N_HEADS, N_Q, BLOCK_M, rs_layout)
@@ -402,15 +428,16 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
     m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL)
 
     dtype: gl.constexpr = q_desc.dtype
-    HALF_D: gl.constexpr = HEAD_DIM // 2
     k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BLOCK_N, BLOCK_M], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_N, BLOCK_M], ds_layout)
-    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF_D], gl.float32)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF_D], dq_layout)
+    # a staging tile a compute warpgroup, as wide as the dQ sum's box (D/2, or D with dq_turns)
+    DQ_W: gl.constexpr = dq_desc.block_type.shape[3]
+    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_W], gl.float32)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_W], dq_layout)
     ones_smem = dq_smem  # a placeholder without SUM_DS
     if SUM_DS:
         # a column of ones (row 0 of this K-major tile) for dS's sums over keys

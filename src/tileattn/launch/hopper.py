@@ -229,13 +229,20 @@ def _paired(q, k, causal: bool, cfg: HopperBwdConfig) -> bool:
     return pairs_pay(n_q, k.shape[2], b * k.shape[1], 2 * cfg.block_n, cfg.block_m, sm_count(q.device))
 
 
+def dq_turns(cfg: HopperBwdConfig, ds_sum) -> bool:
+    """Whether the compute warpgroups take turns forming a tile's whole dQ
+    (``cfg.dq_turns``; the kernel reads it from the dQ sum's box width):
+    not with dS row sums (sinks without the output remainder)."""
+    return cfg.dq_turns and ds_sum is None
+
+
 def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum=None, paired=False):
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     return dict(
         q_desc=_descriptor(q, cfg.block_m), k_desc=_descriptor(k, 2 * cfg.block_n),
         v_desc=_descriptor(v, 2 * cfg.block_n), do_desc=_descriptor(do, cfg.block_m),
-        dq_desc=_dq_descriptor(dq_acc, cfg.block_m, d // 2), DK=dk, DV=dv,
+        dq_desc=_dq_descriptor(dq_acc, cfg.block_m, d if dq_turns(cfg, ds_sum) else d // 2), DK=dk, DV=dv,
         LSE2=_row_descriptor(lse2, cfg.block_m) if cfg.stats_tma else lse2,
         DELTA=_row_descriptor(delta, cfg.block_m) if cfg.stats_tma else delta,
         stride_dkb=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
