@@ -353,16 +353,16 @@ class HopperBwdConfig:
     pair_blocks: bool | None = None  # causal, d = 64/128: key blocks j, n-1-j a program (None: pairs_pay)
     stats_tma: bool = False     # d = 64/128: lse₂ and Δ by the copy engine into shared memory (else loads)
     dq_turns: bool = False      # d = 64/128: the warpgroups take turns forming a tile's whole dQ (else half each)
+    kv_regs: bool = False       # d = 64/128: each warpgroup's K, V rows in registers (Sᵀ, dPᵀ's A operands)
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
 
     @property
     def name(self) -> str:
-        flags = "".join(f for f, on in (("-dks", self.dk_from_smem), ("-ds", self.defer_sums), ("-st", self.stats_tma),
-                                        ("-dqt", self.dq_turns), ("-paired", self.pair_blocks is True),
-                                        ("-unpaired", self.pair_blocks is False)) if on)
-        return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}{flags}"
+        on = (("-dks", self.dk_from_smem), ("-ds", self.defer_sums), ("-st", self.stats_tma), ("-dqt", self.dq_turns),
+              ("-kvr", self.kv_regs), ("-paired", self.pair_blocks is True), ("-unpaired", self.pair_blocks is False))
+        return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}" + "".join(f for f, x in on if x)
 
 
 # (head dim, causal) -> the fewest keys for which the default dispatch takes the

@@ -3,7 +3,8 @@ added into a float32 sum by the copy engine.
 
 A program owns ``2 * BLOCK_N`` keys of one KV head and walks every query
 tile (``BLOCK_M`` rows) of every query head of its group that can see them.
-Three partitions share the CTA:
+Three partitions share the CTA (the load partition, the mbarriers and Pᵀ's
+helper are in ``bwd_hopper_common.py``, shared with the wide kernel):
 
 * the **load partition** (one warp, 24 registers) copies the program's K and
   V tiles once, then Q and dO tiles into a ring of ``NUM_STAGES`` slots
@@ -30,6 +31,10 @@ Three partitions share the CTA:
     and forms all D columns, the other goes on to its next tile.  The
     products are the same; the N = D/2 MMAs, which read shared memory at 1.5
     times the rate it delivers at d = 64, become N = D ones.
+  - with ``KV_REGS`` each compute warpgroup loads its K and V rows into
+    registers once a key block (d = 64: 32 registers a thread), and Sᵀ and
+    dPᵀ take them as register A operands: only Qᵀ / dOᵀ come from shared
+    memory for those products.
 
 With ``SUM_DS`` each warpgroup also sums dS over its keys for every query
 row and adds the sums into ``DS_SUM`` (float32, (B, Hq, N_Q)): the sinks'
@@ -49,129 +54,12 @@ dq = scale · sum.
 This module imports Gluon at load time: only the Hopper launcher imports it,
 lazily, so a CPU install never does.
 """
-from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .fwd_hopper import _load_rows
-
-@builtin
-def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
-    """Add the shared-memory tile ``src`` into global memory at ``coord``
-    through the copy engine (cp.reduce.async.bulk.tensor; waited on like a
-    TMA store, with ``tma.store_wait``)."""
-    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
-
-
-@gluon.jit
-def _query_tiles(start_n, N_Q, N_K, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """(m_lo, n_m): the program's query tiles start at row m_lo (a multiple
-    of BLOCK_M) and there are n_m of them.  Bottom-right causal: row i sees
-    key j iff j <= i + N_K - N_Q, so rows before start_n - (N_K - N_Q) see
-    none of the program's keys."""
-    if IS_CAUSAL:
-        first = gl.maximum(start_n - (N_K - N_Q), 0)
-        m_lo = (first // BLOCK_M) * BLOCK_M
-    else:
-        m_lo = start_n * 0
-    n_m = gl.maximum(gl.cdiv(N_Q - m_lo, BLOCK_M), 0)
-    return m_lo, n_m
-
-
-@gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
-                    do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
-                    BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, qt_desc, kt_desc, qt_smem, kt_smem,
-                    TAIL_DIM: gl.constexpr, t0, kv_empty, WAIT_KV: gl.constexpr, lse_desc, delta_desc, lse_smem,
-                    delta_smem, stat_ready, STATS_TMA: gl.constexpr):
-    """The load warp: the program's K and V tiles once, then the Q and dO
-    tiles of every query tile into the ring.  With a tail (``TAIL_DIM`` > 0,
-    the wide kernel) Q and K come as two pieces each, through ``qt_desc`` /
-    ``kt_desc`` into ``qt_smem`` / ``kt_smem`` (without one those are unused).
-    ``t0``: the ring's tiles before this key block's (a program's second
-    block of a pair); ``WAIT_KV``: its K and V tiles replace the first
-    block's once both compute warpgroups arrived on ``kv_empty``.  With
-    ``STATS_TMA`` each query tile's lse₂ and Δ come by the copy engine too,
-    into ``lse_smem``/``delta_smem`` (completing ``stat_ready``); without it
-    those arguments are unused."""
-    if WAIT_KV:
-        mbarrier.wait(kv_empty, 0)
-    if TAIL_DIM > 0:
-        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + kt_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, start_n, 0], kv_bar, k_smem)
-        tma.async_copy_global_to_shared(kt_desc, [off_b, off_hk, start_n, 0], kv_bar, kt_smem)
-    else:
-        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, start_n, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, start_n, 0], kv_bar, v_smem)
-    for t in range(GROUP_SIZE * n_m):
-        g = t // n_m
-        m = m_lo + (t - g * n_m) * BLOCK_M
-        hq = off_hk * GROUP_SIZE + g
-        s = (t0 + t) % NUM_STAGES
-        # a slot starts empty: the first wait on each passes (phase 1)
-        phase = (((t0 + t) // NUM_STAGES) & 1) ^ 1
-        mbarrier.wait(q_empty.index(s), phase)
-        _load_rows(q_desc, qt_desc, [off_b, hq, m, 0], q_ready.index(s), q_smem.index(s), qt_smem.index(s),
-                   TAIL_DIM)
-        mbarrier.wait(do_empty.index(s), phase)
-        mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [off_b, hq, m, 0], do_ready.index(s), do_smem.index(s))
-        if STATS_TMA:   # the slot's lse₂ and Δ are dead once both warpgroups released its Q and dO
-            mbarrier.expect(stat_ready.index(s), 2 * lse_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(lse_desc, [off_b, hq, m], stat_ready.index(s), lse_smem.index(s))
-            tma.async_copy_global_to_shared(delta_desc, [off_b, hq, m], stat_ready.index(s), delta_smem.index(s))
-
-
-@gluon.jit
-def _barriers(NUM_STAGES: gl.constexpr):
-    """The backward's mbarriers, initialised: ``kv_bar`` (the program's K and
-    V tiles landed), ``ds_bars`` (two: both compute warpgroups stored their
-    half of dSᵀ), and per Q/dO slot ``q_ready``/``do_ready`` (the copy engine
-    completes them) and ``q_empty``/``do_empty`` (both compute warpgroups
-    arrive once their products have read the slot)."""
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(2):
-        # each compute warpgroup arrives once its half of dSᵀ is stored
-        mbarrier.init(ds_bars.index(i), count=2)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(do_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)
-        mbarrier.init(do_empty.index(i), count=2)
-    return kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty
-
-
-@gluon.jit
-def _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES: gl.constexpr):
-    mbarrier.invalidate(kv_bar)
-    for i in gl.static_range(2):
-        mbarrier.invalidate(ds_bars.index(i))
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.invalidate(q_ready.index(i))
-        mbarrier.invalidate(do_ready.index(i))
-        mbarrier.invalidate(q_empty.index(i))
-        mbarrier.invalidate(do_empty.index(i))
-
-
-@gluon.jit
-def _probs(st, lse2, offs_n, offs_m, diag, qk_scale, MASKED: gl.constexpr):
-    """Pᵀ from the raw scores Sᵀ (keys x queries): exp2(s c - lse₂), 0 where
-    the causal mask hides the key (row i sees key j iff j <= i + diag)."""
-    pt = gl.exp2(st * qk_scale - lse2[None, :])
-    if MASKED:
-        pt = gl.where(offs_n[:, None] <= offs_m[None, :] + diag, pt, 0.0)
-    return pt
+from .bwd_hopper_common import _barriers, _invalidate, _load_partition, _probs, _query_tiles, _tma_reduce_add
 
 
 @gluon.jit
@@ -206,14 +94,17 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                        DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
                        SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr, t0, kv_phase, kv_empty,
-                       ARRIVE_KV: gl.constexpr, lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr):
+                       ARRIVE_KV: gl.constexpr, lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr,
+                       KV_REGS: gl.constexpr = False):
     """One key block of the program: ``t0`` ring tiles came before it and its
     K and V tiles complete ``kv_bar`` in phase ``kv_phase`` (a pair's second
     block: 1); with ``ARRIVE_KV`` the warpgroup arrives on ``kv_empty`` after
     a pair's first block, once its products are done with its K and V.  With
     ``STATS_TMA`` lse₂ and Δ are read from the slot's shared-memory copies
     (rows past N_Q read as 0 there: harmless, their dO rows are 0, so are
-    their dP and dS), else from global memory."""
+    their dP and dS), else from global memory.  With ``KV_REGS`` the
+    warpgroup holds its K and V rows in registers, the A operands of Sᵀ and
+    dPᵀ, so those products read only Qᵀ / dOᵀ from shared memory."""
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     # the dQ sum's box says who forms dQ: D/2 wide, each warpgroup half the
@@ -242,6 +133,13 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     k_mine = k_all.slice(WG * BLOCK_N, BLOCK_N, dim=0)
     v_mine = v_smem.reshape([2 * BLOCK_N, HEAD_DIM]).slice(WG * BLOCK_N, BLOCK_N, dim=0)
     k_cols = k_all if DQ_TURNS else k_all.slice(WG * HALF_D, HALF_D, dim=1)
+    if KV_REGS:   # 2 x BLOCK_N x D 16-bit values over the warpgroup's 128 threads, for the whole block
+        sa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+        k_a = k_mine.load(sa_layout)
+        v_a = v_mine.load(sa_layout)
+    else:
+        k_a = k_mine
+        v_a = v_mine
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     if SUM_DS and DEFER_SUMS:   # the row sums waiting to be added, and their tile
@@ -263,10 +161,10 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         mbarrier.wait(q_ready.index(s), phase)
         q2 = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
         zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-        st = warpgroup_mma(k_mine, q2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+        st = warpgroup_mma(k_a, q2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
         mbarrier.wait(do_ready.index(s), phase)
         do2 = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
-        dpt = warpgroup_mma(v_mine, do2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_a, do2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
         if SUM_DS and DEFER_SUMS:
             if t > 0:   # the previous tile's row sums, while Sᵀ and dPᵀ run
                 _add_row_sums(DS_SUM, rs_sum, off_b, hq_sum, m_sum, N_HEADS, N_Q, BLOCK_M, rs_layout)
@@ -372,7 +270,8 @@ def _compute_paired(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
                     N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                     DK_FROM_SMEM: gl.constexpr, SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr, lse_smem,
-                    delta_smem, stat_ready, STATS_TMA: gl.constexpr):
+                    delta_smem, stat_ready, STATS_TMA: gl.constexpr,
+                    KV_REGS: gl.constexpr):
     """A compute warpgroup over a pair of key blocks (the second one only
     where ``n_m_b`` >= 0), one loop iteration each (one copy of the block's
     code, not two): the ring's and the dSᵀ buffers' counts run on across
@@ -386,7 +285,8 @@ def _compute_paired(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
                            off_b, off_hk, gl.where(first, start_n, start_b), gl.where(first, m_lo, m_lo_b),
                            gl.where(first, n_m, n_m_b), GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                            DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS,
-                           DEFER_SUMS, t0, blk, kv_empty, True, lse_smem, delta_smem, stat_ready, STATS_TMA)
+                           DEFER_SUMS, t0, blk, kv_empty, True, lse_smem, delta_smem, stat_ready, STATS_TMA,
+                           KV_REGS)
         t0 = t0 + GROUP_SIZE * n_m
 
 
@@ -414,7 +314,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
                             SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr = False, PAIRED: gl.constexpr = False,
-                            STATS_TMA: gl.constexpr = False):
+                            STATS_TMA: gl.constexpr = False, KV_REGS: gl.constexpr = False):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup; with
     PAIRED (causal) two such key blocks, the grid's first half of them and
     their mirror images, so that every program has the same work.  With
@@ -475,14 +375,14 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE,
                                N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM,
                                NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS, lse_smem, delta_smem,
-                               stat_ready, STATS_TMA)),
+                               stat_ready, STATS_TMA, KV_REGS)),
             (_compute_paired, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                                stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE,
                                N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM,
                                NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS, lse_smem, delta_smem,
-                               stat_ready, STATS_TMA)),
+                               stat_ready, STATS_TMA, KV_REGS)),
             (_load_paired, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                             q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b,
                             kv_empty, GROUP_SIZE, BLOCK_M, NUM_STAGES, LSE2, DELTA, lse_smem, delta_smem, stat_ready,
@@ -498,7 +398,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                   off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                                   DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
                                   SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, lse_smem, delta_smem, stat_ready,
-                                  STATS_TMA)),
+                                  STATS_TMA, KV_REGS)),
             (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                                   q_empty,
                                   do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
@@ -506,7 +406,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                   off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                                   DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
                                   SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, lse_smem, delta_smem, stat_ready,
-                                  STATS_TMA)),
+                                  STATS_TMA, KV_REGS)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
                                BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, 0, kv_bar, False, LSE2, DELTA,

@@ -17,14 +17,17 @@ A copy box is a power of two wide, so Q and K come as two pieces (V's width,
 ``HEAD_DIM_V``, and ``TAIL_DIM``), each with its own descriptor and buffers;
 Sᵀ = K Qᵀ is two products into one accumulator and dK two accumulators.
 
-Partitions, barriers, masking and edges are those of ``bwd_hopper.py``: a
+Partitions, barriers, masking and edges are those of ``bwd_hopper.py``
+(the shared pieces are in ``bwd_hopper_common.py``): a
 program owns ``2 * BLOCK_N`` keys (``BLOCK_N`` per compute warpgroup), a load
 warp streams Q and dO tiles through ``NUM_STAGES`` slots, the two compute
 warpgroups meet once per tile when both halves of dSᵀ are in shared memory,
 and the copy engine adds the dQᵀ chunks into the sum.  The causal kernel
-masks every tile (cheaper here than two copies of the softmax code).  No
-sinks (their row sums of dS would cost a third more dQ work here): the
-dispatch sends calls with sinks to the portable kernels.
+masks every tile (cheaper here than two copies of the softmax code).  It
+does not sum dS (that would cost a third more dQ work here): calls with
+sinks run it only where the forward kept its output's rounding remainder,
+from which the sinks' gradient needs no dS sums; the others go to the
+portable kernels.
 
 This module imports Gluon at load time: only the Hopper launcher imports it,
 lazily, so a CPU install never does.
@@ -34,7 +37,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .bwd_hopper import _barriers, _invalidate, _load_partition, _probs, _query_tiles, _tma_reduce_add
+from .bwd_hopper_common import _barriers, _invalidate, _load_partition, _probs, _query_tiles, _tma_reduce_add
 
 CHUNK: gl.constexpr = gl.constexpr(64)   # rows of dQᵀ per MMA (a warpgroup MMA's M)
 

@@ -1,0 +1,132 @@
+"""What both Hopper backward kernels (Gluon; ``bwd_hopper.py``, and
+``bwd_hopper_wide.py`` for a V head dim narrower than QK's) share: the
+copy engine's bulk reduce, the causal range of a key block's query tiles,
+the load partition (the program's K and V tiles once, then the Q and dO
+tiles, and with ``STATS_TMA`` lse₂ and Δ, of every query tile into a ring),
+the mbarriers, and Pᵀ from the saved log-sum-exp.
+
+This module imports Gluon at load time: only the Hopper kernels import it.
+"""
+from triton._C.libtriton import ir
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+from .fwd_hopper import _load_rows
+
+
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """Add the shared-memory tile ``src`` into global memory at ``coord``
+    through the copy engine (cp.reduce.async.bulk.tensor; waited on like a
+    TMA store, with ``tma.store_wait``)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _query_tiles(start_n, N_Q, N_K, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """(m_lo, n_m): the program's query tiles start at row m_lo (a multiple
+    of BLOCK_M) and there are n_m of them.  Bottom-right causal: row i sees
+    key j iff j <= i + N_K - N_Q, so rows before start_n - (N_K - N_Q) see
+    none of the program's keys."""
+    if IS_CAUSAL:
+        first = gl.maximum(start_n - (N_K - N_Q), 0)
+        m_lo = (first // BLOCK_M) * BLOCK_M
+    else:
+        m_lo = start_n * 0
+    n_m = gl.maximum(gl.cdiv(N_Q - m_lo, BLOCK_M), 0)
+    return m_lo, n_m
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
+                    do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
+                    BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, qt_desc, kt_desc, qt_smem, kt_smem,
+                    TAIL_DIM: gl.constexpr, t0, kv_empty, WAIT_KV: gl.constexpr, lse_desc, delta_desc, lse_smem,
+                    delta_smem, stat_ready, STATS_TMA: gl.constexpr):
+    """The load warp: the program's K and V tiles once, then the Q and dO
+    tiles of every query tile into the ring.  With a tail (``TAIL_DIM`` > 0,
+    the wide kernel) Q and K come as two pieces each, through ``qt_desc`` /
+    ``kt_desc`` into ``qt_smem`` / ``kt_smem`` (without one those are unused).
+    ``t0``: the ring's tiles before this key block's (a program's second
+    block of a pair); ``WAIT_KV``: its K and V tiles replace the first
+    block's once both compute warpgroups arrived on ``kv_empty``.  With
+    ``STATS_TMA`` each query tile's lse₂ and Δ come by the copy engine too,
+    into ``lse_smem``/``delta_smem`` (completing ``stat_ready``); without it
+    those arguments are unused."""
+    if WAIT_KV:
+        mbarrier.wait(kv_empty, 0)
+    if TAIL_DIM > 0:
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + kt_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, start_n, 0], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(kt_desc, [off_b, off_hk, start_n, 0], kv_bar, kt_smem)
+    else:
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, start_n, 0], kv_bar, v_smem)
+    for t in range(GROUP_SIZE * n_m):
+        g = t // n_m
+        m = m_lo + (t - g * n_m) * BLOCK_M
+        hq = off_hk * GROUP_SIZE + g
+        s = (t0 + t) % NUM_STAGES
+        # a slot starts empty: the first wait on each passes (phase 1)
+        phase = (((t0 + t) // NUM_STAGES) & 1) ^ 1
+        mbarrier.wait(q_empty.index(s), phase)
+        _load_rows(q_desc, qt_desc, [off_b, hq, m, 0], q_ready.index(s), q_smem.index(s), qt_smem.index(s),
+                   TAIL_DIM)
+        mbarrier.wait(do_empty.index(s), phase)
+        mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [off_b, hq, m, 0], do_ready.index(s), do_smem.index(s))
+        if STATS_TMA:   # the slot's lse₂ and Δ are dead once both warpgroups released its Q and dO
+            mbarrier.expect(stat_ready.index(s), 2 * lse_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(lse_desc, [off_b, hq, m], stat_ready.index(s), lse_smem.index(s))
+            tma.async_copy_global_to_shared(delta_desc, [off_b, hq, m], stat_ready.index(s), delta_smem.index(s))
+
+
+@gluon.jit
+def _barriers(NUM_STAGES: gl.constexpr):
+    """The backward's mbarriers, initialised: ``kv_bar`` (the program's K and
+    V tiles landed), ``ds_bars`` (two: both compute warpgroups stored their
+    half of dSᵀ), and per Q/dO slot ``q_ready``/``do_ready`` (the copy engine
+    completes them) and ``q_empty``/``do_empty`` (both compute warpgroups
+    arrive once their products have read the slot)."""
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(2):
+        # each compute warpgroup arrives once its half of dSᵀ is stored
+        mbarrier.init(ds_bars.index(i), count=2)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)
+        mbarrier.init(do_empty.index(i), count=2)
+    return kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty
+
+
+@gluon.jit
+def _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES: gl.constexpr):
+    mbarrier.invalidate(kv_bar)
+    for i in gl.static_range(2):
+        mbarrier.invalidate(ds_bars.index(i))
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(q_ready.index(i))
+        mbarrier.invalidate(do_ready.index(i))
+        mbarrier.invalidate(q_empty.index(i))
+        mbarrier.invalidate(do_empty.index(i))
+
+
+@gluon.jit
+def _probs(st, lse2, offs_n, offs_m, diag, qk_scale, MASKED: gl.constexpr):
+    """Pᵀ from the raw scores Sᵀ (keys x queries): exp2(s c - lse₂), 0 where
+    the causal mask hides the key (row i sees key j iff j <= i + diag)."""
+    pt = gl.exp2(st * qk_scale - lse2[None, :])
+    if MASKED:
+        pt = gl.where(offs_n[:, None] <= offs_m[None, :] + diag, pt, 0.0)
+    return pt
