@@ -333,14 +333,15 @@ class HopperFwdConfig:
     num_stages: int = 2
     overlap: bool = True        # issue Q K_j^T with P_{j-1} V_{j-1}; softmax j under the latter
     pingpong: bool = True       # the two warpgroups take turns issuing their products
+    persistent: bool = False    # d <= 128: one program an SM walks query tiles; the next tile's Q lands under this one
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
 
     @property
     def name(self) -> str:
-        return (f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}"
-                f"{'-ov' if self.overlap else ''}{'-pp' if self.pingpong else ''}")
+        flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent))
+        return f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}" + "".join(f for f, on in flags if on)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -455,16 +456,14 @@ _U = "untuned: chosen for H200 bandwidth (K+V stage >= 16 KB, >= 2 programs/SM),
 _SWEEP = ("H200 sweep, B=16 Hq=32 Hkv=8 d=128 bf16, one split, 16k / 64k keys "
           "(docs/results/h200/v5/cfg_sweep; SDPA-cuDNN 254 / 954 us)")
 
-# Candidates per cache layout, in order of preference (measured for 16-bit
-# caches and up to 16 packed query rows): there a decoding call takes the
-# first that fits, without timing -- the configs of a layout are within a few
-# percent, and the autotuner's short first-call timings picked a 4 % slower
-# one in a benchmark run (docs/perf-notes.md, v6); other shapes autotune
-# (launch/decode.py, decode_autotune_enabled).  A stage holds a K and a V tile:
-# 2 x BLOCK_N x D x elem.  On a paged cache each tile's address comes from a
-# block-table load, and the pipeliner gives that load a stage of its own:
-# num_stages s buffers (s - 1) // 2 tiles ahead there, against s - 1 on a
-# contiguous cache (sm_90 TTGIR, triton 3.6), so paged candidates run deeper.
+# Candidates per cache layout, in order of preference (measured for 16-bit caches and up to 16 packed
+# query rows): there a decoding call takes the first that fits, without timing -- the configs of a layout
+# are within a few percent, and the autotuner's short first-call timings picked a 4 % slower one in a
+# benchmark run (docs/perf-notes.md, v6); other shapes autotune (launch/decode.py, decode_autotune_enabled).
+# A stage holds a K and a V tile: 2 x BLOCK_N x D x elem.  On a paged cache each tile's address comes from
+# a block-table load, and the pipeliner gives that load a stage of its own: num_stages s buffers
+# (s - 1) // 2 tiles ahead there, against s - 1 on a contiguous cache (sm_90 TTGIR, triton 3.6), so paged
+# candidates run deeper.
 DECODE_CONFIGS: tuple[DecodeConfig, ...] = (
     DecodeConfig(128, 4, 3, _SWEEP + ": 254 / 956 us", "contiguous"),
     DecodeConfig(64, 4, 4, _SWEEP + ": 257 / 959 us", "contiguous"),

@@ -36,7 +36,12 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((128, 128), HopperFwdConfig(num_stages=2, overlap=True, pingpong=False)),
     ((128, 128), HopperFwdConfig(num_stages=3)),
     ((192, 128), HopperFwdConfig(num_stages=2, overlap=False)),
+    # one program an SM walking the query tiles
+    ((64, 64), HopperFwdConfig(num_stages=2, persistent=True)),
+    ((128, 128), HopperFwdConfig(num_stages=2, persistent=True)),
+    ((128, 128), HopperFwdConfig(num_stages=2, overlap=False, persistent=True)),
 ]
+PERSISTENT = [(dims, c) for dims, c in FORCED if c.persistent]
 
 
 def _dims_id(dims):
@@ -75,7 +80,9 @@ def reports():
 COMPILED = ([(dims, c, True, c.name) for dims, c in FORCED]
             + [(dims, c, False, c.name) for dims, c in configs.HOPPER_FWD.items()]
             + [(dims, c, True, c.name + "-sinks") for dims, c in configs.HOPPER_FWD.items()]
-            + [(dims, c, True, c.name + "-sinks-remainder") for dims, c in configs.HOPPER_FWD.items()])
+            + [(dims, c, True, c.name + "-sinks-remainder") for dims, c in configs.HOPPER_FWD.items()]
+            + [(dims, c, False, c.name) for dims, c in PERSISTENT]
+            + [(dims, c, True, c.name + "-sinks-remainder") for dims, c in PERSISTENT])
 
 
 @pytest.mark.parametrize("dims,cfg,causal,name", COMPILED,
@@ -88,7 +95,8 @@ def test_compiles_for_sm90(reports, dims, cfg, causal, name):
     assert {"24", "240"} <= set(rep["setmaxnreg"]), \
         f"register reallocation {rep['setmaxnreg']}: not 24 for the loader and 240 for the softmax warps"
     assert not rep["local"], "local memory in the PTX (a register array indexed at run time)"
-    expect = 2 * cfg.block_m * head_dim * 2 + cfg.num_stages * cfg.block_n * (head_dim + head_dim_v) * 2
+    q_tiles = 4 if cfg.persistent else 2   # persistent: the next work item's Q lands in a second pair
+    expect = q_tiles * cfg.block_m * head_dim * 2 + cfg.num_stages * cfg.block_n * (head_dim + head_dim_v) * 2
     if name.endswith("-remainder") and launch_hopper.remainder_staged(head_dim, head_dim_v, cfg):
         expect += 2 * cfg.block_m * head_dim_v * 2   # the remainder's two staging tiles
     assert expect <= rep["shared"] <= expect + 1024, \
@@ -143,6 +151,37 @@ def test_against_float64(case, causal, dtype):
 def test_every_config(dims, cfg, causal):
     q, k, v = _inputs(2, 4, 2, 700, 900, dims[0], torch.bfloat16, seed=7, dv=dims[1])
     _check(cfg.name, q, k, v, causal, cfg)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dims,cfg", PERSISTENT, ids=[f"{_dims_id(dims)}-{c.name}" for dims, c in PERSISTENT])
+def test_persistent_programs_walk_many_tiles(dims, cfg, causal):
+    """A persistent grid with several work items a program (4 x 16 heads x
+    12 query tiles on at most one program an SM), GQA, Nq > Nk (causal: the
+    first query tiles see no key, so some items have no key tile), and with
+    sinks and the output remainder too."""
+    q, k, v = _inputs(4, 16, 4, 1500, 1100, dims[0], torch.bfloat16, seed=23)
+    _check(f"persistent {cfg.name}", q, k, v, causal, cfg)
+    sinks = torch.linspace(-4.0, 4.0, 16, device="cuda")
+    out, lse, out_lo = launch_hopper.attn_fwd(q, k, v, causal, dims[0] ** -0.5, cfg, poison=True, sinks=sinks,
+                                              remainder=True)
+    ref, ref_lse = standard_attention(q.double(), k.double(), v.double(), causal=causal, sinks=sinks.double(),
+                                      return_lse=True)
+    low, low_lse = standard_attention(q, k, v, causal=causal, sinks=sinks, return_lse=True)
+    check_accuracy("persistent sinks out", out, ref, low, q.dtype)
+    check_accuracy("persistent sinks lse", lse, ref_lse, low_lse.float(), q.dtype)
+    check_remainder(out, out_lo)
+
+
+def test_persistent_config_refuses_wide_head_dims():
+    """A forced persistent config at QK 192 / V 128 (Q in two pieces: no
+    room for a second pair of Q buffers): a ValueError naming the config,
+    before any launch."""
+    q, k = torch.empty(1, 2, 256, 192, dtype=torch.bfloat16), torch.empty(1, 2, 256, 192, dtype=torch.bfloat16)
+    v = torch.empty(1, 2, 256, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="config: a persistent"):
+        launch_hopper.attn_fwd(q, k, v, False, 0.1, HopperFwdConfig(persistent=True))
 
 
 @needs_hopper

@@ -19,6 +19,14 @@ Three partitions share one CTA and talk through mbarriers:
   mbarriers make the warpgroups take turns issuing their products, so one's
   softmax runs under the other's matmuls.
 
+With ``PERSISTENT`` (d <= 128, no tail) the grid is one program per SM at
+most, and each walks work items (query tile, head, batch element) in a
+head-major order that keeps the running programs on the same heads' K and
+V: Q has two pairs of buffers, the loader copies the next item's Q into the
+other pair once both softmax warpgroups released it (``q_empty``, after O's
+copy out of it), and the ring's and the turns' counts run on across items,
+so the next item's first tiles land while this one's epilogue runs.
+
 The math is the portable kernel's (``fwd.py``): log2-unit scores
 (``qk_scale = scale * log2 e``), the same masked/unmasked split of the key
 tiles, rows that see no key return 0 and lse -inf.  With ``HAS_SINKS`` each
@@ -82,23 +90,65 @@ def _load_rows(desc, tail_desc, coords, bar, smem, tail_smem, TAIL_DIM: gl.const
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
-                    k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr):
-    # one Q tile of BLOCK_M rows per softmax warpgroup
+def _tile_coords(tile, N_M_TILES, N_HEADS, BLOCK_M: gl.constexpr):
+    """(off_b, off_h, start_m) of a persistent program's work item ``tile``:
+    head-major, so the programs running at once share their heads' K and V
+    in L2, and the last (heaviest causal) query tiles of a head first."""
+    bh = tile // N_M_TILES
+    pid_m = N_M_TILES - 1 - (tile - bh * N_M_TILES)
+    return bh // N_HEADS, bh % N_HEADS, pid_m * (2 * BLOCK_M)
+
+
+@gluon.jit
+def _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
+               k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, qb, kc,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr):
+    """One query tile's copies: its two Q tiles (one of BLOCK_M rows per
+    softmax warpgroup) into Q buffers 2 qb and 2 qb + 1, then its key and
+    value tiles into the ring, whose count is at ``kc``."""
     for wg in gl.static_range(2):
-        _load_rows(q_desc, qt_desc, [off_b, off_h, start_m + wg * BLOCK_M, 0], q_bars.index(wg), q_smem.index(wg),
-                   qt_smem.index(wg), TAIL_DIM)
+        _load_rows(q_desc, qt_desc, [off_b, off_h, start_m + wg * BLOCK_M, 0], q_bars.index(2 * qb + wg),
+                   q_smem.index(2 * qb + wg), qt_smem.index(2 * qb + wg), TAIL_DIM)
     for j in range(n_tiles):
-        s = j % NUM_STAGES
+        s = (kc + j) % NUM_STAGES
         # a slot starts empty: the first wait on each passes (phase 1)
-        phase = ((j // NUM_STAGES) & 1) ^ 1
+        phase = (((kc + j) // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(s), phase)
         _load_rows(k_desc, kt_desc, [off_b, off_hk, j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s),
                    kt_smem.index(s), TAIL_DIM)
         mbarrier.wait(v_empty.index(s), phase)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
+                    k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
+                    q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES, N_HEADS, TOTAL, IS_CAUSAL: gl.constexpr,
+                    PERSISTENT: gl.constexpr):
+    """The load warp: the program's query tile, or with ``PERSISTENT`` each
+    of its work items in turn, the next one's Q into the other pair of Q
+    buffers once both warpgroups released them (``q_empty``), its K and V
+    tiles into the ring behind the previous item's."""
+    if PERSISTENT:
+        kc = gl.program_id(0) * 0
+        it = kc
+        for tile in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
+            t_b, t_h, t_m = _tile_coords(tile, N_M_TILES, N_HEADS, BLOCK_M)
+            _, t_n = _key_tiles(t_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
+            qb = it % 2
+            for wg in gl.static_range(2):   # a pair of buffers starts empty: the first wait passes
+                mbarrier.wait(q_empty.index(2 * qb + wg), ((it // 2) & 1) ^ 1)
+            _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
+                       k_ready, v_ready, k_empty, v_empty, t_b, t_h, t_h // GROUP_SIZE, t_m, t_n, qb, kc,
+                       BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM)
+            kc += t_n
+            it += 1
+    else:
+        _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
+                   k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, 0, 0,
+                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM)
 
 
 @gluon.jit
@@ -182,16 +232,18 @@ def _your_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready,
-                       k_empty, v_empty, turns,
-                       o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
-                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                       IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-                       HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
-                       LO_STAGE: gl.constexpr):
-    """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of the program's query tile.
-    Both warpgroups run every key tile of the program (the loader's ring is
+def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready,
+                  k_empty, v_empty, turns,
+                  o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+                  IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+                  HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
+                  LO_STAGE: gl.constexpr, qi, q_phase, kc, tc):
+    """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
+    is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
+    the ring's ``kc``-th and whose first turn is the ``tc``-th.  Both
+    warpgroups run every key tile of the query tile (the loader's ring is
     shared), each with its own mask boundary ``n_full``.  With
     ``WRITE_REMAINDER`` the output's rounding remainder O - round(O) goes
     through ``olo_desc`` too (in O's dtype), staged in ``lo_smem`` with
@@ -214,11 +266,11 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
         l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
     acc = gl.zeros([BLOCK_M, HEAD_DIM_V], gl.float32, o_layout)
 
-    q_tile = q_smem.index(WG)
-    mbarrier.wait(q_bars.index(WG), 0)
+    q_tile = q_smem.index(qi)
+    mbarrier.wait(q_bars.index(qi), q_phase)
     q2 = q_tile.reshape([BLOCK_M, HEAD_DIM - TAIL_DIM])
     if TAIL_DIM > 0:
-        qt2 = qt_smem.index(WG).reshape([BLOCK_M, TAIL_DIM])
+        qt2 = qt_smem.index(qi).reshape([BLOCK_M, TAIL_DIM])
     else:
         qt2 = q2
     if OVERLAP:
@@ -227,48 +279,48 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
         # P V product is still on the tensor cores.  wgmma groups retire in
         # order, so waiting with one group outstanding returns S_j.
         if n_tiles > 0:
-            _my_turn(turns, 0, WG, PINGPONG)
-            qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, 0, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
+            _my_turn(turns, tc, WG, PINGPONG)
+            qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                            TAIL_DIM, NUM_STAGES)
             _your_turn(turns, WG, PINGPONG)
             qk = warpgroup_mma_wait(0, deps=[qk])
-            mbarrier.arrive(k_empty.index(0), count=1)
+            mbarrier.arrive(k_empty.index(kc % NUM_STAGES), count=1)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, 0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
                                                BLOCK_N, IS_CAUSAL)
             for j in range(1, n_tiles):
-                _my_turn(turns, j, WG, PINGPONG)
-                qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
+                _my_turn(turns, tc + j, WG, PINGPONG)
+                qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc + j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                                TAIL_DIM, NUM_STAGES)
-                acc = _issue_pv(p, acc, v_smem, v_ready, j - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
+                acc = _issue_pv(p, acc, v_smem, v_ready, kc + j - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
                 _your_turn(turns, WG, PINGPONG)
                 qk = warpgroup_mma_wait(1, deps=[qk])
-                mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
+                mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
                 p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
                                                    BLOCK_N, IS_CAUSAL)
                 acc = warpgroup_mma_wait(0, deps=[acc])
-                mbarrier.arrive(v_empty.index((j - 1) % NUM_STAGES), count=1)
+                mbarrier.arrive(v_empty.index((kc + j - 1) % NUM_STAGES), count=1)
                 acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
-            _my_turn(turns, n_tiles, WG, PINGPONG)
-            acc = _issue_pv(p, acc, v_smem, v_ready, n_tiles - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
+            _my_turn(turns, tc + n_tiles, WG, PINGPONG)
+            acc = _issue_pv(p, acc, v_smem, v_ready, kc + n_tiles - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
             _your_turn(turns, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=[acc])
-            mbarrier.arrive(v_empty.index((n_tiles - 1) % NUM_STAGES), count=1)
+            mbarrier.arrive(v_empty.index((kc + n_tiles - 1) % NUM_STAGES), count=1)
     else:
         for j in range(n_tiles):
-            _my_turn(turns, 2 * j, WG, PINGPONG)
-            qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
+            _my_turn(turns, tc + 2 * j, WG, PINGPONG)
+            qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc + j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                            TAIL_DIM, NUM_STAGES)
             _your_turn(turns, WG, PINGPONG)
             qk = warpgroup_mma_wait(0, deps=[qk])
-            mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
+            mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
                                                BLOCK_N, IS_CAUSAL)
             acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
-            _my_turn(turns, 2 * j + 1, WG, PINGPONG)
-            acc = _issue_pv(p, acc, v_smem, v_ready, j, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
+            _my_turn(turns, tc + 2 * j + 1, WG, PINGPONG)
+            acc = _issue_pv(p, acc, v_smem, v_ready, kc + j, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
             _your_turn(turns, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=[acc])
-            mbarrier.arrive(v_empty.index(j % NUM_STAGES), count=1)
+            mbarrier.arrive(v_empty.index((kc + j) % NUM_STAGES), count=1)
 
     # rows that saw no key: output 0, lse -inf (never 0/0)
     empty = l_i == 0.0
@@ -296,21 +348,69 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
 
 
 @gluon.jit
+def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready,
+                       k_empty, v_empty, turns,
+                       o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                       HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+                       IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+                       HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
+                       LO_STAGE: gl.constexpr, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
+                       PERSISTENT: gl.constexpr):
+    """Softmax warpgroup ``WG``: its rows of the program's query tile, or
+    with ``PERSISTENT`` of each of the program's work items in turn (Q
+    buffers alternate between two pairs, released on ``q_empty`` once O's
+    copy has read the buffer; the ring's and the turns' counts run on)."""
+    if PERSISTENT:
+        kc = gl.program_id(0) * 0
+        tc = kc
+        it = kc
+        for tile in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
+            t_b, t_h, t_m = _tile_coords(tile, N_M_TILES, N_HEADS, BLOCK_M)
+            _, t_n = _key_tiles(t_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
+            t_row0 = t_b.to(gl.int64) * stride_lb + t_h.to(gl.int64) * stride_lh
+            qi = 2 * (it % 2) + WG
+            _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                          turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
+                          BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
+                          PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, qi, (it // 2) & 1,
+                          kc, tc)
+            mbarrier.arrive(q_empty.index(qi), count=1)   # O's copy has read the buffer (store_wait)
+            kc += t_n
+            if OVERLAP:   # a turn for each product pair of the pipeline: n + 1 where there is a tile
+                tc += gl.where(t_n > 0, t_n + 1, 0)
+            else:
+                tc += 2 * t_n
+            it += 1
+    else:
+        _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                      turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
+                      BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
+                      PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, WG, 0, 0, 0)
+
+
+@gluon.jit
 def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_lb, stride_lh,
                             GROUP_SIZE, N_Q, N_K, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr,
                             PINGPONG: gl.constexpr, HAS_SINKS: gl.constexpr, HEAD_DIM_V: gl.constexpr,
                             TAIL_DIM: gl.constexpr = 0, qt_desc=None, kt_desc=None, olo_desc=None,
-                            WRITE_REMAINDER: gl.constexpr = False, LO_STAGE: gl.constexpr = False):
+                            WRITE_REMAINDER: gl.constexpr = False, LO_STAGE: gl.constexpr = False,
+                            PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
     without a tail); ``olo_desc`` (with ``WRITE_REMAINDER``) O's rounding
     remainder, shaped and boxed like ``o_desc``, staged with ``LO_STAGE`` in
     two tiles of its own (where shared memory allows), so that it needs
-    not wait for O's copy."""
+    not wait for O's copy.  With ``PERSISTENT`` the grid is one program
+    per SM (or fewer) over ``TOTAL`` work items, ``N_M_TILES`` query tiles
+    of ``N_HEADS`` heads of each batch element, each program's items
+    ``program_id``, + ``num_programs``, ...; Q gets two pairs of buffers so
+    the next item's lands while this one runs (no tail: shared memory)."""
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
+    gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
     # heaviest causal tiles (last rows) first: better tail balance
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
     off_h = gl.program_id(1)
@@ -321,7 +421,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     lse_row0 = off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
 
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    Q_BUFS: gl.constexpr = 4 if PERSISTENT else 2
+    q_smem = gl.allocate_shared_memory(dtype, [Q_BUFS] + q_desc.block_type.shape, q_desc.layout)
     if WRITE_REMAINDER and LO_STAGE:
         lo_smem = gl.allocate_shared_memory(dtype, [2] + o_desc.block_type.shape, o_desc.layout)
     else:   # unused
@@ -334,7 +435,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     else:   # unused
         qt_smem = q_smem
         kt_smem = k_smem
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -343,6 +444,14 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(turns.index(i), count=1)
+    if PERSISTENT:   # the second pair's; a softmax warpgroup arrives on q_empty once O's copy has read its Q buffer
+        q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(Q_BUFS):
+            if i >= 2:
+                mbarrier.init(q_bars.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=1)
+    else:   # unused
+        q_empty = q_bars
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -357,20 +466,28 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE)),
+                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, q_empty,
+                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE)),
+                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, q_empty,
+                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT)),
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
-                           BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM)),
+                           BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES,
+                           N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT)),
     ], [4, 1], [240, 24])
 
     for i in gl.static_range(2):
         mbarrier.invalidate(q_bars.index(i))
         mbarrier.invalidate(turns.index(i))
+    if PERSISTENT:
+        for i in gl.static_range(Q_BUFS):
+            if i >= 2:
+                mbarrier.invalidate(q_bars.index(i))
+            mbarrier.invalidate(q_empty.index(i))
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(k_ready.index(i))
         mbarrier.invalidate(v_ready.index(i))

@@ -60,7 +60,8 @@ SMEM_LIMIT = 227 * 1024
 
 def remainder_staged(head_dim: int, head_dim_v: int, cfg: HopperFwdConfig, elem: int = 2) -> bool:
     """Whether the forward's remainder gets staging tiles of its own."""
-    used = (2 * cfg.block_m * head_dim + cfg.num_stages * cfg.block_n * (head_dim + head_dim_v)) * elem + 1024
+    q_tiles = 4 if cfg.persistent else 2
+    used = (q_tiles * cfg.block_m * head_dim + cfg.num_stages * cfg.block_n * (head_dim + head_dim_v)) * elem + 1024
     return REMAINDER_STAGING and used + 2 * cfg.block_m * head_dim_v * elem <= SMEM_LIMIT
 
 
@@ -77,10 +78,12 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     denominator and the lse.  ``remainder``: (out, lse, out_lo) with out_lo
     = O - out (the float32 result's rounding remainder, in out's dtype and
     layout)."""
-    from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel
     b, hq, n_q, d = q.shape
     hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or config_for(d, dv)
+    if cfg.persistent and (d != dv or d > 128):
+        raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
+    from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel
     o = torch.empty_like(q) if dv == d else None
     if o is None or not tma_addressable(o):   # a V width of its own, or an unaddressable layout: a dense one
         o = torch.empty((b, hq, n_q, dv), dtype=q.dtype, device=q.device)
@@ -91,7 +94,12 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
             t.fill_(float("nan"))
     extra = {} if o_lo is None else dict(olo_desc=_descriptor(o_lo, cfg.block_m), WRITE_REMAINDER=True,
                                          LO_STAGE=remainder_staged(d, dv, cfg))
-    grid = (triton.cdiv(n_q, 2 * cfg.block_m), hq, b)
+    n_m_tiles = triton.cdiv(n_q, 2 * cfg.block_m)
+    grid = (n_m_tiles, hq, b)
+    if cfg.persistent:   # one program an SM (or fewer) walks the work items
+        total = n_m_tiles * hq * b
+        grid = (min(total, sm_count(q.device)),)
+        extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total)
     _attn_fwd_hopper_kernel[grid](
         **_qk_descriptors(q, k, dv, cfg), v_desc=_descriptor(v, cfg.block_n), o_desc=_descriptor(o, cfg.block_m),
         LSE=lse, SINKS=lse if sinks is None else sinks.float().contiguous(),
@@ -124,10 +132,14 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     const = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
-                 LO_STAGE=remainder and remainder_staged(head_dim, dv, cfg))
+                 LO_STAGE=remainder and remainder_staged(head_dim, dv, cfg), PERSISTENT=cfg.persistent)
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
+    if cfg.persistent:
+        sig.update(N_M_TILES="i32", N_HEADS="i32", TOTAL="i32")
+    else:   # as a launch specializes them: 1
+        const.update(N_M_TILES=1, N_HEADS=1, TOTAL=1)
     sig.update({name: "constexpr" for name in const})
     if dv == head_dim:   # no tail: its descriptors are None
         sig.update(qt_desc="constexpr", kt_desc="constexpr")
