@@ -132,6 +132,16 @@ def _check(name, q, k, v, causal, cfg=None):
     assert out.stride() == q.stride() or q.is_contiguous() is False or v.shape[-1] != q.shape[-1]
 
 
+def _check_sinks(name, q, k, v, causal, sinks, out, lse):
+    """out and lse of a call with sinks against the float64 reference with an
+    explicit sink column, under the accuracy rule."""
+    ref, ref_lse = standard_attention(q.double(), k.double(), v.double(), causal=causal, sinks=sinks.double(),
+                                      return_lse=True)
+    low, low_lse = standard_attention(q, k, v, causal=causal, sinks=sinks, return_lse=True)
+    check_accuracy(f"{name} out", out, ref, low, q.dtype)
+    check_accuracy(f"{name} lse", lse, ref_lse, low_lse.float(), q.dtype)
+
+
 CASES = HOPPER_CASES
 
 
@@ -166,11 +176,7 @@ def test_persistent_programs_walk_many_tiles(dims, cfg, causal):
     sinks = torch.linspace(-4.0, 4.0, 16, device="cuda")
     out, lse, out_lo = launch_hopper.attn_fwd(q, k, v, causal, dims[0] ** -0.5, cfg, poison=True, sinks=sinks,
                                               remainder=True)
-    ref, ref_lse = standard_attention(q.double(), k.double(), v.double(), causal=causal, sinks=sinks.double(),
-                                      return_lse=True)
-    low, low_lse = standard_attention(q, k, v, causal=causal, sinks=sinks, return_lse=True)
-    check_accuracy("persistent sinks out", out, ref, low, q.dtype)
-    check_accuracy("persistent sinks lse", lse, ref_lse, low_lse.float(), q.dtype)
+    _check_sinks("persistent sinks", q, k, v, causal, sinks, out, lse)
     check_remainder(out, out_lo)
 
 
@@ -237,11 +243,7 @@ def test_sinks_in_the_kernel(case):
     runtime.POISON_OUTPUTS = True
     out, lse = launch_hopper.attn_fwd(q, k, v, causal, 128 ** -0.5, launch_hopper.config_for(128), poison=True,
                                       sinks=sinks)
-    ref, ref_lse = standard_attention(q.double(), k.double(), v.double(), causal=causal, sinks=sinks.double(),
-                                      return_lse=True)
-    low, low_lse = standard_attention(q, k, v, causal=causal, sinks=sinks, return_lse=True)
-    check_accuracy(f"{case} out", out, ref, low, q.dtype)
-    check_accuracy(f"{case} lse", lse, ref_lse, low_lse.float(), q.dtype)
+    _check_sinks(case, q, k, v, causal, sinks, out, lse)
 
 
 @needs_hopper
@@ -304,11 +306,7 @@ def test_separate_v_head_dim_strided_large_logits_sinks(causal):
     runtime.POISON_OUTPUTS = True
     out, lse = launch_hopper.attn_fwd(q, k, v, causal, 192 ** -0.5, launch_hopper.config_for(192, 128), poison=True,
                                       sinks=sinks)
-    ref, ref_lse = standard_attention(q.double(), k.double(), v.double(), causal=causal, sinks=sinks.double(),
-                                      return_lse=True)
-    low, low_lse = standard_attention(q, k, v, causal=causal, sinks=sinks, return_lse=True)
-    check_accuracy("192/128 bnhd sinks out", out, ref, low, q.dtype)
-    check_accuracy("192/128 bnhd sinks lse", lse, ref_lse, low_lse.float(), q.dtype)
+    _check_sinks("192/128 bnhd sinks", q, k, v, causal, sinks, out, lse)
 
 
 @needs_hopper
