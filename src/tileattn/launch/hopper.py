@@ -98,7 +98,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     grid = (n_m_tiles, hq, b)
     if cfg.persistent:   # one program an SM (or fewer) walks the work items
         total = n_m_tiles * hq * b
-        grid = (min(total, sm_count(q.device)),)
+        grid = (max(1, min(total, sm_count(q.device))),)   # an empty call: one program, no item
         extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total)
     _attn_fwd_hopper_kernel[grid](
         **_qk_descriptors(q, k, dv, cfg), v_desc=_descriptor(v, cfg.block_n), o_desc=_descriptor(o, cfg.block_m),
