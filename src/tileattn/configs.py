@@ -354,7 +354,7 @@ class HopperBwdConfig:
     pair_blocks: bool | None = None  # causal, d = 64/128: key blocks j, n-1-j a program (None: pairs_pay)
     stats_tma: bool = False     # d = 64/128: lse₂ and Δ by the copy engine into shared memory (else loads)
     dq_turns: bool = False      # d = 64/128: the warpgroups take turns forming a tile's whole dQ (else half each)
-    kv_regs: bool = False       # d = 64/128: each warpgroup's K, V rows in registers (Sᵀ, dPᵀ's A operands)
+    kv_regs: bool = False       # d = 64 (spills at 128): each warpgroup's K, V rows in registers (Sᵀ, dPᵀ's A)
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
