@@ -163,10 +163,9 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
         grads = launch.attn_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, deterministic=deterministic,
                                 sinks=sinks, o_lo=out_lo, **kw)
         return grads if sinks is not None else grads + (q.new_empty(0, dtype=torch.float32),)
-    dq, dk, dv = cpu.attention_bwd(dout, q, k, v, out, lse, causal, scale, dlse=dlse, block_n=_TORCH_BLOCK_N, **kw)
     dsinks = q.new_empty(0, dtype=torch.float32)
+    out_hi = out
     if sinks is not None:
-        out_hi = out
         if out_lo is not None:
             out_hi = out.float() + out_lo.float()
         elif out.dtype in (torch.float16, torch.bfloat16):
@@ -175,6 +174,8 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
             out_hi, _ = with_sinks(*_fwd_float32(q, k, v, causal, scale, kw), sinks)
         delta = (dout.to(lse.dtype) * out_hi.to(lse.dtype)).sum(-1)
         dsinks = sink_grad(sinks, lse, delta if dlse is None else delta - dlse.to(lse.dtype))
+    # with sinks dQ, dK take delta from that O too (as the kernels do from the remainder)
+    dq, dk, dv = cpu.attention_bwd(dout, q, k, v, out_hi, lse, causal, scale, dlse=dlse, block_n=_TORCH_BLOCK_N, **kw)
     return _in_layout(q, dq), _in_layout(k, dk), _in_layout(v, dv), dsinks
 
 

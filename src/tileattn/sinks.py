@@ -10,9 +10,9 @@ delta = rowsum(dO o O) - dlse and the lse:
   (decoding, packed sequences, ring attention, the CPU path); autograd
   differentiates it where gradients are wanted;
 * :func:`sink_grad` is the sinks' gradient from a per-row delta (the
-  dense ops' PyTorch path), :func:`kernel_sink_grad` the same from what the
-  backward kernels leave: a delta taken from the output and its rounding
-  remainder, or their dS row sums.
+  dense ops' PyTorch path), :func:`kernel_sink_grad` the same from the
+  backward kernels' dS row sums (where the forward kept the output's
+  rounding remainder, the backward's preprocess kernel forms it instead).
 """
 from __future__ import annotations
 
@@ -62,19 +62,17 @@ def sink_grad(sinks: Tensor, lse: Tensor, delta: Tensor) -> Tensor:
 
 
 def kernel_sink_grad(sinks: Tensor, lse: Tensor, dlse: Optional[Tensor], delta: Optional[Tensor],
-                     ds_sum: Optional[Tensor], exact_delta: bool = False) -> Tensor:
+                     ds_sum: Optional[Tensor]) -> Tensor:
     """d sink_h = -sum_i p_sink_i (sum_j P_ij dP_ij - dlse_i), p_sink_i =
-    exp(sink_h - lse_i), from the backward kernels' per-row results.
-    ``exact_delta``: the preprocess took ``delta`` from O and its rounding
-    remainder, so it is sum_j P_ij dP_ij - dlse_i already.  Otherwise the
-    kernels summed each row's dS_ij = P_ij (dP_ij - delta_i) over the keys
-    (``ds_sum``) with the delta they used, so sum_j P_ij dP_ij = ds_sum_i +
-    delta_i (1 - p_sink_i) exactly, as sum_j P_ij = 1 - p_sink_i: products of
-    float32 tiles, where the rowsum(dO o O) of the rounded output would lose
-    digits.  ``ds_sum`` is None when no key was visited (P = 0)."""
+    exp(sink_h - lse_i), from the backward kernels' per-row results when the
+    forward kept no rounding remainder (with one, the preprocess kernel forms
+    the gradient itself).  The kernels summed each row's dS_ij = P_ij (dP_ij
+    - delta_i) over the keys (``ds_sum``) with the delta they used, so
+    sum_j P_ij dP_ij = ds_sum_i + delta_i (1 - p_sink_i) exactly, as sum_j
+    P_ij = 1 - p_sink_i: products of float32 tiles, where the rowsum(dO o O)
+    of the rounded output would lose digits.  ``ds_sum`` is None when no key
+    was visited (P = 0)."""
     lse = lse.float()
-    if exact_delta:
-        return sink_grad(sinks.float(), lse, delta).to(sinks.dtype)
     p_dp = torch.zeros_like(lse)
     if ds_sum is not None:
         p_dp += ds_sum + delta * (1.0 - torch.exp(sinks.float()[None, :, None] - lse))

@@ -53,9 +53,12 @@ def _attn_bwd_preprocess_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_DLSE: tl.constexpr,
     O_LO=None, stride_lob=None, stride_loh=None, stride_lon=None, stride_lod=None, HAS_O_LO: tl.constexpr = False,
+    SINKS=None, DSINK_PART=None, SINK_GRAD: tl.constexpr = False,
 ):
     # O and dO are (B, H, N_Q, Dv): HEAD_DIM / BLOCK_D here are V's head dim; with
-    # HAS_O_LO, O_LO holds O's rounding remainder (the forward's float32 O is O + O_LO)
+    # HAS_O_LO, O_LO holds O's rounding remainder (the forward's float32 O is O + O_LO).
+    # SINK_GRAD (with HAS_O_LO: delta is then exact): the block's share of the sink's
+    # gradient, -sum_i exp(sink_h - lse_i) delta_i, into DSINK_PART[b, h, block]
     pid_m = tl.program_id(0)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
@@ -85,6 +88,11 @@ def _attn_bwd_preprocess_kernel(
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
     tl.store(DELTA + out_row, delta, mask=m_ok)
     tl.store(LSE2 + out_row, lse2, mask=m_ok)
+    if SINK_GRAD:
+        sink = tl.load(SINKS + off_h).to(tl.float32)
+        p_sink = tl.where(m_ok & (lse != float("-inf")), tl.exp(sink - lse), 0.0)
+        part = -tl.sum(p_sink * delta, axis=0)
+        tl.store(DSINK_PART + (off_b.to(tl.int64) * N_HEADS + off_h) * tl.num_programs(0) + pid_m, part)
 
 
 @triton.jit

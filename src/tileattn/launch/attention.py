@@ -369,8 +369,8 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     if plan_key is not None:
         begin_record()
     try:
-        _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc, ds_sum,
-                         o_lo)
+        dsinks = _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc,
+                                  ds_sum, o_lo, sinks)
     except BaseException:
         abandon_record()
         raise
@@ -384,7 +384,7 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
         end_record(plan_key, tensors)
     if sinks is None:
         return dq, dk, dv
-    return dq, dk, dv, kernel_sink_grad(sinks, lse, dlse, delta, ds_sum, o_lo is not None)
+    return dq, dk, dv, dsinks if dsinks is not None else kernel_sink_grad(sinks, lse, dlse, delta, ds_sum)
 
 
 def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None, o_lo=None):
@@ -403,29 +403,41 @@ def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None, o_
     dq_acc = _dq_accumulator(q) if v.shape[-1] == d else hopper.dq_sum_transposed(q)
     sums_ds = sinks is not None and o_lo is None
     ds_sum = torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32) if sums_ds else None
-    _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo)
+    dsinks = _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo, sinks)
     hopper.attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, config, ds_sum)
     _dq_convert(dq_acc, dq, scale)
     if sinks is None:
         return dq, dk, dv
-    return dq, dk, dv, kernel_sink_grad(sinks, lse, dlse, delta, ds_sum, o_lo is not None)
+    return dq, dk, dv, dsinks if dsinks is not None else kernel_sink_grad(sinks, lse, dlse, delta, ds_sum)
 
 
-def _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo=None):
+def _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo=None, sinks=None):
     """delta = rowsum(dO o O) (minus dlse) and lse2 = lse log2 e (+inf where
     -inf); the rows of O and dO are V's head dim wide; with ``o_lo`` (O's
     rounding remainder) O is o + o_lo.  ``delta`` and ``lse2`` share one
-    layout, contiguous or with padded rows (:func:`hopper.stats_rows`)."""
+    layout, contiguous or with padded rows (:func:`hopper.stats_rows`).
+    With ``o_lo`` and ``sinks`` the kernel also forms the sinks' gradient,
+    -sum_i exp(sink_h - lse_i) delta_i, one partial sum per row block
+    summed here in a fixed order (reproducible); returned, else None."""
     b, hq, n_q, d = o.shape
     assert delta.stride() == lse2.stride() and delta.stride(2) == 1 and delta.stride(0) == delta.stride(1) * hq
     pre_block = configs.INTERPRETER_BWD.block_m if interpreter_active() else 64
     has_dlse = dlse is not None
     lse = lse.contiguous()
-    runtime.run(_attn_bwd_preprocess_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
+    grid = (triton.cdiv(n_q, pre_block), hq, b)
+    extra = {}
+    if o_lo is not None:
+        extra = dict(O_LO=o_lo, **strides4(o_lo, "lo"), HAS_O_LO=True)
+    part = None
+    if o_lo is not None and sinks is not None:
+        part = torch.empty((b, hq, grid[0]), device=o.device, dtype=torch.float32)
+        extra.update(SINKS=sinks, DSINK_PART=part, SINK_GRAD=True)
+    runtime.run(_attn_bwd_preprocess_kernel, grid, {}, dict(
         O=o, DO=do, LSE=lse, DLSE=dlse.contiguous() if has_dlse else lse, DELTA=delta, LSE2=lse2,
         **strides4(o, "o"), **strides4(do, "do"), stride_sh=delta.stride(1),
         N_HEADS=hq, N_Q=n_q, HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block,
-        HAS_DLSE=has_dlse, **({} if o_lo is None else dict(O_LO=o_lo, **strides4(o_lo, "lo"), HAS_O_LO=True))))
+        HAS_DLSE=has_dlse, **extra))
+    return None if part is None else part.sum(dim=(0, 2)).to(sinks.dtype)
 
 
 def _dq_convert(dq_acc, dq, scale):
@@ -437,16 +449,18 @@ def _dq_convert(dq_acc, dq, scale):
 
 
 def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc=None,
-                     ds_sum=None, o_lo=None):
+                     ds_sum=None, o_lo=None, sinks=None):
     """The backward's launches; with ``dq_acc`` (a zeroed float32 tensor
     shaped like q) the atomic path: the dK/dV kernel adds dQ into it and
     the convert kernel writes dq from it.  ``ds_sum``: a zeroed float32
     (B, Hq, N_Q) tensor for each row's sum of dS (the sinks' gradient), or
-    None; ``o_lo``: O's rounding remainder for the preprocess, or None."""
+    None; ``o_lo``: O's rounding remainder for the preprocess, or None.
+    Returns the sinks' gradient where the preprocess formed it (``o_lo``
+    and ``sinks``), else None."""
     per_kind = config if isinstance(config, dict) else {"dkdv": config, "dq": config, "dkdv_atomic": config}
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
-    _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo)
+    dsinks = _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo, sinks)
 
     tma = use_tma(q, k, v, do, dq, dk, dv)
     tiles = (lambda t: descriptor(t)) if tma else (lambda t: t)
@@ -475,7 +489,7 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
                 **var.kernel_args("dkdv"))
         _launch("dq", _attn_bwd_dq_kernel, grid_q, per_kind.get("dq"), configs.INTERPRETER_BWD,
                 DQ=out_tiles(dq), **strides4(dq, "dq"), **common, **var.kernel_args("dq"), **sum_args)
-        return
+        return dsinks
     # the copy engine's bulk reduce clips at the tensor's edges only, so
     # packed sequences (and the interpreter, which lacks it) add by pointer
     dq_tma = tma and not var.varlen and not interpreter_active()
@@ -484,3 +498,4 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
             **var.kernel_args("dkdv"), DQ_ACC=descriptor(dq_acc) if dq_tma else dq_acc,
             **strides4(dq_acc, "dqa"), ATOMIC_DQ=True, DQ_TMA=dq_tma, **sum_args)
     _dq_convert(dq_acc, dq, scale)
+    return dsinks
