@@ -425,12 +425,9 @@ def _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo=None, sinks=None):
     has_dlse = dlse is not None
     lse = lse.contiguous()
     grid = (triton.cdiv(n_q, pre_block), hq, b)
-    extra = {}
-    if o_lo is not None:
-        extra = dict(O_LO=o_lo, **strides4(o_lo, "lo"), HAS_O_LO=True)
-    part = None
-    if o_lo is not None and sinks is not None:
-        part = torch.empty((b, hq, grid[0]), device=o.device, dtype=torch.float32)
+    extra = {} if o_lo is None else dict(O_LO=o_lo, **strides4(o_lo, "lo"), HAS_O_LO=True)
+    part = None if o_lo is None or sinks is None else output_f32((b, hq, grid[0]), o.device)
+    if part is not None:
         extra.update(SINKS=sinks, DSINK_PART=part, SINK_GRAD=True)
     runtime.run(_attn_bwd_preprocess_kernel, grid, {}, dict(
         O=o, DO=do, LSE=lse, DLSE=dlse.contiguous() if has_dlse else lse, DELTA=delta, LSE2=lse2,
