@@ -10,8 +10,7 @@ with ``--configs``, each Hopper config.  Backward providers (the time of
 ``torch.autograd.grad`` through a graph built once): tileattn with the
 atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
 ``--configs`` also the table's Hopper backward config and the same with
-``stats_tma`` toggled and with ``dq_turns`` toggled (d = 64: also with
-``kv_regs`` toggled, alone and with ``dq_turns``), forced (causal: the
+``stats_tma`` toggled and with ``dq_turns`` toggled, forced (causal: the
 table's with one key block a program, ``pair_blocks=False``, too).  ``--sinks``:
 tileattn's default call with and without attention sinks, beside cuDNN
 (forward: also a call whose sinks need a gradient, which stores the output's
@@ -138,8 +137,6 @@ def bwd_config_steps(q, k, v, do, causal) -> dict:
     table = configs.HOPPER_BWD[(d, d)]
     cfgs = [table, dataclasses.replace(table, stats_tma=not table.stats_tma),
             dataclasses.replace(table, dq_turns=not table.dq_turns)] + (
-        [dataclasses.replace(table, kv_regs=not table.kv_regs),
-         dataclasses.replace(table, kv_regs=not table.kv_regs, dq_turns=not table.dq_turns)] if d == 64 else []) + (
         [dataclasses.replace(table, pair_blocks=False)] if causal else [])
     return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
                                                  deterministic=False)) for c in cfgs}

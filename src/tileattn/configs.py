@@ -323,8 +323,7 @@ def all_configs() -> list[tuple[str, int, KernelConfig]]:
 # Hopper forward (Gluon, kernels/fwd_hopper.py).  A program runs 2 * block_m query rows: block_m per softmax
 # warpgroup (two partitions of 4 warps) plus a one-warp TMA loader; 168 registers per thread at launch,
 # reallocated to 240 for the softmax warps and 24 for the loader (3 warpgroups x 128 threads x 168 <= 65536).
-# Shared memory is 2 Q tiles + num_stages K and V tiles (the sm_90a compile report, triton 3.6.0, compiled
-# without a GPU, matches it within the barriers; tests/attention/test_hopper_fwd.py).  H200 timing: v11.
+# Shared memory: 2 Q tiles (persistent: 4) + num_stages K and V tiles (sm_90a compile report; H200 timing: v11).
 # ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class HopperFwdConfig:
@@ -354,7 +353,6 @@ class HopperBwdConfig:
     pair_blocks: bool | None = None  # causal, d = 64/128: key blocks j, n-1-j a program (None: pairs_pay)
     stats_tma: bool = False     # d = 64/128: lse₂ and Δ by the copy engine into shared memory (else loads)
     dq_turns: bool = False      # d = 64/128: the warpgroups take turns forming a tile's whole dQ (else half each)
-    kv_regs: bool = False       # d = 64 (spills at 128): each warpgroup's K, V rows in registers (Sᵀ, dPᵀ's A)
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
@@ -362,19 +360,20 @@ class HopperBwdConfig:
     @property
     def name(self) -> str:
         on = (("-dks", self.dk_from_smem), ("-ds", self.defer_sums), ("-st", self.stats_tma), ("-dqt", self.dq_turns),
-              ("-kvr", self.kv_regs), ("-paired", self.pair_blocks is True), ("-unpaired", self.pair_blocks is False))
+              ("-paired", self.pair_blocks is True), ("-unpaired", self.pair_blocks is False))
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}" + "".join(f for f, x in on if x)
 
 
-# (head dim, causal) -> the fewest keys for which the default dispatch takes the
-# Hopper kernel; below it the portable kernel was as fast or faster on the H200
-# (perf-notes v11, FA2 protocol): at N = 512 and 1k every cell favoured the
-# portable kernel (its launch plans keep the host path short); d = 64 causal at
-# 2k ran 0.819x cuDNN on the Hopper kernel, 0.852x on the portable one.  A forced
-# config always takes the Hopper kernel.  QK 192 and 256 (v15, bf16): level at 1k
-# (192 full) or at 512 and 1k (256), the Hopper kernel 1.26-1.80x the portable from 2k.
+# (head dim, causal) -> the fewest keys for which the default dispatch takes the Hopper kernel; below it the
+# portable kernel was as fast or faster on the H200 (perf-notes v11, FA2 protocol): at N = 512 and 1k every
+# cell favoured the portable kernel (its launch plans keep the host path short); d = 64 causal at 2k ran 0.819x
+# cuDNN on the Hopper kernel, 0.852x on the portable one.  A forced config always takes the Hopper kernel.
+# QK 192 and 256 (v15, bf16): level at 1k (192 full) or at 512 and 1k (256), Hopper 1.26-1.80x from 2k.
 HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048,
                        (192, False): 1024, (192, True): 2048, (256, False): 2048, (256, True): 2048}
+# (head dim, causal) -> the most keys at which the table's forward runs persistent (perf-notes v19: +0.5-7 % at
+# 2k, 4k; at 16k -1..-3 %, -26 % at 128 causal, whose static walk leaves some SMs twice the others' work)
+HOPPER_FWD_PERSISTENT_MAX_KEYS = {(64, False): 4096, (64, True): 4096, (128, False): 4096, (128, True): 4096}
 # (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA): 2 Q tiles of
 # 64 x 192 + 2 stages of K (128 x 192) and V (128 x 128) = 212,992 B; O (as
 # wide as V) is staged in the Q tile's first piece.  256: 64-key tiles (2 Q
@@ -387,9 +386,11 @@ HOPPER_FWD = {
     (256, 256): HopperFwdConfig(block_n=64, num_stages=2, source="sm_90a compile report; H200 timing, v14, v15"),
 }
 # (QK, V head dim) -> config.  perf-notes v12: dSᵀ from shared memory for dK won 2-6 % at d = 64, lost ~3 % at
-# 128; v16: defer_sums (sinks only) +4-10 % at 64, 0 / -47 % at 128; v17: stats_tma; 192/128: v15
+# 128; v16: defer_sums (sinks only) +4-10 % at 64, 0 / -47 % at 128; v17: stats_tma; v19: dq_turns +10-17 % at
+# 64, -3..+3 % at 128; 192/128: v15
 HOPPER_BWD = {
-    (64, 64): HopperBwdConfig(dk_from_smem=True, defer_sums=True, stats_tma=True, source="H200 timing, v12, v16, v17"),
+    (64, 64): HopperBwdConfig(dk_from_smem=True, defer_sums=True, stats_tma=True, dq_turns=True,
+                              source="H200 timing, v12, v16, v17, v19"),
     (128, 128): HopperBwdConfig(dk_from_smem=False, stats_tma=True, source="H200 timing, perf-notes v12, v17"),
     (192, 128): HopperBwdConfig(block_m=32, num_stages=2, source="sm_90a compile report, perf-notes v15"),
 }

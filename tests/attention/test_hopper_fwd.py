@@ -115,6 +115,21 @@ def test_default_dispatch_by_size(head_dim, causal, n_k, want):
     assert dispatch.hopper_fwd_preferred(head_dim, causal, n_k) is want
 
 
+@pytest.mark.parametrize("dims,causal,n_k,want", [
+    ((64, 64), False, 2048, True), ((64, 64), True, 4096, True), ((128, 128), False, 4096, True),
+    ((128, 128), True, 4097, False), ((128, 128), False, 16384, False), ((192, 128), False, 2048, False),
+    ((256, 256), True, 2048, False)],
+    ids=["d64-full-2k", "d64-causal-4k", "d128-full-4k", "d128-causal-4k+1", "d128-full-16k", "d192-128-full-2k",
+         "d256-causal-2k"])
+def test_table_config_persistent_by_keys(dims, causal, n_k, want):
+    """The table's forward runs persistent up to HOPPER_FWD_PERSISTENT_MAX_KEYS
+    keys (where the per-tile prologue and epilogue were a measured cost), not
+    beyond, and never at head dims the persistent kernel does not take."""
+    cfg = launch_hopper.config_for(*dims, causal=causal, n_k=n_k)
+    assert cfg.persistent is want
+    assert dataclasses.replace(cfg, persistent=False) == configs.HOPPER_FWD[dims]
+
+
 def _inputs(*args, **kwargs):
     return hopper_inputs(*args, **kwargs)[:3]   # (q, k, v): the forward takes no dO
 

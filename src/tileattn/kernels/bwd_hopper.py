@@ -31,10 +31,6 @@ helper are in ``bwd_hopper_common.py``, shared with the wide kernel):
     and forms all D columns, the other goes on to its next tile.  The
     products are the same; the N = D/2 MMAs, which read shared memory at 1.5
     times the rate it delivers at d = 64, become N = D ones.
-  - with ``KV_REGS`` each compute warpgroup loads its K and V rows into
-    registers once a key block (d = 64: 32 registers a thread), and Sᵀ and
-    dPᵀ take them as register A operands: only Qᵀ / dOᵀ come from shared
-    memory for those products.
 
 With ``SUM_DS`` each warpgroup also sums dS over its keys for every query
 row and adds the sums into ``DS_SUM`` (float32, (B, Hq, N_Q)): the sinks'
@@ -94,17 +90,14 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                        DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
                        SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr, t0, kv_phase, kv_empty,
-                       ARRIVE_KV: gl.constexpr, lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr,
-                       KV_REGS: gl.constexpr = False):
+                       ARRIVE_KV: gl.constexpr, lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr):
     """One key block of the program: ``t0`` ring tiles came before it and its
     K and V tiles complete ``kv_bar`` in phase ``kv_phase`` (a pair's second
     block: 1); with ``ARRIVE_KV`` the warpgroup arrives on ``kv_empty`` after
     a pair's first block, once its products are done with its K and V.  With
     ``STATS_TMA`` lse₂ and Δ are read from the slot's shared-memory copies
     (rows past N_Q read as 0 there: harmless, their dO rows are 0, so are
-    their dP and dS), else from global memory.  With ``KV_REGS`` the
-    warpgroup holds its K and V rows in registers, the A operands of Sᵀ and
-    dPᵀ, so those products read only Qᵀ / dOᵀ from shared memory."""
+    their dP and dS), else from global memory."""
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     # the dQ sum's box says who forms dQ: D/2 wide, each warpgroup half the
@@ -133,13 +126,6 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     k_mine = k_all.slice(WG * BLOCK_N, BLOCK_N, dim=0)
     v_mine = v_smem.reshape([2 * BLOCK_N, HEAD_DIM]).slice(WG * BLOCK_N, BLOCK_N, dim=0)
     k_cols = k_all if DQ_TURNS else k_all.slice(WG * HALF_D, HALF_D, dim=1)
-    if KV_REGS:   # 2 x BLOCK_N x D 16-bit values over the warpgroup's 128 threads, for the whole block
-        sa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
-        k_a = k_mine.load(sa_layout)
-        v_a = v_mine.load(sa_layout)
-    else:
-        k_a = k_mine
-        v_a = v_mine
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     if SUM_DS and DEFER_SUMS:   # the row sums waiting to be added, and their tile
@@ -161,10 +147,10 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         mbarrier.wait(q_ready.index(s), phase)
         q2 = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
         zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-        st = warpgroup_mma(k_a, q2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+        st = warpgroup_mma(k_mine, q2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
         mbarrier.wait(do_ready.index(s), phase)
         do2 = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
-        dpt = warpgroup_mma(v_a, do2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_mine, do2.permute([1, 0]), zero_s, use_acc=False, is_async=True)
         if SUM_DS and DEFER_SUMS:
             if t > 0:   # the previous tile's row sums, while Sᵀ and dPᵀ run
                 _add_row_sums(DS_SUM, rs_sum, off_b, hq_sum, m_sum, N_HEADS, N_Q, BLOCK_M, rs_layout)
@@ -270,8 +256,7 @@ def _compute_paired(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
                     N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                     DK_FROM_SMEM: gl.constexpr, SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr, lse_smem,
-                    delta_smem, stat_ready, STATS_TMA: gl.constexpr,
-                    KV_REGS: gl.constexpr):
+                    delta_smem, stat_ready, STATS_TMA: gl.constexpr):
     """A compute warpgroup over a pair of key blocks (the second one only
     where ``n_m_b`` >= 0), one loop iteration each (one copy of the block's
     code, not two): the ring's and the dSᵀ buffers' counts run on across
@@ -285,8 +270,7 @@ def _compute_paired(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
                            off_b, off_hk, gl.where(first, start_n, start_b), gl.where(first, m_lo, m_lo_b),
                            gl.where(first, n_m, n_m_b), GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                            DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS,
-                           DEFER_SUMS, t0, blk, kv_empty, True, lse_smem, delta_smem, stat_ready, STATS_TMA,
-                           KV_REGS)
+                           DEFER_SUMS, t0, blk, kv_empty, True, lse_smem, delta_smem, stat_ready, STATS_TMA)
         t0 = t0 + GROUP_SIZE * n_m
 
 
@@ -314,7 +298,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
                             SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr = False, PAIRED: gl.constexpr = False,
-                            STATS_TMA: gl.constexpr = False, KV_REGS: gl.constexpr = False):
+                            STATS_TMA: gl.constexpr = False):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup; with
     PAIRED (causal) two such key blocks, the grid's first half of them and
     their mirror images, so that every program has the same work.  With
@@ -375,14 +359,14 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE,
                                N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM,
                                NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS, lse_smem, delta_smem,
-                               stat_ready, STATS_TMA, KV_REGS)),
+                               stat_ready, STATS_TMA)),
             (_compute_paired, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                                stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE,
                                N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM,
                                NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS, lse_smem, delta_smem,
-                               stat_ready, STATS_TMA, KV_REGS)),
+                               stat_ready, STATS_TMA)),
             (_load_paired, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                             q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b,
                             kv_empty, GROUP_SIZE, BLOCK_M, NUM_STAGES, LSE2, DELTA, lse_smem, delta_smem, stat_ready,
@@ -398,7 +382,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                   off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                                   DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
                                   SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, lse_smem, delta_smem, stat_ready,
-                                  STATS_TMA, KV_REGS)),
+                                  STATS_TMA)),
             (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                                   q_empty,
                                   do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
@@ -406,7 +390,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                   off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                                   DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
                                   SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, lse_smem, delta_smem, stat_ready,
-                                  STATS_TMA, KV_REGS)),
+                                  STATS_TMA)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
                                BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, 0, kv_bar, False, LSE2, DELTA,

@@ -14,6 +14,7 @@ imported on first use, so a CPU install never imports it.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 
@@ -65,10 +66,18 @@ def remainder_staged(head_dim: int, head_dim_v: int, cfg: HopperFwdConfig, elem:
     return REMAINDER_STAGING and used + 2 * cfg.block_m * head_dim_v * elem <= SMEM_LIMIT
 
 
-def config_for(head_dim: int, head_dim_v: int | None = None) -> HopperFwdConfig:
+def config_for(head_dim: int, head_dim_v: int | None = None, causal: bool = False,
+               n_k: int | None = None) -> HopperFwdConfig:
     """The table's config for Q/K head dim ``head_dim`` and V head dim
-    ``head_dim_v`` (default: the same)."""
-    return configs.HOPPER_FWD[(head_dim, head_dim if head_dim_v is None else head_dim_v)]
+    ``head_dim_v`` (default: the same); persistent for calls of at most
+    ``configs.HOPPER_FWD_PERSISTENT_MAX_KEYS`` keys (``n_k``) where the
+    table has that bound."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    cfg = configs.HOPPER_FWD[(head_dim, dv)]
+    most = configs.HOPPER_FWD_PERSISTENT_MAX_KEYS.get((head_dim, bool(causal))) if dv == head_dim else None
+    if most is not None and n_k is not None and n_k <= most:
+        return dataclasses.replace(cfg, persistent=True)
+    return cfg
 
 
 def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None = None, poison: bool = False,
@@ -80,7 +89,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     layout)."""
     b, hq, n_q, d = q.shape
     hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
-    cfg = config or config_for(d, dv)
+    cfg = config or config_for(d, dv, causal, n_k)
     if cfg.persistent and (d != dv or d > 128):
         raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
     from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel
@@ -262,8 +271,7 @@ def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_s
         GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
         DS_SUM=delta if ds_sum is None else ds_sum, SUM_DS=ds_sum is not None,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal), NUM_STAGES=cfg.num_stages,
-        DK_FROM_SMEM=cfg.dk_from_smem, DEFER_SUMS=cfg.defer_sums, PAIRED=paired, STATS_TMA=cfg.stats_tma,
-        KV_REGS=cfg.kv_regs)
+        DK_FROM_SMEM=cfg.dk_from_smem, DEFER_SUMS=cfg.defer_sums, PAIRED=paired, STATS_TMA=cfg.stats_tma)
 
 
 def bwd_config_for(head_dim: int, head_dim_v: int | None = None) -> HopperBwdConfig:
@@ -352,7 +360,7 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
         args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, torch.empty(1, 2, 256) if sinks else None,
                          paired=bool(causal) and cfg.pair_blocks is True)
         const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "PAIRED",
-                 "DEFER_SUMS", "STATS_TMA", "KV_REGS"}
+                 "DEFER_SUMS", "STATS_TMA"}
     return compile_gluon(kernel, args, const, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg))
 
 
