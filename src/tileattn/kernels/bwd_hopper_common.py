@@ -13,7 +13,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from .fwd_hopper import _load_rows
+from .fwd_hopper_load import _load_rows
 
 
 @builtin

@@ -20,9 +20,11 @@ Three partitions share one CTA and talk through mbarriers:
   softmax runs under the other's matmuls.
 
 With ``PERSISTENT`` (d <= 128, no tail) the grid is one program per SM at
-most, and each walks work items (query tile, head, batch element) in a
-head-major order that keeps the running programs on the same heads' K and
-V: Q has two pairs of buffers, the loader copies the next item's Q into the
+most, and each walks work units (``TOTAL`` of them, programs taking every
+``num_programs``-th) in a head-major order that keeps the running programs
+on the same heads' K and V; a causal unit pairs a head's k-th heaviest and
+k-th lightest query tiles, so that units cost alike (``fwd_hopper_load.py``).
+Q has two pairs of buffers, the loader copies the next item's Q into the
 other pair once both softmax warpgroups released it (``q_empty``, after O's
 copy out of it), and the ring's and the turns' counts run on across items,
 so the next item's first tiles land while this one's epilogue runs.
@@ -52,103 +54,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from .fwd_hopper_load import _key_tiles, _load_partition, _tile_coords, _unit_size
+
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
-
-
-@gluon.jit
-def _key_tiles(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """(n_full, n_tiles) for the query tile at ``start_m``: key tiles
-    [0, n_full) need no mask, [n_full, n_tiles) need the key-edge and/or
-    causal mask, later ones are hidden from every row (bottom-right causal:
-    row i sees key j iff j <= i + N_K - N_Q)."""
-    n_even = N_K // BLOCK_N
-    if IS_CAUSAL:
-        diag = N_K - N_Q
-        hi = gl.maximum(gl.minimum(start_m + BLOCK_M + diag, N_K), 0)
-        first_row_end = gl.maximum(start_m + diag + 1, 0)
-        n_full = gl.minimum(first_row_end // BLOCK_N, n_even)
-    else:
-        hi = N_K
-        n_full = n_even
-    n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
-    return n_full, n_tiles
-
-
-@gluon.jit
-def _load_rows(desc, tail_desc, coords, bar, smem, tail_smem, TAIL_DIM: gl.constexpr):
-    """One tile of Q or K: its first HEAD_DIM - TAIL_DIM columns through
-    ``desc`` and, with a tail, the last TAIL_DIM through ``tail_desc`` (a
-    copy box is a power of two wide), both completing ``bar``."""
-    if TAIL_DIM > 0:
-        mbarrier.expect(bar, desc.block_type.nbytes + tail_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc, coords, bar, smem)
-        tma.async_copy_global_to_shared(tail_desc, coords, bar, tail_smem)
-    else:
-        mbarrier.expect(bar, desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc, coords, bar, smem)
-
-
-@gluon.jit
-def _tile_coords(tile, N_M_TILES, N_HEADS, BLOCK_M: gl.constexpr):
-    """(off_b, off_h, start_m) of a persistent program's work item ``tile``:
-    head-major, so the programs running at once share their heads' K and V
-    in L2, and the last (heaviest causal) query tiles of a head first."""
-    bh = tile // N_M_TILES
-    pid_m = N_M_TILES - 1 - (tile - bh * N_M_TILES)
-    return bh // N_HEADS, bh % N_HEADS, pid_m * (2 * BLOCK_M)
-
-
-@gluon.jit
-def _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
-               k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, qb, kc,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr):
-    """One query tile's copies: its two Q tiles (one of BLOCK_M rows per
-    softmax warpgroup) into Q buffers 2 qb and 2 qb + 1, then its key and
-    value tiles into the ring, whose count is at ``kc``."""
-    for wg in gl.static_range(2):
-        _load_rows(q_desc, qt_desc, [off_b, off_h, start_m + wg * BLOCK_M, 0], q_bars.index(2 * qb + wg),
-                   q_smem.index(2 * qb + wg), qt_smem.index(2 * qb + wg), TAIL_DIM)
-    for j in range(n_tiles):
-        s = (kc + j) % NUM_STAGES
-        # a slot starts empty: the first wait on each passes (phase 1)
-        phase = (((kc + j) // NUM_STAGES) & 1) ^ 1
-        mbarrier.wait(k_empty.index(s), phase)
-        _load_rows(k_desc, kt_desc, [off_b, off_hk, j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s),
-                   kt_smem.index(s), TAIL_DIM)
-        mbarrier.wait(v_empty.index(s), phase)
-        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
-
-
-@gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
-                    k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
-                    q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES, N_HEADS, TOTAL, IS_CAUSAL: gl.constexpr,
-                    PERSISTENT: gl.constexpr):
-    """The load warp: the program's query tile, or with ``PERSISTENT`` each
-    of its work items in turn, the next one's Q into the other pair of Q
-    buffers once both warpgroups released them (``q_empty``), its K and V
-    tiles into the ring behind the previous item's."""
-    if PERSISTENT:
-        kc = gl.program_id(0) * 0
-        it = kc
-        for tile in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
-            t_b, t_h, t_m = _tile_coords(tile, N_M_TILES, N_HEADS, BLOCK_M)
-            _, t_n = _key_tiles(t_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
-            qb = it % 2
-            for wg in gl.static_range(2):   # a pair of buffers starts empty: the first wait passes
-                mbarrier.wait(q_empty.index(2 * qb + wg), ((it // 2) & 1) ^ 1)
-            _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
-                       k_ready, v_ready, k_empty, v_empty, t_b, t_h, t_h // GROUP_SIZE, t_m, t_n, qb, kc,
-                       BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM)
-            kc += t_n
-            it += 1
-    else:
-        _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
-                   k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, 0, 0,
-                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM)
 
 
 @gluon.jit
@@ -365,23 +274,25 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
         kc = gl.program_id(0) * 0
         tc = kc
         it = kc
-        for tile in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
-            t_b, t_h, t_m = _tile_coords(tile, N_M_TILES, N_HEADS, BLOCK_M)
-            _, t_n = _key_tiles(t_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
-            t_row0 = t_b.to(gl.int64) * stride_lb + t_h.to(gl.int64) * stride_lh
-            qi = 2 * (it % 2) + WG
-            _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                          turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
-                          BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                          PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, qi, (it // 2) & 1,
-                          kc, tc)
-            mbarrier.arrive(q_empty.index(qi), count=1)   # O's copy has read the buffer (store_wait)
-            kc += t_n
-            if OVERLAP:   # a turn for each product pair of the pipeline: n + 1 where there is a tile
-                tc += gl.where(t_n > 0, t_n + 1, 0)
-            else:
-                tc += 2 * t_n
-            it += 1
+        for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
+            bh, k, n_half = _unit_size(unit, N_M_TILES, IS_CAUSAL)
+            for half in range(n_half):
+                t_b, t_h, t_m = _tile_coords(bh, k, half, N_M_TILES, N_HEADS, BLOCK_M)
+                _, t_n = _key_tiles(t_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
+                t_row0 = t_b.to(gl.int64) * stride_lb + t_h.to(gl.int64) * stride_lh
+                qi = 2 * (it % 2) + WG
+                _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
+                              v_empty, turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
+                              BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
+                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, qi, (it // 2) & 1,
+                              kc, tc)
+                mbarrier.arrive(q_empty.index(qi), count=1)   # O's copy has read the buffer (store_wait)
+                kc += t_n
+                if OVERLAP:   # a turn for each product pair of the pipeline: n + 1 where there is a tile
+                    tc += gl.where(t_n > 0, t_n + 1, 0)
+                else:
+                    tc += 2 * t_n
+                it += 1
     else:
         _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                       turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
@@ -405,10 +316,11 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     remainder, shaped and boxed like ``o_desc``, staged with ``LO_STAGE`` in
     two tiles of its own (where shared memory allows), so that it needs
     not wait for O's copy.  With ``PERSISTENT`` the grid is one program
-    per SM (or fewer) over ``TOTAL`` work items, ``N_M_TILES`` query tiles
-    of ``N_HEADS`` heads of each batch element, each program's items
-    ``program_id``, + ``num_programs``, ...; Q gets two pairs of buffers so
-    the next item's lands while this one runs (no tail: shared memory)."""
+    per SM (or fewer) over ``TOTAL`` work units of ``N_M_TILES`` query
+    tiles of ``N_HEADS`` heads of each batch element (``_unit_size``), each
+    program's units ``program_id``, + ``num_programs``, ...; Q gets two
+    pairs of buffers so the next tile's lands while this one runs (no tail:
+    shared memory)."""
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
     # heaviest causal tiles (last rows) first: better tail balance

@@ -105,8 +105,8 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
                                          LO_STAGE=remainder_staged(d, dv, cfg))
     n_m_tiles = triton.cdiv(n_q, 2 * cfg.block_m)
     grid = (n_m_tiles, hq, b)
-    if cfg.persistent:   # one program an SM (or fewer) walks the work items
-        total = n_m_tiles * hq * b
+    if cfg.persistent:   # one program an SM (or fewer) walks the work units: causal, two tiles each
+        total = (triton.cdiv(n_m_tiles, 2) if causal else n_m_tiles) * hq * b
         grid = (max(1, min(total, sm_count(q.device))),)   # an empty call: one program, no item
         extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total)
     _attn_fwd_hopper_kernel[grid](

@@ -1,0 +1,128 @@
+"""The Hopper forward's load side (Gluon; the kernel is ``fwd_hopper.py``):
+the key tiles a query tile visits, the load warp that copies each query
+tile's Q and its K/V tiles into the ring, and a persistent program's walk
+of its work units.
+
+A persistent program takes every ``num_programs``-th unit, head-major.  A
+unit is one query tile, or with ``IS_CAUSAL`` a head's k-th heaviest and
+k-th lightest query tiles (one tile for the middle of an odd count), so that
+every causal unit costs about the same number of key tiles: with one tile a
+unit, a program whose units fell on the heavy end of the heads would run up
+to twice the others' work (H200, d = 128, causal 16k: max/mean SM load 1.57,
+-26 %; perf-notes v19).  The loader and both softmax warpgroups walk the
+same sequence.
+
+This module imports Gluon at load time: only the Hopper kernels import it.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+
+@gluon.jit
+def _key_tiles(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """(n_full, n_tiles) for the query tile at ``start_m``: key tiles
+    [0, n_full) need no mask, [n_full, n_tiles) need the key-edge and/or
+    causal mask, later ones are hidden from every row (bottom-right causal:
+    row i sees key j iff j <= i + N_K - N_Q)."""
+    n_even = N_K // BLOCK_N
+    if IS_CAUSAL:
+        diag = N_K - N_Q
+        hi = gl.maximum(gl.minimum(start_m + BLOCK_M + diag, N_K), 0)
+        first_row_end = gl.maximum(start_m + diag + 1, 0)
+        n_full = gl.minimum(first_row_end // BLOCK_N, n_even)
+    else:
+        hi = N_K
+        n_full = n_even
+    n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
+    return n_full, n_tiles
+
+
+@gluon.jit
+def _load_rows(desc, tail_desc, coords, bar, smem, tail_smem, TAIL_DIM: gl.constexpr):
+    """One tile of Q or K: its first HEAD_DIM - TAIL_DIM columns through
+    ``desc`` and, with a tail, the last TAIL_DIM through ``tail_desc`` (a
+    copy box is a power of two wide), both completing ``bar``."""
+    if TAIL_DIM > 0:
+        mbarrier.expect(bar, desc.block_type.nbytes + tail_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, coords, bar, smem)
+        tma.async_copy_global_to_shared(tail_desc, coords, bar, tail_smem)
+    else:
+        mbarrier.expect(bar, desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, coords, bar, smem)
+
+
+@gluon.jit
+def _unit_size(unit, N_M_TILES, IS_CAUSAL: gl.constexpr):
+    """(batch x head index, k, tiles) of a persistent program's work unit:
+    head-major, the heaviest causal tiles first; causal units hold tiles
+    N_M_TILES - 1 - k and k (one where those are the same)."""
+    if IS_CAUSAL:
+        per_head = (N_M_TILES + 1) // 2
+        bh = unit // per_head
+        k = unit - bh * per_head
+        return bh, k, gl.where(2 * k + 1 == N_M_TILES, 1, 2)
+    else:
+        bh = unit // N_M_TILES
+        return bh, unit - bh * N_M_TILES, unit * 0 + 1
+
+
+@gluon.jit
+def _tile_coords(bh, k, half, N_M_TILES, N_HEADS, BLOCK_M: gl.constexpr):
+    """(off_b, off_h, start_m) of tile ``half`` of a unit (``_unit_size``)."""
+    pid_m = gl.where(half == 0, N_M_TILES - 1 - k, k)
+    return bh // N_HEADS, bh % N_HEADS, pid_m * (2 * BLOCK_M)
+
+
+@gluon.jit
+def _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
+               k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, qb, kc,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr):
+    """One query tile's copies: its two Q tiles (one of BLOCK_M rows per
+    softmax warpgroup) into Q buffers 2 qb and 2 qb + 1, then its key and
+    value tiles into the ring, whose count is at ``kc``."""
+    for wg in gl.static_range(2):
+        _load_rows(q_desc, qt_desc, [off_b, off_h, start_m + wg * BLOCK_M, 0], q_bars.index(2 * qb + wg),
+                   q_smem.index(2 * qb + wg), qt_smem.index(2 * qb + wg), TAIL_DIM)
+    for j in range(n_tiles):
+        s = (kc + j) % NUM_STAGES
+        # a slot starts empty: the first wait on each passes (phase 1)
+        phase = (((kc + j) // NUM_STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(s), phase)
+        _load_rows(k_desc, kt_desc, [off_b, off_hk, j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s),
+                   kt_smem.index(s), TAIL_DIM)
+        mbarrier.wait(v_empty.index(s), phase)
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
+                    k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
+                    q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES, N_HEADS, TOTAL, IS_CAUSAL: gl.constexpr,
+                    PERSISTENT: gl.constexpr):
+    """The load warp: the program's query tile, or with ``PERSISTENT`` each
+    of its work items in turn, the next one's Q into the other pair of Q
+    buffers once both warpgroups released them (``q_empty``), its K and V
+    tiles into the ring behind the previous item's."""
+    if PERSISTENT:
+        kc = gl.program_id(0) * 0
+        it = kc
+        for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
+            bh, k, n_half = _unit_size(unit, N_M_TILES, IS_CAUSAL)
+            for half in range(n_half):
+                t_b, t_h, t_m = _tile_coords(bh, k, half, N_M_TILES, N_HEADS, BLOCK_M)
+                _, t_n = _key_tiles(t_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
+                qb = it % 2
+                for wg in gl.static_range(2):   # a pair of buffers starts empty: the first wait passes
+                    mbarrier.wait(q_empty.index(2 * qb + wg), ((it // 2) & 1) ^ 1)
+                _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
+                           q_bars, k_ready, v_ready, k_empty, v_empty, t_b, t_h, t_h // GROUP_SIZE, t_m, t_n, qb, kc,
+                           BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM)
+                kc += t_n
+                it += 1
+    else:
+        _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
+                   k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, 0, 0,
+                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM)
