@@ -371,8 +371,8 @@ class HopperBwdConfig:
 # QK 192 and 256 (v15, bf16): level at 1k (192 full) or at 512 and 1k (256), Hopper 1.26-1.80x from 2k.
 HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048,
                        (192, False): 1024, (192, True): 2048, (256, False): 2048, (256, True): 2048}
-# (head dim, causal) -> the most keys at which the table's forward runs persistent (perf-notes v19: +0.5-7 % at
-# 2k, 4k; at 16k -1..-3 %, -26 % at 128 causal, whose static walk leaves some SMs twice the others' work)
+# (head dim, causal) -> the most keys at which the table's forward runs persistent, sinks aside (perf-notes v19:
+# +4-12 % at 2k, 0-9 % at 4k, -2..+2 % at 16k; with sinks 1-29 % slower)
 HOPPER_FWD_PERSISTENT_MAX_KEYS = {(64, False): 4096, (64, True): 4096, (128, False): 4096, (128, True): 4096}
 # (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA): 2 Q tiles of
 # 64 x 192 + 2 stages of K (128 x 192) and V (128 x 128) = 212,992 B; O (as

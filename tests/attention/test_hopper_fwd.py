@@ -128,6 +128,8 @@ def test_table_config_persistent_by_keys(dims, causal, n_k, want):
     cfg = launch_hopper.config_for(*dims, causal=causal, n_k=n_k)
     assert cfg.persistent is want
     assert dataclasses.replace(cfg, persistent=False) == configs.HOPPER_FWD[dims]
+    # with sinks the table's config stays one program a query tile (persistent measured slower there)
+    assert launch_hopper.config_for(*dims, causal=causal, n_k=n_k, sinks=True) == configs.HOPPER_FWD[dims]
 
 
 def _inputs(*args, **kwargs):

@@ -67,14 +67,15 @@ def remainder_staged(head_dim: int, head_dim_v: int, cfg: HopperFwdConfig, elem:
 
 
 def config_for(head_dim: int, head_dim_v: int | None = None, causal: bool = False,
-               n_k: int | None = None) -> HopperFwdConfig:
+               n_k: int | None = None, sinks: bool = False) -> HopperFwdConfig:
     """The table's config for Q/K head dim ``head_dim`` and V head dim
-    ``head_dim_v`` (default: the same); persistent for calls of at most
-    ``configs.HOPPER_FWD_PERSISTENT_MAX_KEYS`` keys (``n_k``) where the
-    table has that bound."""
+    ``head_dim_v`` (default: the same); persistent for calls without sinks
+    of at most ``configs.HOPPER_FWD_PERSISTENT_MAX_KEYS`` keys (``n_k``)
+    where the table has that bound (with sinks it ran 1-29 % slower, v19)."""
     dv = head_dim if head_dim_v is None else head_dim_v
     cfg = configs.HOPPER_FWD[(head_dim, dv)]
     most = configs.HOPPER_FWD_PERSISTENT_MAX_KEYS.get((head_dim, bool(causal))) if dv == head_dim else None
+    most = None if sinks else most
     if most is not None and n_k is not None and n_k <= most:
         return dataclasses.replace(cfg, persistent=True)
     return cfg
@@ -89,7 +90,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     layout)."""
     b, hq, n_q, d = q.shape
     hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
-    cfg = config or config_for(d, dv, causal, n_k)
+    cfg = config or config_for(d, dv, causal, n_k, sinks is not None)
     if cfg.persistent and (d != dv or d > 128):
         raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
     from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel
