@@ -366,10 +366,10 @@ class HopperBwdConfig:
 
 # (head dim, causal) -> the fewest keys for which the default dispatch takes the Hopper kernel; below it the
 # portable kernel was as fast or faster on the H200 (perf-notes v11, FA2 protocol): at N = 512 and 1k every
-# cell favoured the portable kernel (its launch plans keep the host path short); d = 64 causal at 2k ran 0.819x
-# cuDNN on the Hopper kernel, 0.852x on the portable one.  A forced config always takes the Hopper kernel.
+# cell favoured the portable kernel (its launch plans keep the host path short); d = 64 causal at 2k: 0.858x
+# cuDNN portable, 0.914x Hopper persistent (v19).  A forced config always takes the Hopper kernel.
 # QK 192 and 256 (v15, bf16): level at 1k (192 full) or at 512 and 1k (256), Hopper 1.26-1.80x from 2k.
-HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048,
+HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 2048, (128, False): 2048, (128, True): 2048,
                        (192, False): 1024, (192, True): 2048, (256, False): 2048, (256, True): 2048}
 # (head dim, causal) -> the most keys at which the table's forward runs persistent, sinks aside (perf-notes v19:
 # +4-12 % at 2k, 0-9 % at 4k, -2..+2 % at 16k; with sinks 1-29 % slower)
