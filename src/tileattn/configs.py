@@ -333,13 +333,15 @@ class HopperFwdConfig:
     overlap: bool = True        # issue Q K_j^T with P_{j-1} V_{j-1}; softmax j under the latter
     pingpong: bool = True       # the two warpgroups take turns issuing their products
     persistent: bool = False    # d <= 128: one program an SM walks query tiles; the next tile's Q lands under this one
+    fma_exp: int = 0            # 2 or 4: 1/fma_exp of an unmasked tile's exp2 on the FMA pipe (0: all on the MUFU)
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
 
     @property
     def name(self) -> str:
-        flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent))
+        flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent),
+                 (f"-fx{self.fma_exp}", self.fma_exp))
         return f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}" + "".join(f for f, on in flags if on)
 
 
@@ -374,11 +376,9 @@ HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 2048, (128, False): 2048, 
 # (head dim, causal) -> the most keys at which the table's forward runs persistent, sinks aside (perf-notes v19:
 # +4-12 % at 2k, 0-9 % at 4k, -2..+2 % at 16k; with sinks 1-29 % slower)
 HOPPER_FWD_PERSISTENT_MAX_KEYS = {(64, False): 4096, (64, True): 4096, (128, False): 4096, (128, True): 4096}
-# (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA): 2 Q tiles of
-# 64 x 192 + 2 stages of K (128 x 192) and V (128 x 128) = 212,992 B; O (as
-# wide as V) is staged in the Q tile's first piece.  256: 64-key tiles (2 Q
-# tiles of 64 KB + 2 stages of 2 x 32 KB = 196,608 B; O is 128 registers a
-# thread of the 240).
+# (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA): 2 Q tiles of 64 x 192 + 2 stages of K (128 x 192)
+# and V (128 x 128) = 212,992 B; O (as wide as V) is staged in the Q tile's first piece.  256: 64-key tiles
+# (2 Q tiles of 64 KB + 2 stages of 2 x 32 KB = 196,608 B; O is 128 registers a thread of the 240).
 HOPPER_FWD = {
     (64, 64): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
     (128, 128): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
@@ -386,7 +386,7 @@ HOPPER_FWD = {
     (256, 256): HopperFwdConfig(block_n=64, num_stages=2, source="sm_90a compile report; H200 timing, v14, v15"),
 }
 # (QK, V head dim) -> config.  perf-notes v12: dSᵀ from shared memory for dK won 2-6 % at d = 64, lost ~3 % at
-# 128; v16: defer_sums (sinks only) +4-10 % at 64, 0 / -47 % at 128; v17: stats_tma; v19: dq_turns +10-17 % at
+# 128; v16: defer_sums (sinks only) +4-10 % at 64, 0 / -47 % at 128; v17: stats_tma; v19: dq_turns +9-18 % at
 # 64, -3..+3 % at 128; 192/128: v15
 HOPPER_BWD = {
     (64, 64): HopperBwdConfig(dk_from_smem=True, defer_sums=True, stats_tma=True, dq_turns=True,

@@ -75,6 +75,16 @@ def _tile_coords(bh, k, half, N_M_TILES, N_HEADS, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
+def _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               IS_CAUSAL: gl.constexpr):
+    """(off_b, off_h, start_m, key tiles) of tile ``half`` of a unit: the
+    one step of the walk the loader and the softmax warpgroups share."""
+    t_b, t_h, t_m = _tile_coords(bh, k, half, N_M_TILES, N_HEADS, BLOCK_M)
+    _, t_n = _key_tiles(t_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
+    return t_b, t_h, t_m, t_n
+
+
+@gluon.jit
 def _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
                k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, qb, kc,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr):
@@ -112,8 +122,7 @@ def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_
         for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
             bh, k, n_half = _unit_size(unit, N_M_TILES, IS_CAUSAL)
             for half in range(n_half):
-                t_b, t_h, t_m = _tile_coords(bh, k, half, N_M_TILES, N_HEADS, BLOCK_M)
-                _, t_n = _key_tiles(t_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
+                t_b, t_h, t_m, t_n = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
                 qb = it % 2
                 for wg in gl.static_range(2):   # a pair of buffers starts empty: the first wait passes
                     mbarrier.wait(q_empty.index(2 * qb + wg), ((it // 2) & 1) ^ 1)
