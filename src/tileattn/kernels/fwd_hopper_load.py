@@ -68,20 +68,14 @@ def _unit_size(unit, N_M_TILES, IS_CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _tile_coords(bh, k, half, N_M_TILES, N_HEADS, BLOCK_M: gl.constexpr):
-    """(off_b, off_h, start_m) of tile ``half`` of a unit (``_unit_size``)."""
-    pid_m = gl.where(half == 0, N_M_TILES - 1 - k, k)
-    return bh // N_HEADS, bh % N_HEADS, pid_m * (2 * BLOCK_M)
-
-
-@gluon.jit
 def _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                IS_CAUSAL: gl.constexpr):
-    """(off_b, off_h, start_m, key tiles) of tile ``half`` of a unit: the
-    one step of the walk the loader and the softmax warpgroups share."""
-    t_b, t_h, t_m = _tile_coords(bh, k, half, N_M_TILES, N_HEADS, BLOCK_M)
-    _, t_n = _key_tiles(t_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
-    return t_b, t_h, t_m, t_n
+    """(off_b, off_h, start_m, key tiles) of tile ``half`` of a unit
+    (``_unit_size``): the one step of the walk the loader and the softmax
+    warpgroups share."""
+    start_m = gl.where(half == 0, N_M_TILES - 1 - k, k) * (2 * BLOCK_M)
+    _, n_tiles = _key_tiles(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
+    return bh // N_HEADS, bh % N_HEADS, start_m, n_tiles
 
 
 @gluon.jit

@@ -74,11 +74,16 @@ def config_for(head_dim: int, head_dim_v: int | None = None, causal: bool = Fals
     where the table has that bound (with sinks it ran 1-29 % slower, v19)."""
     dv = head_dim if head_dim_v is None else head_dim_v
     cfg = configs.HOPPER_FWD[(head_dim, dv)]
-    most = configs.HOPPER_FWD_PERSISTENT_MAX_KEYS.get((head_dim, bool(causal))) if dv == head_dim else None
-    most = None if sinks else most
+    most = None if sinks or dv != head_dim else configs.HOPPER_FWD_PERSISTENT_MAX_KEYS.get((head_dim, bool(causal)))
     if most is not None and n_k is not None and n_k <= most:
-        return dataclasses.replace(cfg, persistent=True)
+        return _persistent(cfg)
     return cfg
+
+
+@functools.cache
+def _persistent(cfg: HopperFwdConfig) -> HopperFwdConfig:
+    """``cfg`` run persistent (made once: config_for is on every call's path)."""
+    return dataclasses.replace(cfg, persistent=True)
 
 
 def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None = None, poison: bool = False,
