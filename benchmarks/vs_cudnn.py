@@ -62,11 +62,10 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
     out = {"sdpa-cudnn": sdpa(torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
            "sdpa-flash": sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION),
            "portable": portable}
-    variants = {64: [dict(num_stages=2), dict(num_stages=2, persistent=True),
-                     dict(num_stages=2, persistent=True, fma_exp=4), dict(num_stages=2, persistent=True, fma_exp=2),
-                     dict(num_stages=2, fma_exp=4)],
-                128: [dict(num_stages=2), dict(num_stages=2, persistent=True),
-                      dict(num_stages=2, persistent=True, fma_exp=4), dict(num_stages=2, fma_exp=4)]}
+    variants = {64: [dict(num_stages=2), dict(num_stages=2, persistent=True), dict(num_stages=3),
+                     dict(num_stages=3, persistent=True)],
+                128: [dict(num_stages=2), dict(num_stages=2, persistent=True), dict(num_stages=3),
+                      dict(num_stages=2, pingpong=False)]}
     if not per_config:
         out["hopper"] = hopper(configs.HOPPER_FWD[(head_dim, head_dim)])
         out["tileattn"] = lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal)

@@ -333,15 +333,13 @@ class HopperFwdConfig:
     overlap: bool = True        # issue Q K_j^T with P_{j-1} V_{j-1}; softmax j under the latter
     pingpong: bool = True       # the two warpgroups take turns issuing their products
     persistent: bool = False    # d <= 128: one program an SM walks query tiles; the next tile's Q lands under this one
-    fma_exp: int = 0            # 2 or 4: 1/fma_exp of an unmasked tile's exp2 on the FMA pipe (0: all on the MUFU)
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
 
     @property
     def name(self) -> str:
-        flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent),
-                 (f"-fx{self.fma_exp}", self.fma_exp))
+        flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent))
         return f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}" + "".join(f for f, on in flags if on)
 
 

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -41,13 +40,8 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((64, 64), HopperFwdConfig(num_stages=2, persistent=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, persistent=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, overlap=False, persistent=True)),
-    # 1/2 or 1/4 of an unmasked tile's exp2 on the FMA pipe
-    ((64, 64), HopperFwdConfig(num_stages=2, fma_exp=2)),
-    ((64, 64), HopperFwdConfig(num_stages=2, persistent=True, fma_exp=4)),
-    ((128, 128), HopperFwdConfig(num_stages=2, persistent=True, fma_exp=4)),
 ]
 PERSISTENT = [(dims, c) for dims, c in FORCED if c.persistent]
-FMA_EXP = [(dims, c) for dims, c in FORCED if c.fma_exp]
 
 
 def _dims_id(dims):
@@ -201,41 +195,6 @@ def test_persistent_programs_walk_many_tiles(dims, cfg, causal):
                                               remainder=True)
     _check_sinks("persistent sinks", q, k, v, causal, sinks, out, lse)
     check_remainder(out, out_lo)
-
-
-@needs_hopper
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("dims,cfg", FMA_EXP, ids=[f"{_dims_id(dims)}-{c.name}" for dims, c in FMA_EXP])
-def test_fma_exp2_large_logits(dims, cfg, dtype):
-    """The FMA pipe's exp2 on scores far below the row max (logits x 30:
-    arguments past -126, where it clamps) and in fp16, whose P rounds
-    finer than bf16's."""
-    q, k, v = _inputs(2, 4, 4, 600, 600, dims[0], dtype, seed=13, logit_scale=30.0)
-    _check(f"large-logits {cfg.name}", q, k, v, False, cfg)
-
-
-def test_fma_exp2_constants():
-    """The cubic's constants and the exponent trick, step by step in
-    float32 as the kernel does them: 2^x within 1.1e-4 relative on
-    [-126, 0], where the kernel uses it."""
-    pytest.importorskip("triton.experimental.gluon")
-    from tileattn.kernels import fast_exp2 as fe
-    c1, c2, c3, shift = (np.float32(getattr(fe, n).value) for n in ("EXP2_C1", "EXP2_C2", "EXP2_C3", "ROUND_SHIFT"))
-    x = np.concatenate([np.linspace(-126.0, 0.0, 200_001, dtype=np.float32),
-                        -np.logspace(-8, 0, 1000, dtype=np.float32)])
-    t = x + shift
-    f = x - (t - shift)
-    p = ((f * c3 + c2) * f + c1) * f + np.float32(1.0)
-    got = (p.view(np.int32) + (t.view(np.int32) << 23)).view(np.float32)
-    rel = np.abs(got.astype(np.float64) / np.exp2(x.astype(np.float64)) - 1.0)
-    assert rel.max() <= 1.1e-4, f"worst relative error {rel.max():.2e} at x = {x[rel.argmax()]}"
-    assert (np.abs(f) <= 0.5).all()
-
-
-def test_fma_exp2_config_refuses_other_shares():
-    q = torch.empty(1, 2, 256, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="config: fma_exp is 0, 2 or 4"):
-        launch_hopper.attn_fwd(q, q, q, False, 0.1, HopperFwdConfig(fma_exp=3))
 
 
 def test_persistent_config_refuses_wide_head_dims():

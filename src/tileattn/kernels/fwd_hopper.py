@@ -54,7 +54,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .fast_exp2 import exp2_split
 from .fwd_hopper_load import _key_tiles, _load_partition, _unit_size, _unit_tile
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
@@ -89,16 +88,14 @@ def _issue_pv(p, acc, v_smem, v_ready, j, o_layout: gl.constexpr, BLOCK_N: gl.co
 
 @gluon.jit
 def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, FMA_EXP: gl.constexpr = 0):
+                  IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr):
     """The running softmax of key tile ``j``: (p, alpha, m_new, l_new).
 
     The max runs over the raw scores and is scaled once per row, so each
     score costs one fused multiply-add before its exp2: exp2(s * c - m * c)
     (c = scale * log2 e > 0, so the max commutes with the scaling).  As in
     ``kernels.common.online_softmax_step``, a row that has seen no visible
-    key keeps max -inf and subtracts 0, so exp2 gives 0, not NaN.  With
-    ``FMA_EXP`` an unmasked tile takes 1/FMA_EXP of its exp2 on the FMA pipe
-    (``fast_exp2.py``); masked tiles keep the MUFU's exact 0 for -inf."""
+    key keeps max -inf and subtracts 0, so exp2 gives 0, not NaN."""
     if MASKED:
         offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         visible = (offs_n < N_K)[None, :]
@@ -110,10 +107,7 @@ def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.cons
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_ref = m_new
-    if FMA_EXP > 0 and not MASKED:
-        p = exp2_split(qk * qk_scale - m_ref[:, None], qk.shape[0], BLOCK_N, FMA_EXP, s_layout)
-    else:
-        p = gl.exp2(qk * qk_scale - m_ref[:, None])
+    p = gl.exp2(qk * qk_scale - m_ref[:, None])
     alpha = gl.exp2(m_i - m_ref)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
@@ -121,11 +115,11 @@ def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.cons
 
 @gluon.jit
 def _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr,
-                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, FMA_EXP: gl.constexpr = 0):
+                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """:func:`_softmax_step` with the mask where tile ``j`` needs one."""
     if j < n_full:
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
-                                           IS_CAUSAL, False, FMA_EXP)
+                                           IS_CAUSAL, False)
     else:
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
                                            IS_CAUSAL, True)
@@ -154,7 +148,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                   HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
-                  LO_STAGE: gl.constexpr, qi, q_phase, kc, tc, FMA_EXP: gl.constexpr = 0):
+                  LO_STAGE: gl.constexpr, qi, q_phase, kc, tc):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
     is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
     the ring's ``kc``-th and whose first turn is the ``tc``-th.  Both
@@ -201,7 +195,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             qk = warpgroup_mma_wait(0, deps=[qk])
             mbarrier.arrive(k_empty.index(kc % NUM_STAGES), count=1)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, 0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                               BLOCK_N, IS_CAUSAL, FMA_EXP)
+                                               BLOCK_N, IS_CAUSAL)
             for j in range(1, n_tiles):
                 _my_turn(turns, tc + j, WG, PINGPONG)
                 qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc + j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
@@ -211,7 +205,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
                 p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                                   BLOCK_N, IS_CAUSAL, FMA_EXP)
+                                                   BLOCK_N, IS_CAUSAL)
                 acc = warpgroup_mma_wait(0, deps=[acc])
                 mbarrier.arrive(v_empty.index((kc + j - 1) % NUM_STAGES), count=1)
                 acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
@@ -229,7 +223,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             qk = warpgroup_mma_wait(0, deps=[qk])
             mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                               BLOCK_N, IS_CAUSAL, FMA_EXP)
+                                               BLOCK_N, IS_CAUSAL)
             acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, tc + 2 * j + 1, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, kc + j, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
@@ -271,7 +265,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                        HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                        LO_STAGE: gl.constexpr, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
-                       PERSISTENT: gl.constexpr, FMA_EXP: gl.constexpr):
+                       PERSISTENT: gl.constexpr):
     """Softmax warpgroup ``WG``: its rows of the program's query tile, or
     with ``PERSISTENT`` of each of the program's work items in turn (Q
     buffers alternate between two pairs, released on ``q_empty`` once O's
@@ -290,7 +284,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                               v_empty, turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, qi, (it // 2) & 1,
-                              kc, tc, FMA_EXP)
+                              kc, tc)
                 mbarrier.arrive(q_empty.index(qi), count=1)   # O's copy has read the buffer (store_wait)
                 kc += t_n
                 if OVERLAP:   # a turn for each product pair of the pipeline: n + 1 where there is a tile
@@ -302,7 +296,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
         _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                       turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                      PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, WG, 0, 0, 0, FMA_EXP)
+                      PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, WG, 0, 0, 0)
 
 
 @gluon.jit
@@ -313,8 +307,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             PINGPONG: gl.constexpr, HAS_SINKS: gl.constexpr, HEAD_DIM_V: gl.constexpr,
                             TAIL_DIM: gl.constexpr = 0, qt_desc=None, kt_desc=None, olo_desc=None,
                             WRITE_REMAINDER: gl.constexpr = False, LO_STAGE: gl.constexpr = False,
-                            PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1,
-                            FMA_EXP: gl.constexpr = 0):
+                            PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
@@ -326,8 +319,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     tiles of ``N_HEADS`` heads of each batch element (``_unit_size``), each
     program's units ``program_id``, + ``num_programs``, ...; Q gets two
     pairs of buffers so the next tile's lands while this one runs (no tail:
-    shared memory).  ``FMA_EXP`` (2 or 4; 0: off): 1/FMA_EXP of an unmasked
-    tile's exp2 on the FMA pipe (``fast_exp2.py``)."""
+    shared memory)."""
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
     # heaviest causal tiles (last rows) first: better tail balance
@@ -386,13 +378,13 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, q_empty,
-                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, FMA_EXP)),
+                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, q_empty,
-                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, FMA_EXP)),
+                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT)),
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                            BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES,

@@ -98,9 +98,6 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     cfg = config or config_for(d, dv, causal, n_k, sinks is not None)
     if cfg.persistent and (d != dv or d > 128):
         raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
-    if cfg.fma_exp not in (0, 2, 4):
-        raise ValueError(f"config: fma_exp is 0, 2 or 4 (the share of exp2 on the FMA pipe: 1/2, 1/4), "
-                         f"not {cfg.fma_exp!r}")
     from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel
     o = torch.empty_like(q) if dv == d else None
     if o is None or not tma_addressable(o):   # a V width of its own, or an unaddressable layout: a dense one
@@ -125,7 +122,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
         NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks is not None,
-        FMA_EXP=cfg.fma_exp, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg, **extra)
+        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg, **extra)
     return (o, lse) if o_lo is None else (o, lse, o_lo)
 
 
@@ -150,8 +147,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     const = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
-                 LO_STAGE=remainder and remainder_staged(head_dim, dv, cfg), PERSISTENT=cfg.persistent,
-                 FMA_EXP=cfg.fma_exp)
+                 LO_STAGE=remainder and remainder_staged(head_dim, dv, cfg), PERSISTENT=cfg.persistent)
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
