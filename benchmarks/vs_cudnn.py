@@ -62,10 +62,8 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
     out = {"sdpa-cudnn": sdpa(torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
            "sdpa-flash": sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION),
            "portable": portable}
-    w3 = dict(num_stages=2, warpgroups=3, maxnreg=128)   # three softmax warpgroups: 192-row query tiles
-    variants = {64: [dict(num_stages=2), dict(num_stages=2, persistent=True), dict(w3, overlap=False),
-                     dict(w3, overlap=False, persistent=True), dict(w3, block_n=64),
-                     dict(w3, block_n=64, persistent=True)],
+    variants = {64: [dict(num_stages=2), dict(num_stages=2, persistent=True), dict(num_stages=3),
+                     dict(num_stages=3, persistent=True)],
                 128: [dict(num_stages=2), dict(num_stages=2, persistent=True), dict(num_stages=3),
                       dict(num_stages=2, pingpong=False)]}
     if not per_config:

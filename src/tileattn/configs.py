@@ -320,9 +320,9 @@ def all_configs() -> list[tuple[str, int, KernelConfig]]:
 
 
 # ---------------------------------------------------------------------------
-# Hopper forward (Gluon, kernels/fwd_hopper.py).  A program runs warpgroups * block_m query rows: block_m per
-# softmax warpgroup (partitions of 4 warps) plus a one-warp TMA loader; maxnreg registers a thread at launch over
-# warpgroups + 1 warpgroups (<= 65536), reallocated to 24 for the loader and the rest to the softmax warps.
+# Hopper forward (Gluon, kernels/fwd_hopper.py).  A program runs 2 * block_m query rows: block_m per softmax
+# warpgroup (two partitions of 4 warps) plus a one-warp TMA loader; 168 registers per thread at launch,
+# reallocated to 240 for the softmax warps and 24 for the loader (3 warpgroups x 128 threads x 168 <= 65536).
 # Shared memory: 2 Q tiles (persistent: 4) + num_stages K and V tiles (sm_90a compile report; H200 timing: v11).
 # ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
@@ -333,7 +333,6 @@ class HopperFwdConfig:
     overlap: bool = True        # issue Q K_j^T with P_{j-1} V_{j-1}; softmax j under the latter
     pingpong: bool = True       # the two warpgroups take turns issuing their products
     persistent: bool = False    # d <= 128: one program an SM walks query tiles; the next tile's Q lands under this one
-    warpgroups: int = 2         # softmax warpgroups: 2 (240 registers each) or 3 (d <= 64, maxnreg 128: 160 each)
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
@@ -341,7 +340,7 @@ class HopperFwdConfig:
     @property
     def name(self) -> str:
         flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent))
-        return f"hopper-M{self.block_m}x{self.warpgroups}-N{self.block_n}-s{self.num_stages}" + "".join(f for f, on in flags if on)
+        return f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}" + "".join(f for f, on in flags if on)
 
 
 @dataclasses.dataclass(frozen=True)

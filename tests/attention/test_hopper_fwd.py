@@ -40,10 +40,6 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((64, 64), HopperFwdConfig(num_stages=2, persistent=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, persistent=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, overlap=False, persistent=True)),
-    # three softmax warpgroups (192-row query tiles, 160 registers a thread)
-    ((64, 64), HopperFwdConfig(num_stages=2, warpgroups=3, maxnreg=128, overlap=False)),
-    ((64, 64), HopperFwdConfig(num_stages=2, warpgroups=3, maxnreg=128, block_n=64)),
-    ((64, 64), HopperFwdConfig(num_stages=2, warpgroups=3, maxnreg=128, overlap=False, persistent=True)),
 ]
 PERSISTENT = [(dims, c) for dims, c in FORCED if c.persistent]
 
@@ -96,15 +92,13 @@ def test_compiles_for_sm90(reports, dims, cfg, causal, name):
     rep = reports[(dims, name, causal)]
     assert rep["wgmma"] > 0, "no warpgroup MMA in the PTX"
     assert rep["tma"], "no TMA copy in the PTX"
-    regs = str(launch_hopper.softmax_regs(cfg))   # 240 with two softmax warpgroups, 160 with three
-    assert {"24", regs} <= set(rep["setmaxnreg"]), \
-        f"register reallocation {rep['setmaxnreg']}: not 24 for the loader and {regs} for the softmax warps"
+    assert {"24", "240"} <= set(rep["setmaxnreg"]), \
+        f"register reallocation {rep['setmaxnreg']}: not 24 for the loader and 240 for the softmax warps"
     assert not rep["local"], "local memory in the PTX (a register array indexed at run time)"
-    # a Q tile a softmax warpgroup; persistent: the next work item's Q lands in a second set
-    q_tiles = cfg.warpgroups * (2 if cfg.persistent else 1)
+    q_tiles = 4 if cfg.persistent else 2   # persistent: the next work item's Q lands in a second pair
     expect = q_tiles * cfg.block_m * head_dim * 2 + cfg.num_stages * cfg.block_n * (head_dim + head_dim_v) * 2
     if name.endswith("-remainder") and launch_hopper.remainder_staged(head_dim, head_dim_v, cfg):
-        expect += cfg.warpgroups * cfg.block_m * head_dim_v * 2   # the remainder's staging tiles
+        expect += 2 * cfg.block_m * head_dim_v * 2   # the remainder's two staging tiles
     assert expect <= rep["shared"] <= expect + 1024, \
         f"shared memory {rep['shared']} is not Q + K/V stages ({expect}) + barriers"
     assert rep["shared"] <= 227 * 1024, "more shared memory than a Hopper block may have"
@@ -211,21 +205,6 @@ def test_persistent_config_refuses_wide_head_dims():
     v = torch.empty(1, 2, 256, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="config: a persistent"):
         launch_hopper.attn_fwd(q, k, v, False, 0.1, HopperFwdConfig(persistent=True))
-
-
-@pytest.mark.parametrize("dims,cfg,match", [
-    ((64, 64), HopperFwdConfig(warpgroups=4, maxnreg=96), "config: warpgroups is 2 or 3"),
-    ((64, 64), HopperFwdConfig(warpgroups=3), "config: maxnreg 168 over 4 warpgroups exceeds"),
-    ((128, 128), HopperFwdConfig(warpgroups=3, maxnreg=128), "config: three softmax warpgroups"),
-    ((192, 128), HopperFwdConfig(warpgroups=3, maxnreg=128), "config: three softmax warpgroups")],
-    ids=["four-warpgroups", "three-at-168-registers", "three-at-d128", "three-at-d192-dv128"])
-def test_warpgroups_config_refused(dims, cfg, match):
-    """A forced config the kernel cannot run: a ValueError naming it, before
-    any launch (CPU tensors: nothing reaches a kernel)."""
-    d, dv = dims
-    q, v = torch.empty(1, 2, 256, d, dtype=torch.bfloat16), torch.empty(1, 2, 256, dv, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=match):
-        launch_hopper.attn_fwd(q, q, v, False, 0.1, cfg)
 
 
 @needs_hopper

@@ -1,35 +1,31 @@
-"""Hopper forward kernel (Gluon): warp-specialized, 128 (or 192) query rows per program.
+"""Hopper forward kernel (Gluon): warp-specialized, 128 query rows per program.
 
-Three kinds of partition share one CTA and talk through mbarriers:
+Three partitions share one CTA and talk through mbarriers:
 
-* the **load partition** (one warp, 24 registers) issues TMA copies: the
+* the **load partition** (one warp, 24 registers) issues TMA copies: the two
   64-row Q tiles once, then K and V tiles into a ring of ``NUM_STAGES``
   shared-memory slots.  Slot ``s`` has four barriers: ``k_ready[s]`` and
   ``v_ready[s]`` (the copy engine completes them with the tile's bytes),
-  ``k_empty[s]`` and ``v_empty[s]`` (every softmax partition arrives once
-  its Q Kᵀ, respectively P V, product has read the tile), so the next K
+  ``k_empty[s]`` and ``v_empty[s]`` (both softmax partitions arrive once
+  their Q Kᵀ, respectively P V, product has read the tile), so the next K
   tile can land while the last P V product still reads its V tile;
-* ``NUM_WG`` = 2 or 3 **softmax partitions** (4 warps each, 240 registers a
-  thread with two, 160 with three; warpgroup ``WG`` owns rows
-  [start + 64 WG, +64)) run S = Q Kᵀ and O += P V as warpgroup MMAs
+* two **softmax partitions** (4 warps, 240 registers each; warpgroup ``WG``
+  owns rows [start + 64 WG, +64)) run S = Q Kᵀ and O += P V as warpgroup MMAs
   (wgmma) straight from shared memory, with P fed from registers, and keep
   the running softmax (row max, row sum, rescaled accumulator) in
   registers.  With ``OVERLAP`` the products of tile j (Q K_jᵀ) and tile j-1
   (P_{j-1} V_{j-1}) are issued together and the softmax of tile j runs while
-  the second is still on the tensor cores.  With ``PINGPONG`` one more
-  mbarrier a warpgroup makes them take turns issuing their products, round
-  the warpgroups in order, so one's softmax runs under the others' matmuls
-  (with three, two softmaxes can run under one warpgroup's products: the
-  d = 64 case, where a tile's exp2 take the MUFU as long as its products
-  take the tensor cores).
+  the second is still on the tensor cores.  With ``PINGPONG`` two more
+  mbarriers make the warpgroups take turns issuing their products, so one's
+  softmax runs under the other's matmuls.
 
 With ``PERSISTENT`` (d <= 128, no tail) the grid is one program per SM at
 most, and each walks work units (``TOTAL`` of them, programs taking every
 ``num_programs``-th) in a head-major order that keeps the running programs
 on the same heads' K and V; a causal unit pairs a head's k-th heaviest and
 k-th lightest query tiles, so that units cost alike (``fwd_hopper_load.py``).
-Q has two sets of buffers, the loader copies the next item's Q into the
-other set once every softmax warpgroup released its own (``q_empty``, after O's
+Q has two pairs of buffers, the loader copies the next item's Q into the
+other pair once both softmax warpgroups released it (``q_empty``, after O's
 copy out of it), and the ring's and the turns' counts run on across items,
 so the next item's first tiles land while this one's epilogue runs.
 
@@ -132,20 +128,16 @@ def _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout:
 
 @gluon.jit
 def _my_turn(turns, i, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Wait until the warpgroup before this one has issued its products of
-    step i (warpgroup 0: the last warpgroup's of step i-1; its first wait
-    passes).  Turns go round the warpgroups in order."""
+    """Wait until the other warpgroup has issued its products of step i-1
+    (warpgroup 0 goes first: its first wait passes)."""
     if PINGPONG:
-        if WG == 0:
-            mbarrier.wait(turns.index(WG), (i & 1) ^ 1)
-        else:
-            mbarrier.wait(turns.index(WG), i & 1)
+        mbarrier.wait(turns.index(WG), (i & 1) ^ (1 - WG))
 
 
 @gluon.jit
-def _your_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr, NUM_WG: gl.constexpr):
+def _your_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
     if PINGPONG:
-        mbarrier.arrive(turns.index((WG + 1) % NUM_WG), count=1)
+        mbarrier.arrive(turns.index(1 - WG), count=1)
 
 
 @gluon.jit
@@ -156,11 +148,11 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                   HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
-                  LO_STAGE: gl.constexpr, qi, q_phase, kc, tc, NUM_WG: gl.constexpr):
+                  LO_STAGE: gl.constexpr, qi, q_phase, kc, tc):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
     is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
-    the ring's ``kc``-th and whose first turn is the ``tc``-th.  Every
-    warpgroup runs every key tile of the query tile (the loader's ring is
+    the ring's ``kc``-th and whose first turn is the ``tc``-th.  Both
+    warpgroups run every key tile of the query tile (the loader's ring is
     shared), each with its own mask boundary ``n_full``.  With
     ``WRITE_REMAINDER`` the output's rounding remainder O - round(O) goes
     through ``olo_desc`` too (in O's dtype), staged in ``lo_smem`` with
@@ -199,7 +191,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             _my_turn(turns, tc, WG, PINGPONG)
             qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                            TAIL_DIM, NUM_STAGES)
-            _your_turn(turns, WG, PINGPONG, NUM_WG)
+            _your_turn(turns, WG, PINGPONG)
             qk = warpgroup_mma_wait(0, deps=[qk])
             mbarrier.arrive(k_empty.index(kc % NUM_STAGES), count=1)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, 0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
@@ -209,7 +201,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                 qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc + j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                                TAIL_DIM, NUM_STAGES)
                 acc = _issue_pv(p, acc, v_smem, v_ready, kc + j - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
-                _your_turn(turns, WG, PINGPONG, NUM_WG)
+                _your_turn(turns, WG, PINGPONG)
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
                 p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
@@ -219,7 +211,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                 acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, tc + n_tiles, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, kc + n_tiles - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
-            _your_turn(turns, WG, PINGPONG, NUM_WG)
+            _your_turn(turns, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=[acc])
             mbarrier.arrive(v_empty.index((kc + n_tiles - 1) % NUM_STAGES), count=1)
     else:
@@ -227,7 +219,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             _my_turn(turns, tc + 2 * j, WG, PINGPONG)
             qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc + j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                            TAIL_DIM, NUM_STAGES)
-            _your_turn(turns, WG, PINGPONG, NUM_WG)
+            _your_turn(turns, WG, PINGPONG)
             qk = warpgroup_mma_wait(0, deps=[qk])
             mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
@@ -235,7 +227,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, tc + 2 * j + 1, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, kc + j, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
-            _your_turn(turns, WG, PINGPONG, NUM_WG)
+            _your_turn(turns, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=[acc])
             mbarrier.arrive(v_empty.index((kc + j) % NUM_STAGES), count=1)
 
@@ -273,12 +265,11 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                        HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                        LO_STAGE: gl.constexpr, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
-                       PERSISTENT: gl.constexpr, NUM_WG: gl.constexpr):
+                       PERSISTENT: gl.constexpr):
     """Softmax warpgroup ``WG``: its rows of the program's query tile, or
     with ``PERSISTENT`` of each of the program's work items in turn (Q
-    buffers alternate between two sets of NUM_WG, released on ``q_empty``
-    once O's copy has read the buffer; the ring's and the turns' counts run
-    on)."""
+    buffers alternate between two pairs, released on ``q_empty`` once O's
+    copy has read the buffer; the ring's and the turns' counts run on)."""
     if PERSISTENT:
         kc = gl.program_id(0) * 0
         tc = kc
@@ -286,15 +277,14 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
         for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
             bh, k, n_half = _unit_size(unit, N_M_TILES, IS_CAUSAL)
             for half in range(n_half):
-                t_b, t_h, t_m, t_n = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, NUM_WG * BLOCK_M,
-                                                BLOCK_N, IS_CAUSAL)
+                t_b, t_h, t_m, t_n = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
                 t_row0 = t_b.to(gl.int64) * stride_lb + t_h.to(gl.int64) * stride_lh
-                qi = NUM_WG * (it % 2) + WG
+                qi = 2 * (it % 2) + WG
                 _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, qi, (it // 2) & 1,
-                              kc, tc, NUM_WG)
+                              kc, tc)
                 mbarrier.arrive(q_empty.index(qi), count=1)   # O's copy has read the buffer (store_wait)
                 kc += t_n
                 if OVERLAP:   # a turn for each product pair of the pipeline: n + 1 where there is a tile
@@ -306,7 +296,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
         _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                       turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                      PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, WG, 0, 0, 0, NUM_WG)
+                      PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, WG, 0, 0, 0)
 
 
 @gluon.jit
@@ -317,61 +307,58 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             PINGPONG: gl.constexpr, HAS_SINKS: gl.constexpr, HEAD_DIM_V: gl.constexpr,
                             TAIL_DIM: gl.constexpr = 0, qt_desc=None, kt_desc=None, olo_desc=None,
                             WRITE_REMAINDER: gl.constexpr = False, LO_STAGE: gl.constexpr = False,
-                            PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1,
-                            NUM_WG: gl.constexpr = 2, SOFTMAX_REGS: gl.constexpr = 240):
-    """A program runs NUM_WG * BLOCK_M query rows: BLOCK_M per softmax
-    warpgroup (2 or 3 of them, ``SOFTMAX_REGS`` registers a thread each).
+                            PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1):
+    """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
     without a tail); ``olo_desc`` (with ``WRITE_REMAINDER``) O's rounding
     remainder, shaped and boxed like ``o_desc``, staged with ``LO_STAGE`` in
-    NUM_WG tiles of its own (where shared memory allows), so that it needs
+    two tiles of its own (where shared memory allows), so that it needs
     not wait for O's copy.  With ``PERSISTENT`` the grid is one program
     per SM (or fewer) over ``TOTAL`` work units of ``N_M_TILES`` query
     tiles of ``N_HEADS`` heads of each batch element (``_unit_size``), each
     program's units ``program_id``, + ``num_programs``, ...; Q gets two
-    sets of buffers so the next tile's lands while this one runs (no tail:
+    pairs of buffers so the next tile's lands while this one runs (no tail:
     shared memory)."""
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
-    gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two sets of Q buffers need no tail")
-    gl.static_assert(NUM_WG == 2 or NUM_WG == 3, "two or three softmax warpgroups")
+    gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
     # heaviest causal tiles (last rows) first: better tail balance
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
     off_h = gl.program_id(1)
     off_b = gl.program_id(2)
     off_hk = off_h // GROUP_SIZE
-    start_m = pid_m * (NUM_WG * BLOCK_M)
-    _, n_tiles = _key_tiles(start_m, N_Q, N_K, NUM_WG * BLOCK_M, BLOCK_N, IS_CAUSAL)
+    start_m = pid_m * (2 * BLOCK_M)
+    _, n_tiles = _key_tiles(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
     lse_row0 = off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
 
     dtype: gl.constexpr = q_desc.dtype
-    Q_BUFS: gl.constexpr = 2 * NUM_WG if PERSISTENT else NUM_WG
+    Q_BUFS: gl.constexpr = 4 if PERSISTENT else 2
     q_smem = gl.allocate_shared_memory(dtype, [Q_BUFS] + q_desc.block_type.shape, q_desc.layout)
     if WRITE_REMAINDER and LO_STAGE:
-        lo_smem = gl.allocate_shared_memory(dtype, [NUM_WG] + o_desc.block_type.shape, o_desc.layout)
+        lo_smem = gl.allocate_shared_memory(dtype, [2] + o_desc.block_type.shape, o_desc.layout)
     else:   # unused
         lo_smem = q_smem
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
     if TAIL_DIM > 0:
-        qt_smem = gl.allocate_shared_memory(dtype, [NUM_WG] + qt_desc.block_type.shape, qt_desc.layout)
+        qt_smem = gl.allocate_shared_memory(dtype, [2] + qt_desc.block_type.shape, qt_desc.layout)
         kt_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + kt_desc.block_type.shape, kt_desc.layout)
     else:   # unused
         qt_smem = q_smem
         kt_smem = k_smem
     q_bars = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_WG):
+    for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(turns.index(i), count=1)
-    if PERSISTENT:   # the second set's; a softmax warpgroup arrives on q_empty once O's copy has read its Q buffer
+    if PERSISTENT:   # the second pair's; a softmax warpgroup arrives on q_empty once O's copy has read its Q buffer
         q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(Q_BUFS):
-            if i >= NUM_WG:
+            if i >= 2:
                 mbarrier.init(q_bars.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=1)
     else:   # unused
@@ -379,64 +366,37 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        # every softmax warpgroup reads every tile
-        mbarrier.init(k_empty.index(i), count=NUM_WG)
-        mbarrier.init(v_empty.index(i), count=NUM_WG)
+        # both softmax warpgroups read every tile
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
 
-    # the partitions' argument tuples are written out at the call: a tuple
-    # held in a variable or built by concatenation in the kernel loses its
-    # constexpr entries (triton 3.6)
-    if NUM_WG == 2:
-        gl.warp_specialize([
-            (_softmax_partition, (0, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
-                                  v_empty, turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q,
-                                  N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES,
-                                  IS_CAUSAL, OVERLAP, PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem,
-                                  LO_STAGE, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT,
-                                  NUM_WG)),
-            (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
-                                  v_empty, turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q,
-                                  N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES,
-                                  IS_CAUSAL, OVERLAP, PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem,
-                                  LO_STAGE, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT,
-                                  NUM_WG)),
-            (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
-                               q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m,
-                               n_tiles, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K,
-                               N_M_TILES, N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT, NUM_WG)),
-        ], [4, 1], [SOFTMAX_REGS, 24])
-    else:
-        gl.warp_specialize([
-            (_softmax_partition, (0, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
-                                  v_empty, turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q,
-                                  N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES,
-                                  IS_CAUSAL, OVERLAP, PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem,
-                                  LO_STAGE, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT,
-                                  NUM_WG)),
-            (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
-                                  v_empty, turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q,
-                                  N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES,
-                                  IS_CAUSAL, OVERLAP, PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem,
-                                  LO_STAGE, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT,
-                                  NUM_WG)),
-            (_softmax_partition, (2, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
-                                  v_empty, turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q,
-                                  N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES,
-                                  IS_CAUSAL, OVERLAP, PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem,
-                                  LO_STAGE, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT,
-                                  NUM_WG)),
-            (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
-                               q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m,
-                               n_tiles, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K,
-                               N_M_TILES, N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT, NUM_WG)),
-        ], [4, 4, 1], [SOFTMAX_REGS, SOFTMAX_REGS, 24])
+    # the two softmax partitions' argument tuples are written out: a tuple
+    # built by concatenation in the kernel loses its constexpr entries (triton 3.6)
+    gl.warp_specialize([
+        (_softmax_partition, (0, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
+                              v_empty, turns, o_desc,
+                              LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
+                              BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
+                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, q_empty,
+                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT)),
+        (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
+                              v_empty, turns, o_desc,
+                              LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
+                              BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
+                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, q_empty,
+                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT)),
+        (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
+                           q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
+                           BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES,
+                           N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT)),
+    ], [4, 1], [240, 24])
 
-    for i in gl.static_range(NUM_WG):
+    for i in gl.static_range(2):
         mbarrier.invalidate(q_bars.index(i))
         mbarrier.invalidate(turns.index(i))
     if PERSISTENT:
         for i in gl.static_range(Q_BUFS):
-            if i >= NUM_WG:
+            if i >= 2:
                 mbarrier.invalidate(q_bars.index(i))
             mbarrier.invalidate(q_empty.index(i))
     for i in gl.static_range(NUM_STAGES):

@@ -9,7 +9,7 @@ k-th lightest query tiles (one tile for the middle of an odd count), so that
 every causal unit costs about the same number of key tiles: with one tile a
 unit, a program whose units fell on the heavy end of the heads would run up
 to twice the others' work (H200, d = 128, causal 16k: max/mean SM load 1.57,
--26 %; perf-notes v19).  The loader and every softmax warpgroup walk the
+-26 %; perf-notes v19).  The loader and both softmax warpgroups walk the
 same sequence.
 
 This module imports Gluon at load time: only the Hopper kernels import it.
@@ -68,27 +68,26 @@ def _unit_size(unit, N_M_TILES, IS_CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                IS_CAUSAL: gl.constexpr):
     """(off_b, off_h, start_m, key tiles) of tile ``half`` of a unit
-    (``_unit_size``) of TILE_M-row query tiles: the one step of the walk
-    the loader and the softmax warpgroups share."""
-    start_m = gl.where(half == 0, N_M_TILES - 1 - k, k) * TILE_M
-    _, n_tiles = _key_tiles(start_m, N_Q, N_K, TILE_M, BLOCK_N, IS_CAUSAL)
+    (``_unit_size``): the one step of the walk the loader and the softmax
+    warpgroups share."""
+    start_m = gl.where(half == 0, N_M_TILES - 1 - k, k) * (2 * BLOCK_M)
+    _, n_tiles = _key_tiles(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
     return bh // N_HEADS, bh % N_HEADS, start_m, n_tiles
 
 
 @gluon.jit
 def _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
                k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, qb, kc,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
-               NUM_WG: gl.constexpr):
-    """One query tile's copies: its NUM_WG Q tiles (one of BLOCK_M rows per
-    softmax warpgroup) into Q buffers NUM_WG qb, +1, ..., then its key and
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr):
+    """One query tile's copies: its two Q tiles (one of BLOCK_M rows per
+    softmax warpgroup) into Q buffers 2 qb and 2 qb + 1, then its key and
     value tiles into the ring, whose count is at ``kc``."""
-    for wg in gl.static_range(NUM_WG):
-        _load_rows(q_desc, qt_desc, [off_b, off_h, start_m + wg * BLOCK_M, 0], q_bars.index(NUM_WG * qb + wg),
-                   q_smem.index(NUM_WG * qb + wg), qt_smem.index(NUM_WG * qb + wg), TAIL_DIM)
+    for wg in gl.static_range(2):
+        _load_rows(q_desc, qt_desc, [off_b, off_h, start_m + wg * BLOCK_M, 0], q_bars.index(2 * qb + wg),
+                   q_smem.index(2 * qb + wg), qt_smem.index(2 * qb + wg), TAIL_DIM)
     for j in range(n_tiles):
         s = (kc + j) % NUM_STAGES
         # a slot starts empty: the first wait on each passes (phase 1)
@@ -106,28 +105,27 @@ def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_
                     k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
                     q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES, N_HEADS, TOTAL, IS_CAUSAL: gl.constexpr,
-                    PERSISTENT: gl.constexpr, NUM_WG: gl.constexpr):
+                    PERSISTENT: gl.constexpr):
     """The load warp: the program's query tile, or with ``PERSISTENT`` each
-    of its work items in turn, the next one's Q into the other set of Q
-    buffers once every warpgroup released its own (``q_empty``), its K and
-    V tiles into the ring behind the previous item's."""
+    of its work items in turn, the next one's Q into the other pair of Q
+    buffers once both warpgroups released them (``q_empty``), its K and V
+    tiles into the ring behind the previous item's."""
     if PERSISTENT:
         kc = gl.program_id(0) * 0
         it = kc
         for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
             bh, k, n_half = _unit_size(unit, N_M_TILES, IS_CAUSAL)
             for half in range(n_half):
-                t_b, t_h, t_m, t_n = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, NUM_WG * BLOCK_M,
-                                                BLOCK_N, IS_CAUSAL)
+                t_b, t_h, t_m, t_n = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
                 qb = it % 2
-                for wg in gl.static_range(NUM_WG):   # a set of buffers starts empty: the first wait passes
-                    mbarrier.wait(q_empty.index(NUM_WG * qb + wg), ((it // 2) & 1) ^ 1)
+                for wg in gl.static_range(2):   # a pair of buffers starts empty: the first wait passes
+                    mbarrier.wait(q_empty.index(2 * qb + wg), ((it // 2) & 1) ^ 1)
                 _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, t_b, t_h, t_h // GROUP_SIZE, t_m, t_n, qb, kc,
-                           BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, NUM_WG)
+                           BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM)
                 kc += t_n
                 it += 1
     else:
         _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
                    k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, 0, 0,
-                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, NUM_WG)
+                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM)

@@ -61,30 +61,9 @@ SMEM_LIMIT = 227 * 1024
 
 def remainder_staged(head_dim: int, head_dim_v: int, cfg: HopperFwdConfig, elem: int = 2) -> bool:
     """Whether the forward's remainder gets staging tiles of its own."""
-    q_tiles = cfg.warpgroups * (2 if cfg.persistent else 1)
+    q_tiles = 4 if cfg.persistent else 2
     used = (q_tiles * cfg.block_m * head_dim + cfg.num_stages * cfg.block_n * (head_dim + head_dim_v)) * elem + 1024
-    return REMAINDER_STAGING and used + cfg.warpgroups * cfg.block_m * head_dim_v * elem <= SMEM_LIMIT
-
-
-def softmax_regs(cfg: HopperFwdConfig) -> int:
-    """Registers a softmax thread gets once the loader's warpgroup keeps 24:
-    the launch's ``maxnreg`` over warpgroups + 1 warpgroups, the rest shared
-    out in multiples of 8 (2 warpgroups at 168: 240; 3 at 128: 160)."""
-    return (cfg.maxnreg * (cfg.warpgroups + 1) - 24) // cfg.warpgroups // 8 * 8
-
-
-def check_fwd_config(cfg: HopperFwdConfig, d: int, dv: int) -> None:
-    """A forced config the kernel cannot run: a ValueError naming it, before any launch."""
-    if cfg.persistent and (d != dv or d > 128):
-        raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
-    if cfg.warpgroups not in (2, 3):
-        raise ValueError(f"config: warpgroups is 2 or 3 (softmax warpgroups), not {cfg.warpgroups!r}")
-    if cfg.maxnreg * (cfg.warpgroups + 1) * 128 > 65536:
-        raise ValueError(f"config: maxnreg {cfg.maxnreg} over {cfg.warpgroups + 1} warpgroups exceeds the "
-                         f"register file (65536); at most {65536 // (128 * (cfg.warpgroups + 1))}")
-    if cfg.warpgroups == 3 and (d != dv or d > 64):
-        raise ValueError(f"config: three softmax warpgroups ({softmax_regs(cfg)} registers a thread) take QK = V "
-                         f"head dims up to 64, not {d}/{dv}")
+    return REMAINDER_STAGING and used + 2 * cfg.block_m * head_dim_v * elem <= SMEM_LIMIT
 
 
 def config_for(head_dim: int, head_dim_v: int | None = None, causal: bool = False,
@@ -117,7 +96,8 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     b, hq, n_q, d = q.shape
     hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or config_for(d, dv, causal, n_k, sinks is not None)
-    check_fwd_config(cfg, d, dv)
+    if cfg.persistent and (d != dv or d > 128):
+        raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
     from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel
     o = torch.empty_like(q) if dv == d else None
     if o is None or not tma_addressable(o):   # a V width of its own, or an unaddressable layout: a dense one
@@ -129,7 +109,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
             t.fill_(float("nan"))
     extra = {} if o_lo is None else dict(olo_desc=_descriptor(o_lo, cfg.block_m), WRITE_REMAINDER=True,
                                          LO_STAGE=remainder_staged(d, dv, cfg))
-    n_m_tiles = triton.cdiv(n_q, cfg.warpgroups * cfg.block_m)
+    n_m_tiles = triton.cdiv(n_q, 2 * cfg.block_m)
     grid = (n_m_tiles, hq, b)
     if cfg.persistent:   # one program an SM (or fewer) walks the work units: causal, two tiles each
         total = (triton.cdiv(n_m_tiles, 2) if causal else n_m_tiles) * hq * b
@@ -142,7 +122,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
         NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks is not None,
-        NUM_WG=cfg.warpgroups, SOFTMAX_REGS=softmax_regs(cfg), num_warps=cfg.num_warps, maxnreg=cfg.maxnreg, **extra)
+        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg, **extra)
     return (o, lse) if o_lo is None else (o, lse, o_lo)
 
 
@@ -167,8 +147,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     const = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
-                 LO_STAGE=remainder and remainder_staged(head_dim, dv, cfg), PERSISTENT=cfg.persistent,
-                 NUM_WG=cfg.warpgroups, SOFTMAX_REGS=softmax_regs(cfg))
+                 LO_STAGE=remainder and remainder_staged(head_dim, dv, cfg), PERSISTENT=cfg.persistent)
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
