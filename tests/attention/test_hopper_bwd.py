@@ -47,7 +47,10 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     # the warpgroups take turns forming a tile's whole dQ
     ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True)),
     ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True, pair_blocks=True)),
-    ((128, 128), HopperBwdConfig(stats_tma=True, dq_turns=True))]
+    ((128, 128), HopperBwdConfig(stats_tma=True, dq_turns=True)),
+    # GQA: one launch a query head of each group, float32 partial dK/dV summed
+    ((128, 128), HopperBwdConfig(stats_tma=True, split_heads=True)),
+    ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True, split_heads=True))]
 # the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D)
 SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1]]
 # (dims, config, causal, sinks): every forced config; with sinks, the table's configs adding each tile's

@@ -243,9 +243,9 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     ok = (offs_kn < N_K)[:, None]
     n64 = offs_kn.to(gl.int64)[:, None]
     dk_ptrs = DK + off_b.to(gl.int64) * stride_dkb + off_hk.to(gl.int64) * stride_dkh + n64 * stride_dkn
-    gl.store(dk_ptrs + offs_d[None, :], (dk * sm_scale).to(dtype), mask=ok)
+    gl.store(dk_ptrs + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
     dv_ptrs = DV + off_b.to(gl.int64) * stride_dvb + off_hk.to(gl.int64) * stride_dvh + n64 * stride_dvn
-    gl.store(dv_ptrs + offs_d[None, :], dv.to(dtype), mask=ok)
+    gl.store(dv_ptrs + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=ok)
 
 
 @gluon.jit
