@@ -415,3 +415,18 @@ def test_pairing_follows_the_config():
     assert not launch_hopper._paired(q, k, False, HopperBwdConfig(pair_blocks=True))   # never without causal
     assert launch_hopper._paired(q, k, True, HopperBwdConfig(pair_blocks=True))
     assert not launch_hopper._paired(q, k, True, HopperBwdConfig(pair_blocks=False))
+
+
+@pytest.mark.parametrize("cfg,sums", [(HopperBwdConfig(split_heads=True), False),
+                                      (HopperBwdConfig(split_heads=True, stats_tma=True), True)],
+                         ids=["without-stats-tma", "with-dS-sums"])
+def test_split_heads_config_refused(cfg, sums):
+    """A forced split_heads config the launcher cannot run (lse2/delta read
+    by pointer from strided views, or dS row sums): a ValueError naming the
+    config, before any launch (CPU tensors: nothing reaches a kernel)."""
+    q = torch.zeros(1, 4, 256, 64, dtype=torch.bfloat16)
+    k = torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16)
+    rows = torch.zeros(1, 4, 256)
+    with pytest.raises(ValueError, match="config: split_heads"):
+        launch_hopper.attn_bwd_dkdv(q, q, k, k, torch.zeros(1, 4, 256, 64), torch.empty_like(k), torch.empty_like(k),
+                                    rows, rows, True, 0.125, cfg, ds_sum=rows.clone() if sums else None)
