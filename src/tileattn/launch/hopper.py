@@ -325,15 +325,16 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     b, hq, n_q, d = q.shape
     hkv, n_k, w = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or bwd_config_for(d, w)
+    split = cfg.split_heads and hq > hkv and w == d
+    if split and (ds_sum is not None or not cfg.stats_tma):
+        raise ValueError("config: split_heads takes no dS row sums (sinks without the remainder) and needs "
+                         "stats_tma (the kernel reads strided lse2/delta views by the copy engine)")
     if cfg.stats_tma and any(t.stride(1) % 4 or t.data_ptr() % 16 for t in (lse2, delta)):
         padded = stats_rows(b, hq, n_q, q.device)   # rows the copy engine cannot address: copies that it can
         for dst, src in zip(padded, (delta, lse2)):
             dst.copy_(src)
         delta, lse2 = padded
-    if cfg.split_heads and hq > hkv and w == d:
-        if ds_sum is not None or not cfg.stats_tma:
-            raise ValueError("config: split_heads takes no dS row sums (sinks without the remainder) and needs "
-                             "stats_tma (the kernel reads strided lse2/delta views by the copy engine)")
+    if split:
         _dkdv_by_head(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg)
         return
     grid = (triton.cdiv(n_k, 2 * cfg.block_n), hkv, b)
