@@ -12,7 +12,7 @@ atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
 ``--configs`` also the table's Hopper backward config and the same with
 ``stats_tma`` toggled and with ``dq_turns`` toggled, forced (causal: the
 table's with one key block a program, ``pair_blocks=False``, too; GQA: the
-table's with ``split_heads``).  ``--sinks``:
+table's with each count of head slices forced, 1 to the group).  ``--sinks``:
 tileattn's default call with and without attention sinks, beside cuDNN
 (forward: also a call whose sinks need a gradient, which stores the output's
 rounding remainder, from staging tiles of its own and from O's buffer; backward: also the sinks' gradient from the kernels' dS
@@ -139,7 +139,8 @@ def bwd_config_steps(q, k, v, do, causal) -> dict:
     cfgs = [table, dataclasses.replace(table, stats_tma=not table.stats_tma),
             dataclasses.replace(table, dq_turns=not table.dq_turns)] + (
         [dataclasses.replace(table, pair_blocks=False)] if causal else []) + (
-        [dataclasses.replace(table, split_heads=True)] if q.shape[1] > k.shape[1] else [])
+        [dataclasses.replace(table, head_slices=s) for s in (1, 2, 4, 8) if (q.shape[1] // k.shape[1]) % s == 0]
+        if q.shape[1] > k.shape[1] else [])
     return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
                                                  deterministic=False)) for c in cfgs}
 

@@ -48,9 +48,9 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True)),
     ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True, pair_blocks=True)),
     ((128, 128), HopperBwdConfig(stats_tma=True, dq_turns=True)),
-    # GQA: one launch a query head of each group, float32 partial dK/dV summed
-    ((128, 128), HopperBwdConfig(stats_tma=True, split_heads=True)),
-    ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True, split_heads=True))]
+    # GQA: each kv head's group cut into slices (grid rows), float32 dK/dV sums
+    ((128, 128), HopperBwdConfig(stats_tma=True, head_slices=2)),
+    ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True, head_slices=2, pair_blocks=True))]
 # the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D)
 SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1]]
 # (dims, config, causal, sinks): every forced config; with sinks, the table's configs adding each tile's
@@ -330,7 +330,20 @@ def test_dispatch_nondeterministic_plain_only():
 
 
 @needs_hopper
-@pytest.mark.parametrize("mode", ["remainder", "sums-at-once", "defer-sums"])
+@pytest.mark.parametrize("slices", [2, 4, 8])
+@pytest.mark.parametrize("head_dim,causal", [(128, True), (128, False), (64, True)],
+                         ids=["d128-causal", "d128-full", "d64-causal"])
+def test_head_slices_against_float64(head_dim, causal, slices):
+    """GQA 8 with each kv head's group cut into 2, 4 or 8 slices of query
+    heads (the float32 dK/dV sums the slices add into), against float64."""
+    q, k, v, do = _inputs(2, 16, 2, 777, 777, head_dim, torch.bfloat16, seed=slices)
+    cfg = dataclasses.replace(launch_hopper.bwd_config_for(head_dim), head_slices=slices)
+    assert launch_hopper.head_slices(q, k, causal, cfg) == slices
+    _check(f"gqa8 {slices} slices", q, k, v, do, causal, cfg)
+
+
+@needs_hopper
+@pytest.mark.parametrize("mode", ["remainder", "sums-at-once", "defer-sums", "sums-head-slices"])
 @pytest.mark.parametrize("head_dim,causal,n", [(64, True, 700), (64, False, 700), (128, True, 700),
                                                (64, False, 2100), (128, True, 2100)],
                          ids=["d64-causal", "d64-full", "d128-causal", "d64-full-hopper-fwd",
@@ -344,6 +357,7 @@ def test_sinks_gradient_on_the_hopper_kernel(head_dim, causal, n, mode, monkeypa
     if mode != "remainder":
         monkeypatch.setattr(ops, "keeps_remainder", lambda *args: False)
     defer = mode == "defer-sums"
+    slices = 4 if mode == "sums-head-slices" else 1   # the dS row sums of query heads split across grid rows
     q, k, v, do = _inputs(1, 16, 2, n, n, head_dim, torch.bfloat16, seed=21)
     sinks = torch.linspace(-3.0, 3.0, 16, device="cuda")
     dlse = torch.randn(1, 16, n, device="cuda")
@@ -355,7 +369,8 @@ def test_sinks_gradient_on_the_hopper_kernel(head_dim, causal, n, mode, monkeypa
         return torch.autograd.grad(loss, leaves)
     table = configs.HOPPER_BWD[(head_dim, head_dim)]
     with _hopper_calls() as calls, mock.patch.dict(configs.HOPPER_BWD,
-                                                   {(head_dim, head_dim): dataclasses.replace(table, defer_sums=defer)}):
+                                                   {(head_dim, head_dim): dataclasses.replace(table, defer_sums=defer,
+                                                                                       head_slices=slices)}):
         got = grads(q, k, v, sinks, do, functools.partial(tileattn.attention, deterministic=False))
     assert calls, "the Hopper backward did not run"
     args, _ = calls[-1]   # attn_bwd_dkdv(..., config, ds_sum)
@@ -417,16 +432,41 @@ def test_pairing_follows_the_config():
     assert not launch_hopper._paired(q, k, True, HopperBwdConfig(pair_blocks=False))
 
 
-@pytest.mark.parametrize("cfg,sums", [(HopperBwdConfig(split_heads=True), False),
-                                      (HopperBwdConfig(split_heads=True, stats_tma=True), True)],
-                         ids=["without-stats-tma", "with-dS-sums"])
-def test_split_heads_config_refused(cfg, sums):
-    """A forced split_heads config the launcher cannot run (lse2/delta read
-    by pointer from strided views, or dS row sums): a ValueError naming the
-    config, before any launch (CPU tensors: nothing reaches a kernel)."""
+# (name, group, n, causal, expected): the fewest slices whose heads' Q and dO (d = 128, bf16: 8 MB a head at
+# 16k) fit 16 MB; none without causal (equal programs walk in step) or a group of one
+SLICING = [("gqa8-causal-16k", 8, 16384, True, 4), ("gqa8-causal-8k", 8, 8192, True, 2),
+           ("gqa8-causal-4k", 8, 4096, True, 1), ("gqa4-causal-16k", 4, 16384, True, 2),
+           ("gqa8-full-16k", 8, 16384, False, 1), ("mha-causal-16k", 1, 16384, True, 1),
+           ("gqa8-causal-128k", 8, 131072, True, 8)]
+
+
+@pytest.mark.parametrize("group,n,causal,expected", [c[1:] for c in SLICING], ids=[c[0] for c in SLICING])
+def test_head_slices_rule(group, n, causal, expected):
+    q = torch.empty(1, 2 * group, n, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(1, 2, n, 128, dtype=torch.bfloat16, device="meta")
+    assert launch_hopper.head_slices(q, k, causal, HopperBwdConfig()) == expected
+
+
+@pytest.mark.parametrize("forced,expected", [(1, 1), (2, 2), (3, 2), (8, 8), (16, 8)])
+def test_head_slices_forced(forced, expected):
+    """A forced count is the largest divisor of the group (8) not above it."""
+    q = torch.empty(1, 16, 4096, 128, device="meta")
+    k = torch.empty(1, 2, 4096, 128, device="meta")
+    for causal in (False, True):
+        assert launch_hopper.head_slices(q, k, causal, HopperBwdConfig(head_slices=forced)) == expected
+
+
+@pytest.mark.parametrize("slices,dv", [(0, 64), (True, 64), (2.0, 64), (2, 32)],
+                         ids=["zero", "bool", "float", "wide-kernel"])
+def test_head_slices_config_refused(slices, dv):
+    """A forced head_slices the launcher cannot run (not a positive int, or
+    more than one slice for the wide kernel, which walks whole groups): a
+    ValueError naming the config, before any launch (CPU tensors: nothing
+    reaches a kernel)."""
     q = torch.zeros(1, 4, 256, 64, dtype=torch.bfloat16)
     k = torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16)
+    v = torch.zeros(1, 2, 256, dv, dtype=torch.bfloat16)
     rows = torch.zeros(1, 4, 256)
-    with pytest.raises(ValueError, match="config: split_heads"):
-        launch_hopper.attn_bwd_dkdv(q, q, k, k, torch.zeros(1, 4, 256, 64), torch.empty_like(k), torch.empty_like(k),
-                                    rows, rows, True, 0.125, cfg, ds_sum=rows.clone() if sums else None)
+    with pytest.raises(ValueError, match="config: head_slices"):
+        launch_hopper.attn_bwd_dkdv(q[..., :dv], q, k, v, torch.zeros(1, 4, 256, 64), torch.empty_like(k),
+                                    torch.empty_like(v), rows, rows, True, 0.125, HopperBwdConfig(head_slices=slices))

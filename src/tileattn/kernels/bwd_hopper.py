@@ -86,18 +86,21 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                        q_ready,
                        q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                        stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                       off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
+                       off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                        DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
                        SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr, t0, kv_phase, kv_empty,
-                       ARRIVE_KV: gl.constexpr, lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr):
+                       ARRIVE_KV: gl.constexpr, lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr,
+                       ADD_DKDV: gl.constexpr):
     """One key block of the program: ``t0`` ring tiles came before it and its
     K and V tiles complete ``kv_bar`` in phase ``kv_phase`` (a pair's second
     block: 1); with ``ARRIVE_KV`` the warpgroup arrives on ``kv_empty`` after
     a pair's first block, once its products are done with its K and V.  With
     ``STATS_TMA`` lse₂ and Δ are read from the slot's shared-memory copies
     (rows past N_Q read as 0 there: harmless, their dO rows are 0, so are
-    their dP and dS), else from global memory."""
+    their dP and dS), else from global memory.  The block walks ``HEADS``
+    query heads from ``hq0``; with ``ADD_DKDV`` (head slices) dK and dV are
+    added into float32 sums, else stored."""
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     # the dQ sum's box says who forms dQ: D/2 wide, each warpgroup half the
@@ -128,14 +131,16 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     k_cols = k_all if DQ_TURNS else k_all.slice(WG * HALF_D, HALF_D, dim=1)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    if not ADD_DKDV:   # the whole group (HEADS of them): one value fewer live across the loop
+        hq0 = off_hk * HEADS
     if SUM_DS and DEFER_SUMS:   # the row sums waiting to be added, and their tile
         rs_sum = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, rs_layout))
         m_sum = m_lo
-        hq_sum = off_hk * GROUP_SIZE
-    for t in range(GROUP_SIZE * n_m):
+        hq_sum = hq0
+    for t in range(HEADS * n_m):
         g = t // n_m
         m = m_lo + (t - g * n_m) * BLOCK_M
-        hq = off_hk * GROUP_SIZE + g
+        hq = hq0 + g
         tg = t0 + t   # the ring's and the dSᵀ buffers' count
         s = tg % NUM_STAGES
         phase = (tg // NUM_STAGES) & 1
@@ -230,7 +235,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
             mbarrier.arrive(do_empty.index(s), count=1)
             _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, WG * HALF_D, WG, BLOCK_M, HALF_D)
     if SUM_DS and DEFER_SUMS:
-        if GROUP_SIZE * n_m > 0:
+        if HEADS * n_m > 0:
             _add_row_sums(DS_SUM, rs_sum, off_b, hq_sum, m_sum, N_HEADS, N_Q, BLOCK_M, rs_layout)
     tma.store_wait(0)
     if ARRIVE_KV:   # after a pair's first block: the second block's K and V may land now
@@ -240,23 +245,27 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     # dK and dV of this warpgroup's keys (rows past N_K dropped)
     offs_kn = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-    ok = (offs_kn < N_K)[:, None]
+    ok = (offs_kn < N_K)[:, None] & (offs_d < HEAD_DIM)[None, :]
     n64 = offs_kn.to(gl.int64)[:, None]
     dk_ptrs = DK + off_b.to(gl.int64) * stride_dkb + off_hk.to(gl.int64) * stride_dkh + n64 * stride_dkn
-    gl.store(dk_ptrs + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
     dv_ptrs = DV + off_b.to(gl.int64) * stride_dvb + off_hk.to(gl.int64) * stride_dvh + n64 * stride_dvn
-    gl.store(dv_ptrs + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=ok)
+    if ADD_DKDV:   # this slice's share of the group's sums (float32; the launcher rounds them)
+        gl.atomic_add(dk_ptrs + offs_d[None, :], dk * sm_scale, mask=ok, sem="relaxed")
+        gl.atomic_add(dv_ptrs + offs_d[None, :], dv, mask=ok, sem="relaxed")
+    else:
+        gl.store(dk_ptrs + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
+        gl.store(dv_ptrs + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=ok)
 
 
 @gluon.jit
 def _compute_paired(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                     q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                    off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE, N_HEADS,
+                    off_b, off_hk, hq0, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, HEADS, N_HEADS,
                     N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                     DK_FROM_SMEM: gl.constexpr, SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr, lse_smem,
-                    delta_smem, stat_ready, STATS_TMA: gl.constexpr):
+                    delta_smem, stat_ready, STATS_TMA: gl.constexpr, ADD_DKDV: gl.constexpr):
     """A compute warpgroup over a pair of key blocks (the second one only
     where ``n_m_b`` >= 0), one loop iteration each (one copy of the block's
     code, not two): the ring's and the dSᵀ buffers' counts run on across
@@ -267,27 +276,28 @@ def _compute_paired(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
         _compute_partition(WG, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                            q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                            stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                           off_b, off_hk, gl.where(first, start_n, start_b), gl.where(first, m_lo, m_lo_b),
-                           gl.where(first, n_m, n_m_b), GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
+                           off_b, off_hk, hq0, gl.where(first, start_n, start_b), gl.where(first, m_lo, m_lo_b),
+                           gl.where(first, n_m, n_m_b), HEADS, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                            DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS,
-                           DEFER_SUMS, t0, blk, kv_empty, True, lse_smem, delta_smem, stat_ready, STATS_TMA)
-        t0 = t0 + GROUP_SIZE * n_m
+                           DEFER_SUMS, t0, blk, kv_empty, True, lse_smem, delta_smem, stat_ready, STATS_TMA,
+                           ADD_DKDV)
+        t0 = t0 + HEADS * n_m
 
 
 @gluon.jit
 def _load_paired(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
-                 do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty,
-                 GROUP_SIZE, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, lse_desc, delta_desc, lse_smem,
+                 do_ready, do_empty, off_b, off_hk, hq0, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty,
+                 HEADS, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, lse_desc, delta_desc, lse_smem,
                  delta_smem, stat_ready, STATS_TMA: gl.constexpr):
     """The load warp over a pair of key blocks (see :func:`_compute_paired`)."""
     _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
-                    do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, BLOCK_M, NUM_STAGES,
+                    do_ready, do_empty, off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS, BLOCK_M, NUM_STAGES,
                     q_desc, k_desc, q_smem, k_smem, 0, 0, kv_empty, False, lse_desc, delta_desc, lse_smem, delta_smem,
                     stat_ready, STATS_TMA)
     if n_m_b >= 0:
         _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
-                        do_ready, do_empty, off_b, off_hk, start_b, m_lo_b, n_m_b, GROUP_SIZE, BLOCK_M,
-                        NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, GROUP_SIZE * n_m, kv_empty, True, lse_desc,
+                        do_ready, do_empty, off_b, off_hk, hq0, start_b, m_lo_b, n_m_b, HEADS, BLOCK_M,
+                        NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, HEADS * n_m, kv_empty, True, lse_desc,
                         delta_desc, lse_smem, delta_smem, stat_ready, STATS_TMA)
 
 
@@ -298,16 +308,28 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
                             SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr = False, PAIRED: gl.constexpr = False,
-                            STATS_TMA: gl.constexpr = False):
+                            STATS_TMA: gl.constexpr = False, HEADS=1, ADD_DKDV: gl.constexpr = False):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup; with
     PAIRED (causal) two such key blocks, the grid's first half of them and
     their mirror images, so that every program has the same work.  With
     STATS_TMA, ``LSE2`` and ``DELTA`` are rank-3 (B, Hq, N_Q) descriptors with
-    a (1, 1, BLOCK_M) box, else pointers to contiguous (B, Hq, N_Q) tensors."""
+    a (1, 1, BLOCK_M) box, else pointers to contiguous (B, Hq, N_Q) tensors.
+    A program walks ``HEADS`` of its group's ``GROUP_SIZE`` query heads: with
+    head slices (``HEADS`` < ``GROUP_SIZE``, ``ADD_DKDV``: ``DK``/``DV`` are
+    zeroed float32 sums) grid row ``pid_h`` is slice ``pid_h % slices`` of kv
+    head ``pid_h // slices``, so the programs running at once read the Q and
+    dO of few query heads (a causal grid's programs drift apart in the walk)."""
     # causal: the first key blocks see the most query tiles, run them first
     pid_n = gl.program_id(0)
-    off_hk = gl.program_id(1)
+    pid_h = gl.program_id(1)
     off_b = gl.program_id(2)
+    if ADD_DKDV:
+        slices = GROUP_SIZE // HEADS
+        off_hk = pid_h // slices
+        hq0 = off_hk * GROUP_SIZE + (pid_h - off_hk * slices) * HEADS
+    else:
+        off_hk = pid_h
+        hq0 = pid_h * GROUP_SIZE
     start_n = pid_n * (2 * BLOCK_N)
     m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL)
 
@@ -356,20 +378,20 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
             (_compute_paired, (0, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                                stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                               off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE,
+                               off_b, off_hk, hq0, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, HEADS,
                                N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM,
                                NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS, lse_smem, delta_smem,
-                               stat_ready, STATS_TMA)),
+                               stat_ready, STATS_TMA, ADD_DKDV)),
             (_compute_paired, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                                stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                               off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, GROUP_SIZE,
+                               off_b, off_hk, hq0, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, HEADS,
                                N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM,
                                NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS, lse_smem, delta_smem,
-                               stat_ready, STATS_TMA)),
+                               stat_ready, STATS_TMA, ADD_DKDV)),
             (_load_paired, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
-                            q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b,
-                            kv_empty, GROUP_SIZE, BLOCK_M, NUM_STAGES, LSE2, DELTA, lse_smem, delta_smem, stat_ready,
+                            q_empty, do_ready, do_empty, off_b, off_hk, hq0, start_n, m_lo, n_m, start_b, m_lo_b,
+                            n_m_b, kv_empty, HEADS, BLOCK_M, NUM_STAGES, LSE2, DELTA, lse_smem, delta_smem, stat_ready,
                             STATS_TMA)),
         ], [4, 1], [240, 24])
         mbarrier.invalidate(kv_empty)
@@ -379,20 +401,20 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                   q_empty,
                                   do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                                   stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                                  off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                                  DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
+                                  off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS, N_HEADS, N_Q, N_K, qk_scale,
+                                  sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
                                   SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, lse_smem, delta_smem, stat_ready,
-                                  STATS_TMA)),
+                                  STATS_TMA, ADD_DKDV)),
             (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                                   q_empty,
                                   do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                                   stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                                  off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                                  DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
+                                  off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS, N_HEADS, N_Q, N_K, qk_scale,
+                                  sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
                                   SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, lse_smem, delta_smem, stat_ready,
-                                  STATS_TMA)),
+                                  STATS_TMA, ADD_DKDV)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
-                               q_empty, do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
+                               q_empty, do_ready, do_empty, off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS,
                                BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, 0, kv_bar, False, LSE2, DELTA,
                                lse_smem, delta_smem, stat_ready, STATS_TMA)),
         ], [4, 1], [240, 24])

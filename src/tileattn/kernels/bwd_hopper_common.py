@@ -42,14 +42,15 @@ def _query_tiles(start_n, N_Q, N_K, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constex
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
-                    do_ready, do_empty, off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE,
+                    do_ready, do_empty, off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS,
                     BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, qt_desc, kt_desc, qt_smem, kt_smem,
                     TAIL_DIM: gl.constexpr, t0, kv_empty, WAIT_KV: gl.constexpr, lse_desc, delta_desc, lse_smem,
                     delta_smem, stat_ready, STATS_TMA: gl.constexpr):
     """The load warp: the program's K and V tiles once, then the Q and dO
-    tiles of every query tile into the ring.  With a tail (``TAIL_DIM`` > 0,
-    the wide kernel) Q and K come as two pieces each, through ``qt_desc`` /
-    ``kt_desc`` into ``qt_smem`` / ``kt_smem`` (without one those are unused).
+    tiles of every query tile of ``HEADS`` query heads from ``hq0`` into the
+    ring.  With a tail (``TAIL_DIM`` > 0, the wide kernel) Q and K come as two
+    pieces each, through ``qt_desc`` / ``kt_desc`` into ``qt_smem`` /
+    ``kt_smem`` (without one those are unused).
     ``t0``: the ring's tiles before this key block's (a program's second
     block of a pair); ``WAIT_KV``: its K and V tiles replace the first
     block's once both compute warpgroups arrived on ``kv_empty``.  With
@@ -66,10 +67,10 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, start_n, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, start_n, 0], kv_bar, v_smem)
-    for t in range(GROUP_SIZE * n_m):
+    for t in range(HEADS * n_m):
         g = t // n_m
         m = m_lo + (t - g * n_m) * BLOCK_M
-        hq = off_hk * GROUP_SIZE + g
+        hq = hq0 + g
         s = (t0 + t) % NUM_STAGES
         # a slot starts empty: the first wait on each passes (phase 1)
         phase = (((t0 + t) // NUM_STAGES) & 1) ^ 1

@@ -247,13 +247,37 @@ def pairs_pay(n_q: int, n_k: int, copies: int, block_keys: int, block_m: int, sm
     return _balance(paired * copies, sms) >= _balance(plain * copies, sms) + PAIR_MARGIN
 
 
-def _paired(q, k, causal: bool, cfg: HopperBwdConfig) -> bool:
+def _paired(q, k, causal: bool, cfg: HopperBwdConfig, slices: int = 1) -> bool:
     if not causal or cfg.pair_blocks is False:
         return False
     if cfg.pair_blocks:
         return True
     b, _, n_q, _ = q.shape
-    return pairs_pay(n_q, k.shape[2], b * k.shape[1], 2 * cfg.block_n, cfg.block_m, sm_count(q.device))
+    return pairs_pay(n_q, k.shape[2], b * k.shape[1] * slices, 2 * cfg.block_n, cfg.block_m, sm_count(q.device))
+
+
+# A program walks its group's query heads one after the other, and causal
+# programs (of different lengths) drift apart in that walk: the Q and dO the
+# running programs read span the whole group.  At GQA 8, 16k, d = 128 that is
+# 64 MB beside a 50 MB L2, and the dK/dV kernel read 5.5 GB from DRAM where
+# MHA read 0.4 GB (perf-notes v22).  Head slices bound it: grid rows of
+# group / slices heads each, their float32 dK/dV added into sums.
+SLICE_L2_BYTES = 16 * 2**20   # the most Q + dO bytes (one batch, one kv head) a program's walk may span
+
+
+def head_slices(q: torch.Tensor, k: torch.Tensor, causal: bool, cfg: HopperBwdConfig) -> int:
+    """How many slices the dK/dV kernel cuts each kv head's group of query
+    heads into (1: none): ``cfg.head_slices`` where set (at most the group,
+    a divisor of it), else for a causal call the fewest whose heads' Q and dO
+    fit ``SLICE_L2_BYTES``."""
+    group = q.shape[1] // k.shape[1]
+    if cfg.head_slices is not None:
+        return next(s for s in range(min(cfg.head_slices, group), 0, -1) if group % s == 0)
+    if not causal:
+        return 1
+    per_head = 2 * q.shape[2] * q.shape[3] * q.element_size()
+    return next(s for s in range(1, group + 1) if group % s == 0 and group // s * per_head <= SLICE_L2_BYTES
+                or s == group)
 
 
 def dq_turns(cfg: HopperBwdConfig, ds_sum) -> bool:
@@ -263,7 +287,7 @@ def dq_turns(cfg: HopperBwdConfig, ds_sum) -> bool:
     return cfg.dq_turns and ds_sum is None
 
 
-def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum=None, paired=False):
+def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum=None, paired=False, slices=1):
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     return dict(
@@ -277,7 +301,8 @@ def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_s
         GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
         DS_SUM=delta if ds_sum is None else ds_sum, SUM_DS=ds_sum is not None,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal), NUM_STAGES=cfg.num_stages,
-        DK_FROM_SMEM=cfg.dk_from_smem, DEFER_SUMS=cfg.defer_sums, PAIRED=paired, STATS_TMA=cfg.stats_tma)
+        DK_FROM_SMEM=cfg.dk_from_smem, DEFER_SUMS=cfg.defer_sums, PAIRED=paired, STATS_TMA=cfg.stats_tma,
+        HEADS=hq // hkv // slices, ADD_DKDV=slices > 1)
 
 
 def bwd_config_for(head_dim: int, head_dim_v: int | None = None) -> HopperBwdConfig:
@@ -325,18 +350,15 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     b, hq, n_q, d = q.shape
     hkv, n_k, w = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or bwd_config_for(d, w)
-    split = cfg.split_heads and hq > hkv and w == d
-    if split and (ds_sum is not None or not cfg.stats_tma):
-        raise ValueError("config: split_heads takes no dS row sums (sinks without the remainder) and needs "
-                         "stats_tma (the kernel reads strided lse2/delta views by the copy engine)")
+    if cfg.head_slices is not None and (type(cfg.head_slices) is not int or cfg.head_slices < 1
+                                        or (w != d and cfg.head_slices > 1)):
+        raise ValueError(f"config: head_slices must be None or an int >= 1 (1 when V's head dim differs from "
+                         f"QK's: the wide kernel walks whole groups), got {cfg.head_slices!r}")
     if cfg.stats_tma and any(t.stride(1) % 4 or t.data_ptr() % 16 for t in (lse2, delta)):
         padded = stats_rows(b, hq, n_q, q.device)   # rows the copy engine cannot address: copies that it can
         for dst, src in zip(padded, (delta, lse2)):
             dst.copy_(src)
         delta, lse2 = padded
-    if split:
-        _dkdv_by_head(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg)
-        return
     grid = (triton.cdiv(n_k, 2 * cfg.block_n), hkv, b)
     if w != d:
         from ..kernels.bwd_hopper_wide import _attn_bwd_hopper_wide_kernel
@@ -346,32 +368,18 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
                                            num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
         return
     from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel
-    paired = _paired(q, k, causal, cfg)
-    if paired:   # a program takes a pair of key blocks
-        grid = (triton.cdiv(grid[0], 2), hkv, b)
-    _attn_bwd_hopper_kernel[grid](**_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum,
-                                              paired),
+    slices = head_slices(q, k, causal, cfg)
+    paired = _paired(q, k, causal, cfg, slices)
+    grid = (triton.cdiv(grid[0], 2) if paired else grid[0], hkv * slices, b)   # paired: a program, two key blocks
+    # head slices: float32 dK/dV sums the slices add into, rounded below
+    sums = torch.zeros((2,) + k.shape, device=k.device, dtype=torch.float32) if slices > 1 else None
+    _attn_bwd_hopper_kernel[grid](**_bwd_args(do, q, k, v, dq_acc, dk if sums is None else sums[0],
+                                              dv if sums is None else sums[1], lse2, delta, causal, scale, cfg,
+                                              ds_sum, paired, slices),
                                   num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
-
-
-def _dkdv_by_head(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg):
-    """``split_heads``: one launch for the g-th query head of every group
-    (heads g, g + G, ...: strided views with a kv head each), so the programs
-    running at once read one query head's Q and dO a kv head, not the whole
-    group's (GQA 8 causal at 16k: 5.5 GB of L2 misses, perf-notes v22).  Each
-    launch stores float32 partial dK, dV; their sum is rounded once."""
-    group = q.shape[1] // k.shape[1]
-    one = dataclasses.replace(cfg, split_heads=False)
-    part_k, part_v = (torch.empty(t.shape, dtype=torch.float32, device=t.device) for t in (k, v))
-    sum_k, sum_v = torch.zeros_like(part_k), torch.zeros_like(part_v)
-    for g in range(group):
-        heads = slice(g, None, group)
-        attn_bwd_dkdv(do[:, heads], q[:, heads], k, v, dq_acc[:, heads], part_k, part_v, lse2[:, heads],
-                      delta[:, heads], causal, scale, one)
-        sum_k += part_k
-        sum_v += part_v
-    dk.copy_(sum_k)
-    dv.copy_(sum_v)
+    if sums is not None:
+        dk.copy_(sums[0])
+        dv.copy_(sums[1])
 
 
 def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False,
@@ -392,8 +400,10 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
         f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
         args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, torch.empty(1, 2, 256) if sinks else None,
                          paired=bool(causal) and cfg.pair_blocks is True)
+        if (cfg.head_slices or 1) > 1:   # the float32 dK/dV sums (the group's size is a run-time argument)
+            args.update(DK=f, DV=f, ADD_DKDV=True)
         const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "PAIRED",
-                 "DEFER_SUMS", "STATS_TMA"}
+                 "DEFER_SUMS", "STATS_TMA", "ADD_DKDV"}
     return compile_gluon(kernel, args, const, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg))
 
 
