@@ -259,32 +259,26 @@ def _paired(q, k, causal: bool, cfg: HopperBwdConfig, slices: int = 1) -> bool:
 # A program walks its group's query heads one after the other, and causal
 # programs (of different lengths) drift apart in that walk: the Q and dO the
 # running programs read span the whole group.  At GQA 8, 16k, d = 128 that is
-# 64 MB beside a 50 MB L2, and the dK/dV kernel read 5.5 GB from DRAM where
-# MHA read 0.4 GB (perf-notes v22).  Head slices bound it: grid rows of
-# group / slices heads each, their float32 dK/dV added into sums.
-SLICE_L2_BYTES = 16 * 2**20   # the most Q + dO bytes (one batch, one kv head) a program's walk may span
+# 64 MB beside a 50 MB L2, and the dK/dV kernel read 4.9-5.5 GB from DRAM
+# where MHA read 0.4 GB (perf-notes v22, v23).  Head slices bound it: grid
+# rows of SLICE_HEADS heads each, adding float32 dK/dV into sums.  On the
+# H200 (v23, d = 128, causal) slices of 2 heads won 5-7 % at GQA 8 from 4k
+# to 16k (4k: more, shorter programs balance better) and 2 % at GQA 4, 16k;
+# at d = 64 they were -2..+3 %.  Without causal the programs walk in step.
+SLICE_HEADS = 2   # the most query heads a slice of a causal group walks
 
 
 def head_slices(q: torch.Tensor, k: torch.Tensor, causal: bool, cfg: HopperBwdConfig) -> int:
     """How many slices the dK/dV kernel cuts each kv head's group of query
     heads into (1: none): ``cfg.head_slices`` where set (at most the group,
-    a divisor of it), else for a causal call the fewest whose heads' Q and dO
-    fit ``SLICE_L2_BYTES``."""
+    a divisor of it), else for a causal call the fewest whose slices have at
+    most ``SLICE_HEADS`` heads."""
     group = q.shape[1] // k.shape[1]
     if cfg.head_slices is not None:
         return next(s for s in range(min(cfg.head_slices, group), 0, -1) if group % s == 0)
     if not causal:
         return 1
-    per_head = 2 * q.shape[2] * q.shape[3] * q.element_size()
-    return next(s for s in range(1, group + 1) if group % s == 0 and group // s * per_head <= SLICE_L2_BYTES
-                or s == group)
-
-
-def dq_turns(cfg: HopperBwdConfig, ds_sum) -> bool:
-    """Whether the compute warpgroups take turns forming a tile's whole dQ
-    (``cfg.dq_turns``; the kernel reads it from the dQ sum's box width):
-    not with dS row sums (sinks without the output remainder)."""
-    return cfg.dq_turns and ds_sum is None
+    return next(s for s in range(1, group + 1) if group % s == 0 and group // s <= SLICE_HEADS)
 
 
 def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum=None, paired=False, slices=1):
