@@ -281,6 +281,13 @@ def head_slices(q: torch.Tensor, k: torch.Tensor, causal: bool, cfg: HopperBwdCo
     return next(s for s in range(1, group + 1) if group % s == 0 and group // s <= SLICE_HEADS)
 
 
+def dq_turns(cfg: HopperBwdConfig, ds_sum) -> bool:
+    """Whether the compute warpgroups take turns forming a tile's whole dQ
+    (``cfg.dq_turns``; the kernel reads it from the dQ sum's box width):
+    not with dS row sums (sinks without the output remainder)."""
+    return cfg.dq_turns and ds_sum is None
+
+
 def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum=None, paired=False, slices=1):
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
