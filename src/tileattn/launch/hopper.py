@@ -265,18 +265,21 @@ def _paired(q, k, causal: bool, cfg: HopperBwdConfig, slices: int = 1) -> bool:
 # H200 (v23, d = 128, causal) slices of 2 heads won 5-7 % at GQA 8 from 4k
 # to 16k (4k: more, shorter programs balance better) and 2 % at GQA 4, 16k;
 # at d = 64 they were -2..+3 %.  Without causal the programs walk in step.
+# At 2k keys the sliced default read 0.72-0.77x cuDNN at d = 128 (GQA 4, 8)
+# with no unsliced run beside it: below SLICE_MIN_KEYS the grid is not cut.
 SLICE_HEADS = 2   # the most query heads a slice of a causal group walks
+SLICE_MIN_KEYS = 4096   # the fewest keys at which slices were timed and won
 
 
 def head_slices(q: torch.Tensor, k: torch.Tensor, causal: bool, cfg: HopperBwdConfig) -> int:
     """How many slices the dK/dV kernel cuts each kv head's group of query
     heads into (1: none): ``cfg.head_slices`` where set (at most the group,
-    a divisor of it), else for a causal call the fewest whose slices have at
-    most ``SLICE_HEADS`` heads."""
+    a divisor of it), else for a causal call of at least ``SLICE_MIN_KEYS``
+    keys the fewest whose slices have at most ``SLICE_HEADS`` heads."""
     group = q.shape[1] // k.shape[1]
     if cfg.head_slices is not None:
         return next(s for s in range(min(cfg.head_slices, group), 0, -1) if group % s == 0)
-    if not causal:
+    if not causal or k.shape[2] < SLICE_MIN_KEYS:
         return 1
     return next(s for s in range(1, group + 1) if group % s == 0 and group // s <= SLICE_HEADS)
 
