@@ -434,7 +434,8 @@ def test_pairing_follows_the_config():
 
 # (name, group, n, causal, expected): causal groups of 4k keys or more in the fewest slices of at most 2
 # heads (perf-notes v23); none without causal (equal programs walk in step), below 4k or for a group of one
-SLICING = [("gqa8-causal-16k", 8, 16384, True, 4), ("gqa8-causal-4k", 8, 4096, True, 4), ("gqa8-causal-2k", 8, 2048, True, 1),
+SLICING = [("gqa8-causal-16k", 8, 16384, True, 4), ("gqa8-causal-4k", 8, 4096, True, 4),
+           ("gqa8-causal-2k", 8, 2048, True, 1),
            ("gqa4-causal-16k", 4, 16384, True, 2), ("gqa2-causal", 2, 4096, True, 1),
            ("gqa3-causal", 3, 4096, True, 3), ("gqa6-causal", 6, 4096, True, 3),
            ("gqa8-full-16k", 8, 16384, False, 1), ("mha-causal-16k", 1, 16384, True, 1)]

@@ -201,8 +201,8 @@ def _attn_bwd_hopper_wide_kernel(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_de
                               BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, DQ_BUFS)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                            q_empty, do_ready, do_empty, off_b, off_hk, off_hk * GROUP_SIZE, start_n, m_lo, n_m,
-                           GROUP_SIZE, BLOCK_M, NUM_STAGES, qt_desc, kt_desc, qt_smem, kt_smem, TAIL_DIM, 0, kv_bar, False,
-                           LSE2, DELTA, q_smem, q_smem, q_ready, False)),
+                           GROUP_SIZE, BLOCK_M, NUM_STAGES, qt_desc, kt_desc, qt_smem, kt_smem, TAIL_DIM, 0, kv_bar,
+                           False, LSE2, DELTA, q_smem, q_smem, q_ready, False)),
     ], [4, 1], [240, 24])
 
     _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES)
