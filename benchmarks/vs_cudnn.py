@@ -31,7 +31,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import random
 import statistics
 
 import torch
@@ -39,6 +38,7 @@ import triton
 
 import tileattn
 from tileattn import configs, dispatch, launch
+from tileattn.bench.runner import round_orders
 from tileattn.configs import HopperFwdConfig
 from tileattn.cost.io import attention_flops
 
@@ -164,16 +164,11 @@ def _peak_ratio(fn, q, k, v, do, causal) -> float:
 
 def time_interleaved(steps: dict, rounds: int) -> dict:
     """name -> do_bench milliseconds, one per round; each round times every
-    step once, the first in list order, the others in a seeded shuffle: a
-    rotation kept each step behind the same neighbour, and the one timed
-    after a low-power step (the deterministic backward) ran up to 6 % faster
-    than its own twin elsewhere in the list (perf-notes v23)."""
+    step once, in ``tileattn bench``'s orders (the first round in list order,
+    the others shuffled: a rotation biased neighbours, perf-notes v23)."""
     names = list(steps)
     times = {name: [] for name in names}
-    for r in range(rounds):
-        order = list(names)
-        if r:
-            random.Random(r).shuffle(order)
+    for order in round_orders(names, rounds):
         for name in order:
             times[name].append(triton.testing.do_bench(steps[name], warmup=25, rep=100))
     return times
