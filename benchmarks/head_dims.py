@@ -1,7 +1,7 @@
 """tileattn beside FlexAttention and each SDPA backend at the head dims of
 today's open models: QK 192 / V 128 (MLA training and prefill), 256 and 512
 (Gemma), forward or backward, providers interleaved at every point (each
-round times every provider once, in a shuffled order; medians over rounds).
+round times every provider once, rotated, odd rounds reversed; medians over rounds).
 A provider that refuses a shape (SDPA's flash backend above 256, a kernel
 out of shared memory) is reported as refused with its error, not dropped.
 

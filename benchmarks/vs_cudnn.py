@@ -1,6 +1,6 @@
 """tileattn against torch's default attention on Hopper (SDPA's cuDNN
 backend), forward or backward, providers interleaved at every point: each
-round times every provider once, in a shuffled order, and the median over
+round times every provider once (rotated, odd rounds reversed), the median over
 rounds is reported (clock drift hits all alike).  FlashAttention-2 paper
 protocol: 16k tokens, hidden 2048.
 
@@ -164,8 +164,8 @@ def _peak_ratio(fn, q, k, v, do, causal) -> float:
 
 def time_interleaved(steps: dict, rounds: int) -> dict:
     """name -> do_bench milliseconds, one per round; each round times every
-    step once, in ``tileattn bench``'s orders (the first round in list order,
-    the others shuffled: a rotation biased neighbours, perf-notes v23)."""
+    step once, in ``tileattn bench``'s orders (rotated by one a round, odd
+    rounds reversed: rotation alone biased neighbours, perf-notes v23)."""
     names = list(steps)
     times = {name: [] for name in names}
     for order in round_orders(names, rounds):

@@ -6,7 +6,7 @@ FlashAttention-2 protocol by default: bf16, 16k tokens in total
 N in {512, 1k, 2k, 4k, 8k, 16k}, causal and not, fwd, bwd and fwd+bwd.
 
 At each point the providers are timed in --rounds rounds (default 3), every
-provider once per round, in list order then shuffled; a provider's time is
+provider once per round, rotated (odd rounds reversed); a provider's time is
 its median over the rounds (each round: a triton.testing.do_bench median,
 warm-up included), so clock drift during a point does not favour one
 provider.  The table gives TFLOP/s, tileattn's ratio to every other provider
@@ -89,7 +89,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     m.add_argument("--rep", type=int, default=100, help="do_bench measurement, ms (default 100)")
     m.add_argument("--repeats", type=int, default=3, help="timing repeats without CUDA (default 3)")
     m.add_argument("--rounds", type=int, default=3,
-                   help="timing rounds per point, every provider once per round, shuffled after the first; "
+                   help="timing rounds per point, every provider once per round, rotated, odd rounds reversed; "
                         "the time is the median over rounds (default 3)")
     m.add_argument("--baseline", default=None, metavar="NAME",
                    help=f"provider the table's ratio rows divide by (default {DEFAULT_BASELINE}; if it cannot "
@@ -247,7 +247,7 @@ def print_tables(rows: list[dict], meta: dict, file, baseline: str | None = DEFA
     rounds = sorted({r["rounds"] for r in rows if r.get("rounds")})
     notes = [runner.BYTES_MODEL_NOTE + " (in the CSV/JSON, with ms, each round's ms and peak memory).",
              "Cells: TFLOP/s, the median over " + ("/".join(map(str, rounds)) if rounds else "the") +
-             " timing rounds (providers interleaved, order shuffled after the first); OOM = out of memory; "
+             " timing rounds (providers interleaved, rotated, odd rounds reversed); OOM = out of memory; "
              "UNAVAILABLE / FAILED / WRONG: see the status column.",
              "Ratios: TFLOP/s of the left provider over the right one's (> 1: the left is faster)."]
     if baseline_note:

@@ -54,7 +54,7 @@ class Row:
     rel_err_tileattn: Optional[float] = None  # vs tileattn's outputs, max over checked tensors
     check_detail: str = ""
     # timing rounds: the point's providers are timed in turn, ``rounds`` times,
-    # in a shuffled order; ms_rounds holds this provider's time in each round
+    # in round_orders' order; ms_rounds holds this provider's time in each round
     # (in CSV: space-separated).  Absent (None) in files older than the rounds.
     rounds: Optional[int] = None
     ms_rounds: Optional[list] = None

@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
-import random
 import statistics
 import time
 from typing import Callable, Optional
@@ -83,7 +82,7 @@ class BenchConfig:
     warmup_ms: int = 25               # do_bench warm-up and measurement (ms)
     rep_ms: int = 100
     cpu_repeats: int = 3              # timing repeats without CUDA
-    rounds: int = 3                   # timing rounds per point, providers shuffled after the first
+    rounds: int = 3                   # timing rounds per point (round_orders: rotated, odd ones reversed)
     tolerance: Optional[float] = None
     seed: int = 0
 
@@ -306,17 +305,17 @@ def _clear_after_error(device):
 
 
 def round_orders(names: list[str], rounds: int) -> list[list[str]]:
-    """The order of each timing round: the first in list order, the others
-    in a shuffle seeded by the round (reproducible).  A rotation kept every
-    provider behind the same neighbour in every round, and on the H200 a
-    provider timed after a low-power one ran up to 6 % faster than its own
-    twin elsewhere in the list (docs/perf-notes.md v23)."""
+    """The order of each timing round: round r is ``names`` rotated left by
+    r, and reversed in odd rounds.  The rotation moves every provider through
+    the positions (clock drift favours none); the reversal swaps who follows
+    whom: with rotation alone a provider stayed behind the same neighbour
+    every round, and on the H200 one timed after a low-power provider ran up
+    to 6 % faster than its own twin elsewhere in the list (perf-notes v23)."""
     orders = []
     for r in range(rounds):
-        order = list(names)
-        if r:
-            random.Random(r).shuffle(order)
-        orders.append(order)
+        k = r % len(names) if names else 0
+        order = names[k:] + names[:k]
+        orders.append(order[::-1] if r % 2 else order)
     return orders
 
 
@@ -408,8 +407,8 @@ def run_sweep(cfg: BenchConfig, *, metadata: Optional[dict] = None,
                 step = None
                 (_clear_after_error if failed else _clear)(device)
 
-        # timing: every ready provider once per round, the order shuffled after
-        # the first round (round_orders); a provider that fails in a round leaves the later ones
+        # timing: every ready provider once per round, in round_orders' order
+        # (rotated, reversed in odd rounds); a provider that fails in a round leaves the later ones
         times: dict[str, list[float]] = {name: [] for name in ready}
         for r, names in enumerate(round_orders(ready, cfg.rounds)):
             if on_step and names:
