@@ -245,6 +245,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     # dK and dV of this warpgroup's keys (rows past N_K dropped)
     offs_kn = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    # (the column test is always true: it gives the mask the tile's full shape, as the atomic add takes it)
     ok = (offs_kn < N_K)[:, None] & (offs_d < HEAD_DIM)[None, :]
     n64 = offs_kn.to(gl.int64)[:, None]
     dk_ptrs = DK + off_b.to(gl.int64) * stride_dkb + off_hk.to(gl.int64) * stride_dkh + n64 * stride_dkn
