@@ -25,7 +25,7 @@ import torch
 import tileattn
 from tileattn import configs, dispatch, launch, ops
 from tileattn.configs import HopperBwdConfig
-from tileattn.launch import hopper as launch_hopper
+from tileattn.launch import bwd_memory, hopper as launch_hopper
 from tileattn.reference import standard_attention
 from tileattn.testing import HOPPER_CASES, check_accuracy, counting_calls, hopper_inputs
 
@@ -448,6 +448,28 @@ def test_head_slices_rule(group, n, causal, expected):
     assert launch_hopper.head_slices(q, k, causal, HopperBwdConfig()) == expected
 
 
+# (name, batch, kv heads, n, expected) below 4k keys on 132 SMs (GQA 8, d = 128): the fewest slices whose
+# grid keeps 90 % of the SMs busy by the list schedule (perf-notes v24: a 64-program grid read 0.69x cuDNN)
+FILLING = [("gqa8-2k-batch8", 8, 2, 2048, 1), ("gqa8-2k-chunk-of-4", 4, 2, 2048, 2),
+           ("gqa8-1k-batch16", 16, 2, 1024, 1),
+           ("gqa8-1k-one-kv-head", 1, 1, 1024, 8)]   # short of the fill with every slice: all of them
+
+
+@pytest.mark.parametrize("b,hkv,n,expected", [c[1:] for c in FILLING], ids=[c[0] for c in FILLING])
+def test_head_slices_fill_the_grid_below_4k(b, hkv, n, expected, monkeypatch):
+    monkeypatch.setattr(launch_hopper, "sm_count", lambda device: 132)
+    q = torch.empty(b, 8 * hkv, n, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(b, hkv, n, 128, dtype=torch.bfloat16, device="meta")
+    cfg = launch_hopper.bwd_config_for(128)
+    slices = launch_hopper.head_slices(q, k, True, cfg)
+    assert slices == expected
+    fill = [launch_hopper.grid_balance(n, n, b * hkv * s, 128, cfg.block_m, 132,
+                                       launch_hopper._paired(q, k, True, cfg, s)) for s in (slices // 2, slices) if s]
+    assert fill[-1] >= launch_hopper.SLICE_FILL or slices == 8, "short of the fill with slices left"   # 8: all
+    assert len(fill) == 1 or fill[0] < launch_hopper.SLICE_FILL, "not the fewest slices that fill the grid"
+    assert launch_hopper.head_slices(q, k, False, cfg) == 1, "slices without causal"
+
+
 @pytest.mark.parametrize("forced,expected", [(1, 1), (2, 2), (3, 2), (8, 8), (16, 8)])
 def test_head_slices_forced(forced, expected):
     """A forced count is the largest divisor of the group (8) not above it."""
@@ -471,3 +493,91 @@ def test_head_slices_config_refused(slices, dv):
     with pytest.raises(ValueError, match="config: head_slices"):
         launch_hopper.attn_bwd_dkdv(q[..., :dv], q, k, v, torch.zeros(1, 4, 256, 64), torch.empty_like(k),
                                     torch.empty_like(v), rows, rows, True, 0.125, HopperBwdConfig(head_slices=slices))
+
+
+# (name, batch, query heads, kv heads, n, head dim, causal, chunks expected): the launches a call is cut into
+# so that the float32 scratch stays within bwd_memory.SCRATCH_SHARE of the step's tensors (the FA2 protocol's
+# 16k tokens: MHA holds 1.25x in one launch; GQA 8 at 16k, d = 128 read 1.45x / 1.56x in one, perf-notes v24)
+CHUNKING = [("mha-16k", 1, 16, 16, 16384, 128, True, 1), ("gqa8-full-16k", 1, 16, 2, 16384, 128, False, 2),
+            ("gqa8-causal-16k", 1, 16, 2, 16384, 128, True, 2), ("gqa4-causal-16k", 1, 16, 4, 16384, 128, True, 4),
+            ("gqa4-full-16k", 1, 16, 4, 16384, 128, False, 2), ("gqa8-causal-2k-batch", 8, 16, 2, 2048, 128, True, 2),
+            ("gqa4-odd-batch", 3, 8, 2, 300, 64, False, 3), ("mla-gqa4", 1, 16, 4, 4096, 192, True, 2)]
+
+
+@pytest.mark.parametrize("b,hq,hkv,n,d,causal,expected", [c[1:] for c in CHUNKING], ids=[c[0] for c in CHUNKING])
+def test_memory_chunks_rule(b, hq, hkv, n, d, causal, expected):
+    """The fewest chunks within the scratch share; together they cover every
+    (batch, kv head) once, each a run of whole batch elements or of kv heads
+    of one element, with the query heads of its kv heads."""
+    dv = 128 if d == 192 else d
+    q = torch.empty(b, hq, n, d, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(b, hkv, n, d, dtype=torch.bfloat16, device="meta")
+    v = torch.empty(b, hkv, n, dv, dtype=torch.bfloat16, device="meta")
+    cfg = launch_hopper.bwd_config_for(d, dv)
+    chunks = bwd_memory.memory_chunks(q, k, v, causal, cfg)
+    assert len(chunks) == expected
+    seen, g = [], hq // hkv
+    for bs, hs, hks in chunks:
+        assert (hs.start, hs.stop) == (hks.start * g, hks.stop * g)
+        assert bs.stop - bs.start == 1 or (hks.start, hks.stop) == (0, hkv), "a chunk of kv heads spans batches"
+        seen += [(i, h) for i in range(bs.start, bs.stop) for h in range(hks.start, hks.stop)]
+        share = (bwd_memory.scratch_bytes(q[bs, hs], k[bs, hks], v[bs, hks], causal, cfg)
+                 / bwd_memory.step_bytes(q, k, v))
+        assert share <= bwd_memory.SCRATCH_SHARE
+    assert sorted(seen) == [(i, h) for i in range(b) for h in range(hkv)]
+    whole = bwd_memory.scratch_bytes(q, k, v, causal, cfg) / bwd_memory.step_bytes(q, k, v)
+    assert (expected == 1) == (whole <= bwd_memory.SCRATCH_SHARE)
+
+
+def test_memory_chunks_refuse_a_bad_config_first():
+    """The plan checks head_slices before reading it: the launcher's ValueError."""
+    q = torch.empty(1, 8, 256, 64, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(1, 2, 256, 64, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match="config: head_slices"):
+        bwd_memory.memory_chunks(q, k, k, True, HopperBwdConfig(head_slices=0))
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", ["batch-chunks", "head-chunks", "head-chunks-sliced", "head-chunks-bnhd-dlse",
+                                  "wide-head-chunks"])
+def test_memory_chunks_against_float64(case, monkeypatch):
+    """The backward in chunks of (batch, kv heads) sharing one float32 dQ
+    sum, against float64: the rule's batch chunks, and kv heads of one batch
+    element each (the share forced to 0) with head slices, a strided layout
+    with a gradient into lse, and on the wide kernel (QK 192 / V 128)."""
+    if case != "batch-chunks":
+        monkeypatch.setattr(bwd_memory, "SCRATCH_SHARE", 0.0)
+    d, dv = (192, 128) if case.startswith("wide") else (64 if case == "batch-chunks" else 128,) * 2
+    layout = "bnhd" if "bnhd" in case else "bhnd"
+    q, k, v, do = _inputs(3 if case == "batch-chunks" else 2, 8, 2, 333, 517, d, torch.bfloat16, seed=31,
+                          dv=dv, layout=layout)
+    cfg = launch_hopper.bwd_config_for(d, dv)
+    if case.endswith("sliced"):
+        cfg = dataclasses.replace(cfg, head_slices=2)
+    chunks = bwd_memory.memory_chunks(q, k, v, True, cfg)
+    assert len(chunks) == (3 if case == "batch-chunks" else 4)
+    with _hopper_calls() as calls:
+        _check(case, q, k, v, do, True, cfg, dlse=torch.randn(2, 8, 333, device="cuda") if "dlse" in case else None)
+    assert len(calls) == len(chunks), "one dK/dV launch a chunk"
+
+
+@needs_hopper
+def test_memory_chunks_with_the_sinks_row_sums(monkeypatch):
+    """Sinks whose gradient comes from the kernel's dS row sums (the forward
+    kept no remainder), over kv-head chunks: dq, dk, dv, dsinks vs float64."""
+    monkeypatch.setattr(bwd_memory, "SCRATCH_SHARE", 0.0)
+    monkeypatch.setattr(ops, "keeps_remainder", lambda *args: False)
+    q, k, v, do = _inputs(2, 8, 2, 400, 400, 64, torch.bfloat16, seed=33)
+    sinks = torch.linspace(-2.0, 2.0, 8, device="cuda")
+
+    def grads(qq, kk, vv, ss, impl):
+        leaves = [t.detach().requires_grad_() for t in (qq, kk, vv, ss)]
+        out = impl(*leaves[:3], causal=True, sinks=leaves[3])
+        return torch.autograd.grad(out, leaves, do.to(out.dtype))
+    with _hopper_calls() as calls:
+        got = grads(q, k, v, sinks, functools.partial(tileattn.attention, deterministic=False))
+    assert len(calls) == 4 and all(args[12] is not None for args, _ in calls), "not 4 chunks summing dS"
+    ref = grads(q.double(), k.double(), v.double(), sinks.double(), standard_attention)
+    low = grads(q, k, v, sinks, standard_attention)
+    for part, g, r, lo in zip(("dq", "dk", "dv", "dsinks"), got, ref, low):
+        check_accuracy(f"chunked sinks {part}", g, r, lo, q.dtype)

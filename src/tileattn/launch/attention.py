@@ -23,7 +23,7 @@ from ..sinks import kernel_sink_grad, with_sinks
 from ..validation import fold_causal
 from .runtime import (LOG2E, abandon_record, aligned, base_tensor, begin_record, descriptor, dot_precision, end_record,
                       output_f32, output_like, replay, smem_limit, strides4, use_tma)
-from . import hopper, runtime, tuning
+from . import bwd_memory, hopper, runtime, tuning
 
 # Which tile height (meta-parameter) each descriptor argument is read with.
 # and the width: V, O, dO and dV have V's head dim (BLOCK_DV), the rest BLOCK_D.
@@ -388,10 +388,9 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
 
 
 def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None, o_lo=None):
-    """The atomic-dQ backward with the Hopper dK/dV kernel (Gluon) between
-    the portable preprocess and convert kernels; (dq, dk, dv), and the sinks'
-    gradient after them when there are sinks (from ``o_lo`` where given, else
-    from the kernel's dS row sums)."""
+    """The atomic-dQ backward: the Hopper dK/dV kernel (Gluon) between the
+    portable preprocess and convert kernels; (dq, dk, dv), then the sinks'
+    gradient if any (from ``o_lo`` where given, else the dS row sums)."""
     b, hq, n_q, d = q.shape
     dq, dk, dv = output_like(q), output_like(k), output_like(v)
     config = config or hopper.bwd_config_for(d, v.shape[-1])
@@ -399,13 +398,16 @@ def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None, o_
         delta, lse2 = hopper.stats_rows(b, hq, n_q, q.device)
     else:
         delta, lse2 = output_f32((b, hq, n_q), q.device), output_f32((b, hq, n_q), q.device)
-    # a V head dim of its own: the wide kernel adds dQ transposed, (B, Hq, D, Nq) seen as (B, Hq, Nq, D)
-    dq_acc = _dq_accumulator(q) if v.shape[-1] == d else hopper.dq_sum_transposed(q)
     sums_ds = sinks is not None and o_lo is None
     ds_sum = torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32) if sums_ds else None
     dsinks = _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo, sinks)
-    hopper.attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, config, ds_sum)
-    _dq_convert(dq_acc, dq, scale)
+    dq_acc = None   # one float32 dQ sum for every chunk (bwd_memory: a bound on the peak)
+    for bs, hs, hks in bwd_memory.memory_chunks(q, k, v, causal, config):
+        dq_acc = hopper.dq_sum(q[bs, hs], v.shape[-1]) if dq_acc is None else dq_acc.zero_()
+        hopper.attn_bwd_dkdv(do[bs, hs], q[bs, hs], k[bs, hks], v[bs, hks], dq_acc, dk[bs, hks], dv[bs, hks],
+                             lse2[bs, hs], delta[bs, hs], causal, scale, config, None if ds_sum is None else
+                             ds_sum[bs, hs])
+        _dq_convert(dq_acc, dq[bs, hs], scale)
     if sinks is None:
         return dq, dk, dv
     return dq, dk, dv, dsinks if dsinks is not None else kernel_sink_grad(sinks, lse, dlse, delta, ds_sum)
