@@ -581,3 +581,18 @@ def test_memory_chunks_with_the_sinks_row_sums(monkeypatch):
     low = grads(q, k, v, sinks, standard_attention)
     for part, g, r, lo in zip(("dq", "dk", "dv", "dsinks"), got, ref, low):
         check_accuracy(f"chunked sinks {part}", g, r, lo, q.dtype)
+
+
+@pytest.mark.parametrize("module", ["attention", "bwd_memory"])
+def test_launcher_names_exist(module):
+    """Every ``hopper.X`` / ``bwd_memory.X`` the launchers read exists (the
+    Hopper path runs only on a GPU, so a CPU run would not reach a missing one)."""
+    import ast
+    import importlib
+    path = importlib.import_module(f"tileattn.launch.{module}").__file__
+    mods = {"hopper": launch_hopper, "bwd_memory": bwd_memory}
+    used = {(n.value.id, n.attr) for n in ast.walk(ast.parse(open(path).read()))
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in mods}
+    assert used, "no name read"
+    missing = sorted(f"{m}.{a}" for m, a in used if not hasattr(mods[m], a))
+    assert not missing, f"read but not defined: {missing}"
