@@ -231,28 +231,20 @@ def _balance(works: tuple, sms: int) -> float:
 
 
 @functools.lru_cache(maxsize=256)
-def grid_balance(n_q: int, n_k: int, copies: int, block_keys: int, block_m: int, sms: int, paired: bool) -> float:
-    """The simulated busy fraction of the causal backward's grid: key
-    blocks of ``block_keys`` (mirror-image pairs a program where ``paired``)
-    times ``copies`` (batch x kv heads x head slices)."""
-    n_blocks = -(-n_k // block_keys)
-
-    def tiles(j):   # the query tiles of key block j (bottom-right causal)
-        m_lo = max(j * block_keys - (n_k - n_q), 0) // block_m * block_m
-        return max(-(-(n_q - m_lo) // block_m), 0)
-    if not paired:
-        return _balance(tuple(tiles(j) for j in range(n_blocks)) * copies, sms)
-    return _balance(tuple(tiles(j) + (tiles(n_blocks - 1 - j) if n_blocks - 1 - j > j else 0)
-                          for j in range(-(-n_blocks // 2))) * copies, sms)
-
-
 def pairs_pay(n_q: int, n_k: int, copies: int, block_keys: int, block_m: int, sms: int) -> bool:
     """Whether the causal backward should take key blocks in mirror-image
     pairs (``HopperBwdConfig.pair_blocks=None``): the simulated balance of
     the paired grid beats the plain one's by ``PAIR_MARGIN``.  ``copies``:
     batch x kv heads; ``block_keys``: keys a program's block."""
-    args = (n_q, n_k, copies, block_keys, block_m, sms)
-    return grid_balance(*args, True) >= grid_balance(*args, False) + PAIR_MARGIN
+    n_blocks = -(-n_k // block_keys)
+
+    def tiles(j):   # the query tiles of key block j (bottom-right causal)
+        m_lo = max(j * block_keys - (n_k - n_q), 0) // block_m * block_m
+        return max(-(-(n_q - m_lo) // block_m), 0)
+    plain = tuple(tiles(j) for j in range(n_blocks))
+    paired = tuple(tiles(j) + (tiles(n_blocks - 1 - j) if n_blocks - 1 - j > j else 0)
+                   for j in range(-(-n_blocks // 2)))
+    return _balance(paired * copies, sms) >= _balance(plain * copies, sms) + PAIR_MARGIN
 
 
 def _paired(q, k, causal: bool, cfg: HopperBwdConfig, slices: int = 1) -> bool:
@@ -273,12 +265,12 @@ def _paired(q, k, causal: bool, cfg: HopperBwdConfig, slices: int = 1) -> bool:
 # H200 (v23, d = 128, causal) slices of 2 heads won 5-7 % at GQA 8 from 4k
 # to 16k (4k: more, shorter programs balance better) and 2 % at GQA 4, 16k;
 # at d = 64 they were -2..+3 %.  Without causal the programs walk in step.
-# Below 4k keys (v24, 2k) long walks won where the grid filled the SMs
-# (GQA 4: 1 slice 1.05-1.08x cuDNN, 2 slices 0.99x); a grid of 64 programs
-# (GQA 8 in memory chunks of 4 batch elements) read 0.69x, 2 slices 0.97x.
-SLICE_HEADS = 2   # the most query heads a slice of a causal group walks (from SLICE_MIN_KEYS keys)
-SLICE_MIN_KEYS = 4096   # the fewest keys at which slices of SLICE_HEADS were timed and won
-SLICE_FILL = 0.9   # below it: the simulated busy share of the SMs the fewest slices must reach
+# At 2k keys the sliced default read 0.72-0.77x cuDNN at d = 128 (GQA 4, 8)
+# in one run; v24's same-run timings (one launch, 2k): GQA 8 1 slice 0.97x,
+# 2 0.99x, 4 1.01x; GQA 4 1 slice 1.08x, 2 0.99x; at d = 64 1 slice best.
+# A rule from the grid's simulated balance lost 34 % at 1k, d = 64 (v24).
+SLICE_HEADS = 2   # the most query heads a slice of a causal group walks
+SLICE_MIN_KEYS = 4096   # the fewest keys at which slices were timed and won
 
 
 def check_slices(cfg: HopperBwdConfig, head_dim: int, head_dim_v: int) -> None:
@@ -293,21 +285,13 @@ def head_slices(q: torch.Tensor, k: torch.Tensor, causal: bool, cfg: HopperBwdCo
     """How many slices the dK/dV kernel cuts each kv head's group of query
     heads into (1: none): ``cfg.head_slices`` where set (at most the group,
     a divisor of it), else for a causal call of at least ``SLICE_MIN_KEYS``
-    keys the fewest whose slices have at most ``SLICE_HEADS`` heads, and
-    below it the fewest whose grid keeps ``SLICE_FILL`` of the SMs busy
-    (:func:`grid_balance`)."""
+    keys the fewest whose slices have at most ``SLICE_HEADS`` heads."""
     group = q.shape[1] // k.shape[1]
     if cfg.head_slices is not None:
         return next(s for s in range(min(cfg.head_slices, group), 0, -1) if group % s == 0)
-    if not causal:
+    if not causal or k.shape[2] < SLICE_MIN_KEYS:
         return 1
-    counts = [s for s in range(1, group + 1) if group % s == 0]
-    if k.shape[2] >= SLICE_MIN_KEYS:
-        return next(s for s in counts if group // s <= SLICE_HEADS)
-    b, _, n_q, _ = q.shape
-    return next((s for s in counts if grid_balance(n_q, k.shape[2], b * k.shape[1] * s, 2 * cfg.block_n, cfg.block_m,
-                                                   sm_count(q.device), _paired(q, k, causal, cfg, s)) >= SLICE_FILL),
-                group)
+    return next(s for s in range(1, group + 1) if group % s == 0 and group // s <= SLICE_HEADS)
 
 
 def dq_sum(q: torch.Tensor, head_dim_v: int) -> torch.Tensor:
