@@ -388,12 +388,12 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
 
 
 def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None, o_lo=None):
-    """The atomic-dQ backward: the Hopper dK/dV kernel (Gluon) between the
-    portable preprocess and convert kernels; (dq, dk, dv), then the sinks'
-    gradient if any (from ``o_lo`` where given, else the dS row sums)."""
+    """The atomic-dQ backward, Hopper's dK/dV kernel between the portable preprocess and convert: (dq, dk, dv),
+    then the sinks' gradient if any (from ``o_lo`` where given, else the dS row sums)."""
     b, hq, n_q, d = q.shape
-    dq, dk, dv = output_like(q), output_like(k), output_like(v)
     config = config or hopper.bwd_config_for(d, v.shape[-1])
+    chunks = bwd_memory.memory_chunks(q, k, v, causal, config)   # checks head_slices before any launch
+    dq, dk, dv = output_like(q), output_like(k), output_like(v)
     if config.stats_tma:   # the kernel's copy engine reads them: rows padded to 16 bytes
         delta, lse2 = hopper.stats_rows(b, hq, n_q, q.device)
     else:
@@ -402,7 +402,7 @@ def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None, o_
     ds_sum = torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32) if sums_ds else None
     dsinks = _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo, sinks)
     dq_acc = None   # one float32 dQ sum for every chunk (bwd_memory: a bound on the peak)
-    for bs, hs, hks in bwd_memory.memory_chunks(q, k, v, causal, config):
+    for bs, hs, hks in chunks:
         dq_acc = hopper.dq_sum(q[bs, hs], v.shape[-1]) if dq_acc is None else dq_acc.zero_()
         hopper.attn_bwd_dkdv(do[bs, hs], q[bs, hs], k[bs, hks], v[bs, hks], dq_acc, dk[bs, hks], dv[bs, hks],
                              lse2[bs, hs], delta[bs, hs], causal, scale, config, None if ds_sum is None else
