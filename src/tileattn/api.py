@@ -73,14 +73,16 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
             dQ by separate kernels, bitwise reproducible.  False: one kernel
             computes dK/dV and adds dQ into a float32 sum with atomics
             (5 instead of 7 tile matmuls; faster, but dq may differ in the
-            last bits from run to run; dk and dv stay reproducible).  None
-            (default): the faster one for the call -- False where the
-            Hopper backward runs it (a plain fp16/bf16 call at d = 64 or 128
-            on a compute capability 9.0 GPU: 0.86-0.96x cuDNN there, against
-            0.69-0.88x for the deterministic kernels, docs/perf-notes.md
-            v12), True everywhere else (where the portable atomic kernel is
-            the slower one) and whenever ``torch.use_deterministic_algorithms``
-            is on.  The pure-PyTorch path ignores it (it is deterministic).
+            last bits from run to run; so may dk and dv of a causal GQA call
+            from 4096 keys on the Hopper kernel, whose head slices add them
+            into float32 sums too).  None (default): the faster one for the
+            call -- False where the Hopper backward runs it (a plain
+            fp16/bf16 call at d = 64 or 128 on a compute capability 9.0 GPU:
+            0.95-1.07x cuDNN there, against 0.61-0.88x for the deterministic
+            kernels, docs/perf-notes.md v12-v24), True everywhere else (where
+            the portable atomic kernel is the slower one) and whenever
+            ``torch.use_deterministic_algorithms`` is on.  The pure-PyTorch
+            path ignores it (it is deterministic).
 
     Returns:
         out (B, Hq, Nq, D) in the input dtype, or (out, lse).
