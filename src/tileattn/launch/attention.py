@@ -401,12 +401,12 @@ def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None, o_
     sums_ds = sinks is not None and o_lo is None
     ds_sum = torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32) if sums_ds else None
     dsinks = _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo, sinks)
+    new_sum = _dq_accumulator if v.shape[-1] == d else hopper.dq_sum_transposed   # the wide kernel's: transposed
     dq_acc = None   # one float32 dQ sum for every chunk (bwd_memory: a bound on the peak)
     for bs, hs, hks in chunks:
-        dq_acc = hopper.dq_sum(q[bs, hs], v.shape[-1]) if dq_acc is None else dq_acc.zero_()
+        dq_acc = new_sum(q[bs, hs]) if dq_acc is None else dq_acc.zero_()
         hopper.attn_bwd_dkdv(do[bs, hs], q[bs, hs], k[bs, hks], v[bs, hks], dq_acc, dk[bs, hks], dv[bs, hks],
-                             lse2[bs, hs], delta[bs, hs], causal, scale, config, None if ds_sum is None else
-                             ds_sum[bs, hs])
+                             lse2[bs, hs], delta[bs, hs], causal, scale, config, ds_sum[bs, hs] if sums_ds else None)
         _dq_convert(dq_acc, dq[bs, hs], scale)
     if sinks is None:
         return dq, dk, dv

@@ -47,9 +47,9 @@ def memory_chunks(q, k, v, causal: bool, cfg: HopperBwdConfig) -> list[tuple[sli
     hopper.check_slices(cfg, q.shape[-1], v.shape[-1])
     b, hq = q.shape[:2]
     hkv = k.shape[1]
-    g, budget = hq // hkv, SCRATCH_SHARE * step_bytes(q, k, v)
     if k.shape[2] < CHUNK_MIN_KEYS:
         return [(slice(0, b), slice(0, hq), slice(0, hkv))]
+    g, budget = hq // hkv, SCRATCH_SHARE * step_bytes(q, k, v)
     scratch = scratch_bytes(q, k, v, causal, cfg)   # a chunk's: its share of (batch, kv heads); slices alike
     shapes = [(b // c, hkv) for c in range(1, b + 1) if b % c == 0] + [(1, hkv // e) for e in range(2, hkv + 1)
                                                                        if hkv % e == 0]

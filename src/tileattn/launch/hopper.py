@@ -294,14 +294,6 @@ def head_slices(q: torch.Tensor, k: torch.Tensor, causal: bool, cfg: HopperBwdCo
     return next(s for s in range(1, group + 1) if group % s == 0 and group // s <= SLICE_HEADS)
 
 
-def dq_sum(q: torch.Tensor, head_dim_v: int) -> torch.Tensor:
-    """The zeroed float32 dQ sum of one launch: (B, Hq, Nq, D), or
-    :func:`dq_sum_transposed`'s view for the wide kernel (V narrower)."""
-    if head_dim_v != q.shape[-1]:
-        return dq_sum_transposed(q)
-    return torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-
-
 def dq_turns(cfg: HopperBwdConfig, ds_sum) -> bool:
     """Whether the compute warpgroups take turns forming a tile's whole dQ
     (``cfg.dq_turns``; the kernel reads it from the dQ sum's box width):
