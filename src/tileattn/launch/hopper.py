@@ -27,16 +27,26 @@ from ..dispatch import tma_addressable
 from .runtime import LOG2E, output_f32, sm_count, tma_strides
 
 
+@functools.lru_cache(maxsize=64)
+def _shared_layout(block: tuple, dtype: str):
+    """The default swizzled shared layout of a copy box, or with ``dtype``
+    "rows" the unswizzled float32 one of lse₂/Δ rows: frozen values, built
+    once (building them was most of a launch's host time, perf-notes v24)."""
+    from triton.experimental.gluon import language as gl
+    if dtype == "rows":
+        return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=len(block))
+    return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, dtype))
+
+
 def _descriptor(t: torch.Tensor, rows: int):
     """A rank-4 (B, H, N, D) TMA descriptor with a (1, 1, rows, D) box.  Rows
     past N read as zeros and are clipped on stores, so a tile never reaches
     into the next head."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     shape, strides = list(t.shape), tma_strides(t, 3)   # the row dim too: a 1-row tensor
     block = [1, 1, rows, shape[3]]
-    dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-    return TensorDescriptor(t, shape, strides, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+    dtype = "bfloat16" if t.dtype == torch.bfloat16 else "float16"
+    return TensorDescriptor(t, shape, strides, block, _shared_layout(tuple(block), dtype))
 
 
 def _qk_descriptors(q: torch.Tensor, k: torch.Tensor, dv: int, cfg: HopperFwdConfig) -> dict:
@@ -194,20 +204,17 @@ def stats_rows(b: int, hq: int, n_q: int, device) -> tuple[torch.Tensor, torch.T
 def _row_descriptor(x: torch.Tensor, rows: int):
     """A rank-3 (B, H, N) float32 descriptor with a (1, 1, rows) box, no
     swizzle (one row of a tile: lse₂ or Δ); rows past N read as zeros."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    return TensorDescriptor(x, list(x.shape), tma_strides(x, 2), [1, 1, rows],
-                            gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3))
+    return TensorDescriptor(x, list(x.shape), tma_strides(x, 2), [1, 1, rows], _shared_layout((1, 1, rows), "rows"))
 
 
 def _dq_descriptor(dq_acc: torch.Tensor, rows: int, cols: int):
     """The float32 dQ sum as a rank-4 descriptor with a (1, 1, rows, cols)
     box: the backward adds column halves of its dQ tiles into it."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     block = [1, 1, rows, cols]
     return TensorDescriptor(dq_acc, list(dq_acc.shape), tma_strides(dq_acc, 3), block,
-                            gl.NVMMASharedLayout.get_default_for(block, gl.float32))
+                            _shared_layout(tuple(block), "float32"))
 
 
 # A causal program's work is its key block's query tiles (all of them for the
