@@ -578,3 +578,17 @@ def test_launcher_names_exist(module):
     assert used, "no name read"
     missing = sorted(f"{m}.{a}" for m, a in used if not hasattr(mods[m], a))
     assert not missing, f"read but not defined: {missing}"
+
+
+@pytest.mark.parametrize("block, dtype", [((1, 1, 128, 128), "bfloat16"), ((1, 1, 64, 64), "float16"),
+                                          ((1, 1, 128, 64), "float32"), ((1, 1, 128), "rows")])
+def test_shared_layout_cached(block, dtype):
+    """The descriptors' cached shared layout equals a freshly built one and is
+    built once (the launchers read it at every launch)."""
+    from triton.experimental.gluon import language as gl
+    from tileattn.launch import runtime
+    got = runtime.shared_layout(block, dtype)
+    fresh = (gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=len(block)) if dtype == "rows"
+             else gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, dtype)))
+    assert got == fresh
+    assert runtime.shared_layout(block, dtype) is got

@@ -73,13 +73,11 @@ def eligible(q: torch.Tensor, k_hi: torch.Tensor, v_lo: torch.Tensor, block_tabl
 def _descriptor(t: torch.Tensor, cols: int):
     """A rank-4 (batch or page, kv head, row, channel) descriptor with a
     (1, 1, BLOCK_N, cols) box; rows past the cache read as zeros."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     runtime.register_descriptor_type(TensorDescriptor)   # (launch plans may hold this call's launch)
-    block = [1, 1, BLOCK_N, cols]
-    dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-    return TensorDescriptor(t, list(t.shape), tma_strides(t, 3), block,
-                            gl.NVMMASharedLayout.get_default_for(block, dtype))
+    block = (1, 1, BLOCK_N, cols)
+    dtype = "bfloat16" if t.dtype == torch.bfloat16 else "float16"
+    return TensorDescriptor(t, list(t.shape), tma_strides(t, 3), list(block), runtime.shared_layout(block, dtype))
 
 
 def kernel_args(q, k_hi, v_lo, cache_seqlens, block_table, o_part, l_part, *, n_new: int, capacity: int,

@@ -24,18 +24,8 @@ import triton
 from .. import configs
 from ..configs import HopperBwdConfig, HopperFwdConfig
 from ..dispatch import tma_addressable
-from .runtime import LOG2E, output_f32, sm_count, tma_strides
-
-
-@functools.lru_cache(maxsize=64)
-def _shared_layout(block: tuple, dtype: str):
-    """The default swizzled shared layout of a copy box, or with ``dtype``
-    "rows" the unswizzled float32 one of lse₂/Δ rows: frozen values, built
-    once (building them was most of a launch's host time, perf-notes v24)."""
-    from triton.experimental.gluon import language as gl
-    if dtype == "rows":
-        return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=len(block))
-    return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, dtype))
+from . import runtime
+from .runtime import LOG2E, output_f32, shared_layout, sm_count, tma_strides
 
 
 def _descriptor(t: torch.Tensor, rows: int):
@@ -43,10 +33,11 @@ def _descriptor(t: torch.Tensor, rows: int):
     past N read as zeros and are clipped on stores, so a tile never reaches
     into the next head."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    runtime.register_descriptor_type(TensorDescriptor)   # direct launches key on it (launch/runtime.py)
     shape, strides = list(t.shape), tma_strides(t, 3)   # the row dim too: a 1-row tensor
     block = [1, 1, rows, shape[3]]
     dtype = "bfloat16" if t.dtype == torch.bfloat16 else "float16"
-    return TensorDescriptor(t, shape, strides, block, _shared_layout(tuple(block), dtype))
+    return TensorDescriptor(t, shape, strides, block, shared_layout(tuple(block), dtype))
 
 
 def _qk_descriptors(q: torch.Tensor, k: torch.Tensor, dv: int, cfg: HopperFwdConfig) -> dict:
@@ -125,14 +116,14 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         total = (triton.cdiv(n_m_tiles, 2) if causal else n_m_tiles) * hq * b
         grid = (max(1, min(total, sm_count(q.device))),)   # an empty call: one program, no item
         extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total)
-    _attn_fwd_hopper_kernel[grid](
+    runtime.run(_attn_fwd_hopper_kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg), dict(
         **_qk_descriptors(q, k, dv, cfg), v_desc=_descriptor(v, cfg.block_n), o_desc=_descriptor(o, cfg.block_m),
         LSE=lse, SINKS=lse if sinks is None else sinks.float().contiguous(),
         stride_lb=lse.stride(0), stride_lh=lse.stride(1),
         GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
         NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks is not None,
-        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg, **extra)
+        **extra))
     return (o, lse) if o_lo is None else (o, lse, o_lo)
 
 
@@ -205,7 +196,7 @@ def _row_descriptor(x: torch.Tensor, rows: int):
     """A rank-3 (B, H, N) float32 descriptor with a (1, 1, rows) box, no
     swizzle (one row of a tile: lse₂ or Δ); rows past N read as zeros."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    return TensorDescriptor(x, list(x.shape), tma_strides(x, 2), [1, 1, rows], _shared_layout((1, 1, rows), "rows"))
+    return TensorDescriptor(x, list(x.shape), tma_strides(x, 2), [1, 1, rows], shared_layout((1, 1, rows), "rows"))
 
 
 def _dq_descriptor(dq_acc: torch.Tensor, rows: int, cols: int):
@@ -214,7 +205,7 @@ def _dq_descriptor(dq_acc: torch.Tensor, rows: int, cols: int):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     block = [1, 1, rows, cols]
     return TensorDescriptor(dq_acc, list(dq_acc.shape), tma_strides(dq_acc, 3), block,
-                            _shared_layout(tuple(block), "float32"))
+                            shared_layout(tuple(block), "float32"))
 
 
 # A causal program's work is its key block's query tiles (all of them for the
@@ -381,9 +372,8 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     if w != d:
         from ..kernels.bwd_hopper_wide import _attn_bwd_hopper_wide_kernel
         assert ds_sum is None, "the wide backward kernel does not sum dS (no sinks)"
-        _attn_bwd_hopper_wide_kernel[grid](**_wide_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal,
-                                                            scale, cfg),
-                                           num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+        runtime.run(_attn_bwd_hopper_wide_kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
+                    _wide_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg))
         return
     from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel
     slices = head_slices(q, k, causal, cfg)
@@ -391,10 +381,9 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     grid = (triton.cdiv(grid[0], 2) if paired else grid[0], hkv * slices, b)   # paired: a program, two key blocks
     # head slices: float32 dK/dV sums the slices add into, rounded below
     sums = torch.zeros((2,) + k.shape, device=k.device, dtype=torch.float32) if slices > 1 else None
-    _attn_bwd_hopper_kernel[grid](**_bwd_args(do, q, k, v, dq_acc, dk if sums is None else sums[0],
-                                              dv if sums is None else sums[1], lse2, delta, causal, scale, cfg,
-                                              ds_sum, paired, slices),
-                                  num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+    runtime.run(_attn_bwd_hopper_kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
+                _bwd_args(do, q, k, v, dq_acc, dk if sums is None else sums[0], dv if sums is None else sums[1],
+                          lse2, delta, causal, scale, cfg, ds_sum, paired, slices))
     if sums is not None:
         dk.copy_(sums[0])
         dv.copy_(sums[1])

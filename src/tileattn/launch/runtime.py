@@ -396,3 +396,14 @@ def replay(plan, tensors: dict) -> None:
         compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
                      compiled.launch_metadata(grid, stream, *values), runtime.launch_enter_hook,
                      runtime.launch_exit_hook, *values)
+
+
+@functools.lru_cache(maxsize=64)
+def shared_layout(block: tuple, dtype: str):
+    """The default swizzled shared layout of a Gluon copy box, or with ``dtype``
+    "rows" the unswizzled float32 one of lse₂/Δ rows: frozen values, built
+    once (building them was most of a launch's host time, perf-notes v24)."""
+    from triton.experimental.gluon import language as gl
+    if dtype == "rows":
+        return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=len(block))
+    return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, dtype))
