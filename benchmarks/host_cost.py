@@ -6,7 +6,8 @@ provider it prints the best host time of one step with the GPU drained
 the ratio to SDPA-cuDNN.  Providers: SDPA cuDNN, tileattn's default call and,
 ``--before``, the same call on the host path before v25 (the Hopper
 descriptors' shared layouts built at every launch, the Hopper kernels
-launched through Gluon's own binding: :func:`before_v25`).
+launched through Gluon's own binding, no Hopper launch plans:
+:func:`before_v25`).
 
     python benchmarks/host_cost.py [--mode bwd|fwd] [--points 128:8:1:2048 ...] [--rounds 3] [--before]
 
@@ -33,13 +34,14 @@ POINTS = ["128:8:1:512", "128:8:1:1024", "128:8:1:2048", "128:4:1:2048", "128:1:
 @contextlib.contextmanager
 def before_v25(on: bool):
     """The host path before v25: the Hopper descriptors' shared layouts built
-    again at every descriptor and the Hopper kernels launched through
-    Gluon's ``kernel[grid](...)`` (argument binding and cache key every call)
-    rather than ``launch.runtime.run``'s direct launches."""
+    again at every descriptor, the Hopper kernels launched through Gluon's
+    ``kernel[grid](...)`` (argument binding and cache key every call) rather
+    than ``launch.runtime.run``'s direct launches, and no launch plans for
+    the Hopper calls (``launch.hopper_calls``)."""
     if not on:
         yield
         return
-    cached, run = runtime.shared_layout, runtime.run
+    cached, run, plan_key = runtime.shared_layout, runtime.run, runtime.plan_key
     from tileattn.kernels.bwd_hopper import _attn_bwd_hopper_kernel
     from tileattn.kernels.bwd_hopper_wide import _attn_bwd_hopper_wide_kernel
     from tileattn.kernels.fwd_hopper import _attn_fwd_hopper_kernel
@@ -50,13 +52,15 @@ def before_v25(on: bool):
             kernel[grid](**args, **options)
         else:
             run(kernel, grid, options, args)
+    def no_hopper_plans(kind, *args):
+        return None if kind.startswith("hopper") else plan_key(kind, *args)
     runtime.shared_layout = hopper.shared_layout = cached.__wrapped__
-    runtime.run = old_run
+    runtime.run, runtime.plan_key = old_run, no_hopper_plans
     try:
         yield
     finally:
         runtime.shared_layout = hopper.shared_layout = cached
-        runtime.run = run
+        runtime.run, runtime.plan_key = run, plan_key
 
 
 def _sdpa(q, k, v, causal):

@@ -430,18 +430,22 @@ HOPPER_CASES = {
 def counting_calls(module, name: str):
     """Replace ``module.name`` by a wrapper for the block's duration and yield a
     list that gets one entry per call, its (args, kwargs) (e.g. which
-    launches a dispatch takes, and with what)."""
+    launches a dispatch takes, and with what).  Launch plans are off for the
+    block: a replayed plan would skip the launchers it counts."""
+    from .launch import runtime
     calls = []
-    real = getattr(module, name)
+    real, plans_on = getattr(module, name), runtime.PLANS_ON
 
     def spy(*args, **kwargs):
         calls.append((args, kwargs))
         return real(*args, **kwargs)
     setattr(module, name, spy)
+    runtime.PLANS_ON = False
     try:
         yield calls
     finally:
         setattr(module, name, real)
+        runtime.PLANS_ON = plans_on
 
 
 def hopper_inputs(b, hq, hkv, n_q, n_k, d, dtype, seed, layout="bhnd", logit_scale=1.0, dv=None):

@@ -222,8 +222,8 @@ def test_accumulator_starts_at_zero_and_dq_is_fully_written(kernels, monkeypatch
     be, and the convert kernel writes every element of dq (also the rows
     that see no key)."""
     seen = []
-    real = launch.attention._dq_accumulator
-    monkeypatch.setattr(launch.attention, "_dq_accumulator", lambda q: seen.append(real(q)) or seen[-1])
+    real = launch.bwd_steps.dq_accumulator
+    monkeypatch.setattr(launch.bwd_steps, "dq_accumulator", lambda q: seen.append(real(q)) or seen[-1])
     do, q, k, v, out, lse, _, scale = _launcher_inputs(F32)
     out, lse = launch.attn_fwd(q, k[:, :, :30], v[:, :, :30], True, scale)   # Nq > Nk: rows 0..44 see no key
     dq, dk, dv = launch.attn_bwd(do, q, k[:, :, :30], v[:, :, :30], out, lse, True, scale, deterministic=False)

@@ -25,7 +25,7 @@ import torch
 import tileattn
 from tileattn import configs, dispatch, launch, ops
 from tileattn.configs import HopperBwdConfig
-from tileattn.launch import bwd_memory, hopper as launch_hopper
+from tileattn.launch import bwd_memory, bwd_steps, hopper as launch_hopper, hopper_calls
 from tileattn.reference import standard_attention
 from tileattn.testing import HOPPER_CASES, check_accuracy, counting_calls, hopper_inputs
 
@@ -193,7 +193,6 @@ def test_stats_tma_odd_rows(causal, direct):
     """lse₂ and Δ by the copy engine at a query length that is not a multiple
     of 4: through the launcher (rows padded by ``stats_rows``), and a direct
     launch with contiguous rows (copied into padded ones first)."""
-    from tileattn.launch import attention as launch_attention
     cfg = HopperBwdConfig(dk_from_smem=True, stats_tma=True)
     q, k, v, do = _inputs(1, 4, 2, 333, 517, 64, torch.bfloat16, seed=13)
     if not direct:
@@ -202,12 +201,12 @@ def test_stats_tma_odd_rows(causal, direct):
     scale = 64 ** -0.5
     out, lse = launch.attn_fwd(q, k, v, causal, scale)
     delta, lse2 = (torch.full((1, 4, 333), float("nan"), device="cuda") for _ in range(2))
-    launch_attention._bwd_preprocess(do, out, lse, None, delta, lse2)
+    bwd_steps.preprocess(do, out, lse, None, delta, lse2)
     dq_acc = torch.zeros(q.shape, device="cuda", dtype=torch.float32)
     dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
     launch_hopper.attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, config=cfg)
     dq = torch.full_like(q, float("nan"))
-    launch_attention._dq_convert(dq_acc, dq, scale)
+    bwd_steps.dq_convert(dq_acc, dq, scale)
     ref, low = _reference_grads(q, k, v, do, causal)
     for part, g, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
         check_accuracy(f"stats-tma-direct {part}", g, r, lo, q.dtype)
@@ -220,7 +219,6 @@ def test_preprocess_writes_padded_stat_rows(n_q):
     writes Δ and lse₂ into them (here under the interpreter, or compiled on a
     GPU): the values of contiguous rows, the padding left alone."""
     import math
-    from tileattn.launch import attention as launch_attention
     device = "cuda" if HAS_CUDA else "cpu"
     gen = torch.Generator().manual_seed(n_q)
     o, do = (torch.randn(2, 3, n_q, 16, generator=gen).to(device) for _ in range(2))
@@ -232,7 +230,7 @@ def test_preprocess_writes_padded_stat_rows(n_q):
     sentinel = torch.tensor(-7.0, device=device)
     for t in (delta, lse2):   # the padding after each row, seen through the row's storage
         t.as_strided((2, 3, pad), t.stride()).fill_(sentinel)
-    launch_attention._bwd_preprocess(do, o, lse, None, delta, lse2)
+    bwd_steps.preprocess(do, o, lse, None, delta, lse2)
     torch.testing.assert_close(delta, (o * do).sum(-1), rtol=1e-5, atol=1e-5)
     want = torch.where(lse == float("-inf"), float("inf"), lse * math.log2(math.e))
     torch.testing.assert_close(lse2, want, rtol=1e-6, atol=1e-6)
@@ -246,14 +244,13 @@ def test_transposed_dq_sum_converts(n_q):
     handed to the portable convert kernel as a (B, H, Nq, D) view: every row
     of dq is scale x the sum, read through the transposed strides (here under
     the interpreter, or compiled on a GPU)."""
-    from tileattn.launch import attention as launch_attention
     device = "cuda" if HAS_CUDA else "cpu"
     q = torch.empty(2, 3, n_q, 192, device=device, dtype=torch.float16)
     acc = launch_hopper.dq_sum_transposed(q)
     assert acc.shape == q.shape and acc.stride(2) == 1 and acc.stride(3) % 4 == 0 and not acc.any()
     acc.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(n_q)).to(device))
     dq = torch.full_like(q, float("nan"))
-    launch_attention._dq_convert(acc, dq, 0.125)
+    bwd_steps.dq_convert(acc, dq, 0.125)
     torch.testing.assert_close(dq.float(), (acc * 0.125).half().float(), rtol=0, atol=0)
 
 
@@ -427,9 +424,9 @@ def test_pairing_rule(n, copies, expected):
 def test_pairing_follows_the_config():
     q = torch.empty(1, 16, 4096, 128)
     k = torch.empty(1, 2, 4096, 128)
-    assert not launch_hopper._paired(q, k, False, HopperBwdConfig(pair_blocks=True))   # never without causal
-    assert launch_hopper._paired(q, k, True, HopperBwdConfig(pair_blocks=True))
-    assert not launch_hopper._paired(q, k, True, HopperBwdConfig(pair_blocks=False))
+    assert not launch_hopper.paired(q, k, False, HopperBwdConfig(pair_blocks=True))   # never without causal
+    assert launch_hopper.paired(q, k, True, HopperBwdConfig(pair_blocks=True))
+    assert not launch_hopper.paired(q, k, True, HopperBwdConfig(pair_blocks=False))
 
 
 # (name, group, n, causal, expected): causal groups of 4k keys or more in the fewest slices of at most 2
@@ -565,14 +562,14 @@ def test_memory_chunks_with_the_sinks_row_sums(monkeypatch):
         check_accuracy(f"chunked sinks {part}", g, r, lo, q.dtype)
 
 
-@pytest.mark.parametrize("module", ["attention", "bwd_memory"])
+@pytest.mark.parametrize("module", ["attention", "bwd_memory", "hopper_calls"])
 def test_launcher_names_exist(module):
-    """Every ``hopper.X`` / ``bwd_memory.X`` the launchers read exists (the
+    """Every ``hopper.X`` / ``bwd_memory.X`` / ``bwd_steps.X`` / ``hopper_calls.X`` the launchers read exists (the
     Hopper path runs only on a GPU, so a CPU run would not reach a missing one)."""
     import ast
     import importlib
     path = importlib.import_module(f"tileattn.launch.{module}").__file__
-    mods = {"hopper": launch_hopper, "bwd_memory": bwd_memory}
+    mods = {"hopper": launch_hopper, "bwd_memory": bwd_memory, "bwd_steps": bwd_steps, "hopper_calls": hopper_calls}
     used = {(n.value.id, n.attr) for n in ast.walk(ast.parse(open(path).read()))
             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in mods}
     assert used, "no name read"
@@ -592,3 +589,79 @@ def test_shared_layout_cached(block, dtype):
              else gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, dtype)))
     assert got == fresh
     assert runtime.shared_layout(block, dtype) is got
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", ["mha-causal-d128-2048", "gqa4-full-d64-2100", "bnhd-causal-d128-2048",
+                                  "dlse-full-d64-300", "short-causal-d128-512"])
+def test_hopper_plans_replay_the_first_call(case, monkeypatch):
+    """A plain call of a key seen before replays its launch plan
+    (``launch.hopper_calls``; the forward from the Hopper kernel's size
+    bound, below it the portable plans): the forward bitwise the first call's, dk/dv
+    bitwise (no atomics without slices) and dq to the float32 sum's rounding;
+    other keys (another length, fp16, a strided layout) in between share the
+    caches.  Poisoned outputs take no plan; later calls must fully write the
+    replayed outputs (they are fresh allocations, checked finite)."""
+    from tileattn.launch import runtime
+    kind, mode, dim, n = case.split("-")
+    d, n, group = int(dim[1:]), int(n), 4 if kind == "gqa4" else 1
+    layout = "bnhd" if kind == "bnhd" else "bhnd"
+    q, k, v, do = _inputs(2, 4, 4 // group, n, n, d, torch.bfloat16, seed=11, layout=layout)
+    other = _inputs(1, 4, 4 // group, n + 17, n + 17, d, torch.float16, seed=12)
+    causal, scale = mode == "causal", d ** -0.5
+    dlse = torch.randn(q.shape[:3], device="cuda") if kind == "dlse" else None
+    runtime.PLANS.clear()
+
+    def step(q, k, v, do):
+        out, lse = launch.attn_fwd(q, k, v, causal, scale)
+        return (out, lse) + launch.attn_bwd(do, q, k, v, out, lse, causal, scale, dlse=dlse if q.shape[0] == 2
+                                            else None, deterministic=False)
+    first = step(q, k, v, do)
+    for _ in range(3):
+        step(*other)
+        got = step(q, k, v, do)
+        for name, g, f in zip(("out", "lse", "dk", "dv"), got[:2] + got[3:], first[:2] + first[3:]):
+            assert torch.equal(g, f), f"{case} {name}"
+        assert (got[2].float() - first[2].float()).abs().max() <= 1e-2 * first[2].float().abs().max() + 1e-6
+        assert all(torch.isfinite(t).all() for t in got)
+    kinds = {key[0] for key in runtime.PLANS}
+    want = {"hopper_bwd"} | ({"hopper_fwd"} if dispatch.hopper_fwd_preferred(d, causal, n) else set())
+    assert want <= kinds, f"plans made: {kinds}"
+    monkeypatch.setattr(runtime, "POISON_OUTPUTS", True)
+    runtime.PLANS.clear()
+    for _ in range(2):
+        got = step(q, k, v, do)
+        assert all(torch.isfinite(t).all() for t in got), "a poisoned output was not fully written"
+    assert not any(key[0] == "hopper_fwd" for key in runtime.PLANS), "a poisoned forward made a plan"
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-launch", "chunks"])
+def test_hopper_call_plumbing(chunked, monkeypatch):
+    """``launch.hopper_calls.bwd`` on the CPU with the dK/dV kernel replaced by
+    a float64 reference of its contract (dk, dv written; dQ / scale added
+    into the float32 sum): the portable preprocess and convert around it and,
+    with memory chunks forced, each chunk's views and the reused dQ sum give
+    the reference gradients (the Hopper kernel itself is the GPU tests')."""
+    q, k, v, do = (torch.randn(2, h, 40, 64, dtype=torch.float32) for h in (4, 2, 2, 4))
+    scale = 0.25
+    out, lse = standard_attention(q.double(), k.double(), v.double(), causal=True, scale=scale, return_lse=True)
+    chunks = []
+
+    def fake_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum):
+        chunks.append((q.shape, dq_acc.shape))
+        leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        ref = standard_attention(*leaves, causal=causal, scale=scale)
+        gq, gk, gv = torch.autograd.grad(ref, leaves, do.double())
+        dk.copy_(gk)
+        dv.copy_(gv)
+        dq_acc.add_(gq.float() / scale)
+    monkeypatch.setattr(launch_hopper, "attn_bwd_dkdv", fake_dkdv)
+    if chunked:
+        monkeypatch.setattr(bwd_memory, "CHUNK_MIN_KEYS", 1)
+        monkeypatch.setattr(bwd_memory, "SCRATCH_SHARE", 1e-9)   # the most chunks: a kv head of one element
+    got = hopper_calls.bwd(do, q, k, v, out.float(), lse.float(), None, True, scale)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(standard_attention(*leaves, causal=True, scale=scale), leaves, do.double())
+    assert len(chunks) == (4 if chunked else 1)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert torch.allclose(g.double(), w, atol=1e-4, rtol=1e-4), name

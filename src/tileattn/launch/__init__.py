@@ -9,12 +9,18 @@
 * ``decode``: the KV-cache decoding kernels' launchers and split rules;
 * ``decode_hopper``: the Hopper decoding kernel for the absorbed MLA cache
   (its rules, launcher and sm_90a compile report);
-* ``hopper``: the Hopper training kernels' launchers and sm_90a compile reports.
+* ``hopper``: the Hopper training kernels' launchers and sm_90a compile reports;
+* ``hopper_calls``: the Hopper forward and backward as ``attention`` runs
+  them (the backward's steps around the dK/dV kernel, launch plans);
+* ``bwd_steps``: the backward's steps both paths share (the float32 dQ sum,
+  the preprocess, the dQ convert); ``bwd_memory``: the Hopper backward's
+  memory chunks.
 
 ``ops.py`` calls ``launch.attn_fwd`` / ``launch.attn_bwd`` through this
 package's attributes (tests wrap them there).
 """
-from . import attention, decode, decode_hopper, hopper, runtime, tuning
+from . import attention, bwd_memory, bwd_steps, decode, decode_hopper, hopper, hopper_calls, runtime, tuning
 from .attention import attn_bwd, attn_fwd
 
-__all__ = ["attn_fwd", "attn_bwd", "attention", "decode", "decode_hopper", "hopper", "runtime", "tuning"]
+__all__ = ["attn_fwd", "attn_bwd", "attention", "bwd_memory", "bwd_steps", "decode", "decode_hopper", "hopper",
+           "hopper_calls", "runtime", "tuning"]

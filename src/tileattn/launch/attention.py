@@ -16,14 +16,13 @@ from .. import configs, dispatch
 from .._env import interpreter_active
 from ..block_mask import BLOCK_K as MASK_BLOCK_K, BLOCK_Q as MASK_BLOCK_Q, cached_kernel_block_lists
 from ..configs import HopperBwdConfig, HopperFwdConfig, KernelConfig
-from ..kernels.bwd import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_convert_kernel, _attn_bwd_dq_kernel,
-                           _attn_bwd_preprocess_kernel)
+from ..kernels.bwd import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
 from ..kernels.fwd import _attn_fwd_kernel
 from ..sinks import kernel_sink_grad, with_sinks
 from ..validation import fold_causal
 from .runtime import (LOG2E, abandon_record, aligned, base_tensor, begin_record, descriptor, dot_precision, end_record,
                       output_f32, output_like, replay, smem_limit, strides4, use_tma)
-from . import bwd_memory, hopper, runtime, tuning
+from . import bwd_steps, hopper, hopper_calls, runtime, tuning
 
 # Which tile height (meta-parameter) each descriptor argument is read with.
 # and the width: V, O, dO and dV have V's head dim (BLOCK_DV), the rest BLOCK_D.
@@ -55,12 +54,6 @@ def _output(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     if runtime.POISON_OUTPUTS:
         out.fill_(float("nan"))
     return out
-
-
-def _dq_accumulator(q: torch.Tensor) -> torch.Tensor:
-    """The float32 (B, Hq, Nq, D) sum the atomic backward adds dQ into: it
-    must start at zero (never poisoned; dq itself is)."""
-    return torch.zeros(q.shape, device=q.device, dtype=torch.float32)
 
 
 def _bucket(n: int) -> int:
@@ -250,8 +243,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     if (not variants and (config is None or isinstance(config, HopperFwdConfig))
             and dispatch.hopper_fwd_eligible(q, k, v)
             and (config is not None or dispatch.hopper_fwd_preferred(q.shape[-1], causal, k.shape[2]))):
-        return hopper.attn_fwd(q, k, v, causal, scale, config, poison=runtime.POISON_OUTPUTS, sinks=sinks,
-                               remainder=remainder)
+        return hopper_calls.fwd(q, k, v, causal, scale, config, sinks, remainder)
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     plan_key = None
@@ -336,7 +328,7 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     sums_ds = sinks is not None and o_lo is None   # the kernels sum dS for the sinks' gradient
     if (not deterministic and not variants and (config is None or isinstance(config, HopperBwdConfig))
             and dispatch.hopper_bwd_eligible(q, k, v, do, sums_ds)):
-        return _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks, o_lo)
+        return hopper_calls.bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks, o_lo)
     plan_key = None
     if not variants and sinks is None and config is None and q.is_cuda:
         plan_key = runtime.plan_key("bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), deterministic)
@@ -347,7 +339,7 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
             tensors = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse, "dlse": dlse,
                        "dq": dq, "dk": dk, "dv": dv, "delta": delta, "lse2": lse2}
             if not deterministic:
-                tensors["dq_acc"] = _dq_accumulator(q)
+                tensors["dq_acc"] = bwd_steps.dq_accumulator(q)
             if aligned(dq, dk, dv, delta, lse2):
                 replay(plan, tensors)
                 return dq, dk, dv
@@ -364,7 +356,7 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     lse2 = output_f32((b, hq, n_q), q.device)
     if config is None:
         check_shared_memory(q, v, bwd_kinds(deterministic))
-    dq_acc = None if deterministic else _dq_accumulator(q)
+    dq_acc = None if deterministic else bwd_steps.dq_accumulator(q)
     ds_sum = torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32) if sums_ds else None
     if plan_key is not None:
         begin_record()
@@ -387,66 +379,6 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     return dq, dk, dv, dsinks if dsinks is not None else kernel_sink_grad(sinks, lse, dlse, delta, ds_sum)
 
 
-def _hopper_bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks=None, o_lo=None):
-    """The atomic-dQ backward, Hopper's dK/dV kernel between the portable preprocess and convert: (dq, dk, dv),
-    then the sinks' gradient if any (from ``o_lo`` where given, else the dS row sums)."""
-    b, hq, n_q, d = q.shape
-    config = config or hopper.bwd_config_for(d, v.shape[-1])
-    chunks = bwd_memory.memory_chunks(q, k, v, causal, config)   # checks head_slices before any launch
-    dq, dk, dv = output_like(q), output_like(k), output_like(v)
-    if config.stats_tma:   # the kernel's copy engine reads them: rows padded to 16 bytes
-        delta, lse2 = hopper.stats_rows(b, hq, n_q, q.device)
-    else:
-        delta, lse2 = output_f32((b, hq, n_q), q.device), output_f32((b, hq, n_q), q.device)
-    sums_ds = sinks is not None and o_lo is None
-    ds_sum = torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32) if sums_ds else None
-    dsinks = _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo, sinks)
-    new_sum = _dq_accumulator if v.shape[-1] == d else hopper.dq_sum_transposed   # the wide kernel's: transposed
-    dq_acc = None   # one float32 dQ sum for every chunk (bwd_memory: a bound on the peak)
-    for bs, hs, hks in chunks:
-        dq_acc = new_sum(q[bs, hs]) if dq_acc is None else dq_acc.zero_()
-        hopper.attn_bwd_dkdv(do[bs, hs], q[bs, hs], k[bs, hks], v[bs, hks], dq_acc, dk[bs, hks], dv[bs, hks],
-                             lse2[bs, hs], delta[bs, hs], causal, scale, config, ds_sum[bs, hs] if sums_ds else None)
-        _dq_convert(dq_acc, dq[bs, hs], scale)
-    if sinks is None:
-        return dq, dk, dv
-    return dq, dk, dv, dsinks if dsinks is not None else kernel_sink_grad(sinks, lse, dlse, delta, ds_sum)
-
-
-def _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo=None, sinks=None):
-    """delta = rowsum(dO o O) (minus dlse) and lse2 = lse log2 e (+inf where
-    -inf); the rows of O and dO are V's head dim wide; with ``o_lo`` (O's
-    rounding remainder) O is o + o_lo.  ``delta`` and ``lse2`` share one
-    layout, contiguous or with padded rows (:func:`hopper.stats_rows`).
-    With ``o_lo`` and ``sinks`` the kernel also forms the sinks' gradient,
-    -sum_i exp(sink_h - lse_i) delta_i, one partial sum per row block
-    summed here in a fixed order (reproducible); returned, else None."""
-    b, hq, n_q, d = o.shape
-    assert delta.stride() == lse2.stride() and delta.stride(2) == 1 and delta.stride(0) == delta.stride(1) * hq
-    pre_block = configs.INTERPRETER_BWD.block_m if interpreter_active() else 64
-    has_dlse = dlse is not None
-    lse = lse.contiguous()
-    grid = (triton.cdiv(n_q, pre_block), hq, b)
-    extra = {} if o_lo is None else dict(O_LO=o_lo, **strides4(o_lo, "lo"), HAS_O_LO=True)
-    part = None if o_lo is None or sinks is None else output_f32((b, hq, grid[0]), o.device)
-    if part is not None:
-        extra.update(SINKS=sinks, DSINK_PART=part, SINK_GRAD=True)
-    runtime.run(_attn_bwd_preprocess_kernel, grid, {}, dict(
-        O=o, DO=do, LSE=lse, DLSE=dlse.contiguous() if has_dlse else lse, DELTA=delta, LSE2=lse2,
-        **strides4(o, "o"), **strides4(do, "do"), stride_sh=delta.stride(1),
-        N_HEADS=hq, N_Q=n_q, HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block,
-        HAS_DLSE=has_dlse, **extra))
-    return None if part is None else part.sum(dim=(0, 2)).to(sinks.dtype)
-
-
-def _dq_convert(dq_acc, dq, scale):
-    b, hq, n_q, d = dq.shape
-    pre_block = configs.INTERPRETER_BWD.block_m if interpreter_active() else 64
-    runtime.run(_attn_bwd_dq_convert_kernel, (triton.cdiv(n_q, pre_block), hq, b), {}, dict(
-        DQ_ACC=dq_acc, DQ=dq, **strides4(dq_acc, "dqa"), **strides4(dq, "dq"), N_Q=n_q, sm_scale=scale,
-        HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_M=pre_block))
-
-
 def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, scale, config, dq_acc=None,
                      ds_sum=None, o_lo=None, sinks=None):
     """The backward's launches; with ``dq_acc`` (a zeroed float32 tensor
@@ -459,7 +391,7 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
     per_kind = config if isinstance(config, dict) else {"dkdv": config, "dq": config, "dkdv_atomic": config}
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
-    dsinks = _bwd_preprocess(do, o, lse, dlse, delta, lse2, o_lo, sinks)
+    dsinks = bwd_steps.preprocess(do, o, lse, dlse, delta, lse2, o_lo, sinks)
 
     tma = use_tma(q, k, v, do, dq, dk, dv)
     tiles = (lambda t: descriptor(t)) if tma else (lambda t: t)
@@ -496,5 +428,5 @@ def _attn_bwd_launch(do, q, k, v, o, lse, dlse, dq, dk, dv, delta, lse2, var, sc
             DK=out_tiles(dk), DV=out_tiles(dv), **strides4(dk, "dk"), **strides4(dv, "dv"), **common,
             **var.kernel_args("dkdv"), DQ_ACC=descriptor(dq_acc) if dq_tma else dq_acc,
             **strides4(dq_acc, "dqa"), ATOMIC_DQ=True, DQ_TMA=dq_tma, **sum_args)
-    _dq_convert(dq_acc, dq, scale)
+    bwd_steps.dq_convert(dq_acc, dq, scale)
     return dsinks

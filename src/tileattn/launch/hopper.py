@@ -100,10 +100,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     if cfg.persistent and (d != dv or d > 128):
         raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
     from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel
-    o = torch.empty_like(q) if dv == d else None
-    if o is None or not tma_addressable(o):   # a V width of its own, or an unaddressable layout: a dense one
-        o = torch.empty((b, hq, n_q, dv), dtype=q.dtype, device=q.device)
-    lse = torch.empty((b, hq, n_q), device=q.device, dtype=torch.float32)
+    o, lse = fwd_outputs(q, v)
     o_lo = torch.empty_like(o) if remainder else None
     if poison:
         for t in (o, lse) if o_lo is None else (o, lse, o_lo):
@@ -125,6 +122,17 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks is not None,
         **extra))
     return (o, lse) if o_lo is None else (o, lse, o_lo)
+
+
+def fwd_outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's (out, lse), not poisoned: out like q where V's head dim
+    is q's and the copy engine can address that layout, else dense."""
+    b, hq, n_q, d = q.shape
+    dv = v.shape[-1]
+    o = torch.empty_like(q) if dv == d else None
+    if o is None or not tma_addressable(o):   # a V width of its own, or an unaddressable layout: a dense one
+        o = torch.empty((b, hq, n_q, dv), dtype=q.dtype, device=q.device)
+    return o, torch.empty((b, hq, n_q), device=q.device, dtype=torch.float32)
 
 
 def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False,
@@ -245,7 +253,7 @@ def pairs_pay(n_q: int, n_k: int, copies: int, block_keys: int, block_m: int, sm
     return _balance(paired * copies, sms) >= _balance(plain * copies, sms) + PAIR_MARGIN
 
 
-def _paired(q, k, causal: bool, cfg: HopperBwdConfig, slices: int = 1) -> bool:
+def paired(q, k, causal: bool, cfg: HopperBwdConfig, slices: int = 1) -> bool:
     if not causal or cfg.pair_blocks is False:
         return False
     if cfg.pair_blocks:
@@ -377,7 +385,7 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
         return
     from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel
     slices = head_slices(q, k, causal, cfg)
-    paired = _paired(q, k, causal, cfg, slices)
+    paired = paired(q, k, causal, cfg, slices)
     grid = (triton.cdiv(grid[0], 2) if paired else grid[0], hkv * slices, b)   # paired: a program, two key blocks
     # head slices: float32 dK/dV sums the slices add into, rounded below
     sums = torch.zeros((2,) + k.shape, device=k.device, dtype=torch.float32) if slices > 1 else None

@@ -301,6 +301,7 @@ def run(kernel, grid: tuple, options: dict, args: dict) -> None:
 # ---------------------------------------------------------------------------
 PLANS: dict = {}
 PLANS_MAX = 1024
+PLANS_ON = True   # False: every call takes the launchers (``testing.counting_calls`` counts them)
 _RECORDING = threading.local()
 
 
@@ -322,7 +323,7 @@ class _PlannedLaunch:
 
 def plan_key(kind: str, tensors: tuple, *scalars):
     """The key of a plan, or None when plans are off."""
-    if not _direct_enabled() or interpreter_active():
+    if not PLANS_ON or not _direct_enabled() or interpreter_active():
         return None
     key = [kind, triton.runtime.driver.active.get_current_device(), triton.knobs.runtime.debug,
            FORCE_POINTER_PATH, POISON_OUTPUTS, autotune_enabled(), *scalars]

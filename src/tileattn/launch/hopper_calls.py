@@ -1,0 +1,131 @@
+"""The Hopper forward and backward as ``launch/attention.py`` runs them once
+the dispatch chose the Hopper kernels: the backward's steps around the dK/dV
+kernel (``bwd_steps``: the portable preprocess and convert; ``bwd_memory``:
+memory chunks) and, for a plain call, launch plans (``runtime.py``).
+
+A plan keeps what the launchers passed to each compiled kernel on the first
+call of a key; a later call of the same key allocates its outputs and
+launches the recorded kernels with its own tensors, building no descriptor
+and binding no argument.  At 512-2k keys a call's host time was close to its
+GPU time (perf-notes v25), which lets the GPU idle between calls.  The key
+holds everything the launchers decide from (shapes, strides, dtypes,
+alignment, the scalars, the chosen config and, in the backward, the memory
+plan and the causal pairing); calls that a plan cannot replay take no plan:
+variants, sinks, a forced config, a forward that keeps its rounding
+remainder, poisoned outputs, and backward calls in memory chunks or head
+slices (their float32 sums are zeroed and rounded by PyTorch between
+launches, which a plan does not record).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..sinks import kernel_sink_grad
+from . import bwd_memory, bwd_steps, hopper, runtime
+from .runtime import aligned, output_f32, output_like
+
+
+def fwd(q, k, v, causal: bool, scale: float, config=None, sinks=None, remainder: bool = False):
+    """``hopper.attn_fwd``, through a plan for a plain call."""
+    key = None
+    if config is None and sinks is None and not remainder and not runtime.POISON_OUTPUTS:
+        cfg = hopper.config_for(q.shape[-1], v.shape[-1], causal, k.shape[2], False)
+        key = runtime.plan_key("hopper_fwd", (q, k, v), bool(causal), float(scale), cfg)
+        plan = runtime.PLANS.get(key) if key is not None else None
+        if plan is not None:
+            o, lse = hopper.fwd_outputs(q, v)
+            if aligned(o, lse):
+                runtime.replay(plan, {"q": q, "k": k, "v": v, "o": o, "lse": lse})
+                return o, lse
+            key = None
+    if key is not None:
+        runtime.begin_record()
+    try:
+        out = hopper.attn_fwd(q, k, v, causal, scale, config, poison=runtime.POISON_OUTPUTS, sinks=sinks,
+                              remainder=remainder)
+    except BaseException:
+        runtime.abandon_record()
+        raise
+    if key is not None:
+        runtime.end_record(key, {"q": q, "k": k, "v": v, "o": out[0], "lse": out[1]})
+    return out
+
+
+def _stats(q, cfg):
+    """(delta, lse2): rows padded for the copy engine where the kernel reads them through it."""
+    b, hq, n_q, _ = q.shape
+    if cfg.stats_tma:   # the kernel's copy engine reads them: rows padded to 16 bytes
+        return hopper.stats_rows(b, hq, n_q, q.device)
+    return output_f32((b, hq, n_q), q.device), output_f32((b, hq, n_q), q.device)
+
+
+def bwd(do, q, k, v, o, lse, dlse, causal: bool, scale: float, config=None, sinks=None, o_lo=None):
+    """The atomic-dQ backward, Hopper's dK/dV kernel between the portable
+    preprocess and convert: (dq, dk, dv), then the sinks' gradient if any
+    (from ``o_lo`` where given, else the dS row sums)."""
+    b, hq, n_q, d = q.shape
+    cfg = config or hopper.bwd_config_for(d, v.shape[-1])
+    chunks = bwd_memory.memory_chunks(q, k, v, causal, cfg)   # checks head_slices before any launch
+    key = None
+    if (config is None and sinks is None and len(chunks) == 1 and v.shape[-1] == d
+            and hopper.head_slices(q, k, causal, cfg) == 1):
+        key = runtime.plan_key("hopper_bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), cfg,
+                               hopper.paired(q, k, causal, cfg))
+        plan = runtime.PLANS.get(key) if key is not None else None
+        if plan is not None:
+            tensors = _bwd_tensors(do, q, k, v, o, lse, dlse, cfg)
+            if aligned(*(tensors[name] for name in ("dq", "dk", "dv", "delta", "lse2", "dq_acc"))):
+                runtime.replay(plan, tensors)
+                return tensors["dq"], tensors["dk"], tensors["dv"]
+            key = None
+    if key is not None:
+        runtime.begin_record()
+    try:
+        got = _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_lo)
+    except BaseException:
+        runtime.abandon_record()
+        raise
+    if key is not None:
+        runtime.end_record(key, got[-1])
+    return got[:-1]
+
+
+def _bwd_tensors(do, q, k, v, o, lse, dlse, cfg) -> dict:
+    """A plain call's tensors by the names its plan knows, outputs fresh."""
+    delta, lse2 = _stats(q, cfg)
+    tensors = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse, "dq": output_like(q), "dk": output_like(k),
+               "dv": output_like(v), "delta": delta, "lse2": lse2, "dq_acc": bwd_steps.dq_accumulator(q)}
+    if dlse is not None:
+        tensors["dlse"] = dlse
+    return tensors
+
+
+def _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_lo) -> tuple:
+    """The launches; returns (dq, dk, dv[, dsinks], tensors by name for a plan)."""
+    b, hq, n_q, d = q.shape
+    one = len(chunks) == 1
+    if one and v.shape[-1] == d:   # the tensors themselves, by the names a plan knows
+        tensors = _bwd_tensors(do, q, k, v, o, lse, dlse, cfg)
+        dq, dk, dv, delta, lse2 = (tensors[name] for name in ("dq", "dk", "dv", "delta", "lse2"))
+    else:
+        dq, dk, dv = output_like(q), output_like(k), output_like(v)
+        delta, lse2 = _stats(q, cfg)
+        tensors = {}
+    sums_ds = sinks is not None and o_lo is None
+    ds_sum = torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32) if sums_ds else None
+    dsinks = bwd_steps.preprocess(do, o, lse, dlse, delta, lse2, o_lo, sinks)
+    new_sum = bwd_steps.dq_accumulator if v.shape[-1] == d else hopper.dq_sum_transposed   # the wide kernel's
+    dq_acc = None   # one float32 dQ sum for every chunk (bwd_memory: a bound on the peak)
+    for bs, hs, hks in chunks:
+        def part(t, idx, bs=bs):   # this chunk's view; one chunk: the tensor itself
+            return t if one or t is None else t[bs, idx]
+        if dq_acc is None:
+            dq_acc = tensors["dq_acc"] if tensors else new_sum(part(q, hs))
+        else:
+            dq_acc.zero_()
+        hopper.attn_bwd_dkdv(part(do, hs), part(q, hs), part(k, hks), part(v, hks), dq_acc, part(dk, hks),
+                             part(dv, hks), part(lse2, hs), part(delta, hs), causal, scale, cfg, part(ds_sum, hs))
+        bwd_steps.dq_convert(dq_acc, part(dq, hs), scale)
+    grads = (dq, dk, dv) if sinks is None else (
+        dq, dk, dv, dsinks if dsinks is not None else kernel_sink_grad(sinks, lse, dlse, delta, ds_sum))
+    return grads + (tensors,)
