@@ -22,7 +22,7 @@ from ..sinks import kernel_sink_grad, with_sinks
 from ..validation import fold_causal
 from .runtime import (LOG2E, abandon_record, aligned, base_tensor, begin_record, descriptor, dot_precision, end_record,
                       output_f32, output_like, replay, smem_limit, strides4, use_tma)
-from . import bwd_steps, hopper, hopper_calls, runtime, tuning
+from . import bwd_steps, hopper_calls, runtime, tuning
 
 # Which tile height (meta-parameter) each descriptor argument is read with.
 # and the width: V, O, dO and dV have V's head dim (BLOCK_DV), the rest BLOCK_D.
@@ -245,7 +245,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
             and (config is not None or dispatch.hopper_fwd_preferred(q.shape[-1], causal, k.shape[2]))):
         return hopper_calls.fwd(q, k, v, causal, scale, config, sinks, remainder)
     b, hq, n_q, d = q.shape
-    hkv, n_k = k.shape[1], k.shape[2]
+    n_k = k.shape[2]
     plan_key = None
     if not variants and sinks is None and not remainder and config is None and q.is_cuda:
         plan_key = runtime.plan_key("fwd", (q, k, v), bool(causal), float(scale))
@@ -323,7 +323,7 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     the kernels do no extra work; without it the kernel that owns dQ's rows
     also sums each row's dS (``tileattn.sinks.kernel_sink_grad``)."""
     b, hq, n_q, d = q.shape
-    hkv, n_k = k.shape[1], k.shape[2]
+    n_k = k.shape[2]
     deterministic = bool(deterministic)
     sums_ds = sinks is not None and o_lo is None   # the kernels sum dS for the sinks' gradient
     if (not deterministic and not variants and (config is None or isinstance(config, HopperBwdConfig))

@@ -385,13 +385,13 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
         return
     from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel
     slices = head_slices(q, k, causal, cfg)
-    paired = paired(q, k, causal, cfg, slices)
-    grid = (triton.cdiv(grid[0], 2) if paired else grid[0], hkv * slices, b)   # paired: a program, two key blocks
+    pair = paired(q, k, causal, cfg, slices)
+    grid = (triton.cdiv(grid[0], 2) if pair else grid[0], hkv * slices, b)   # paired: a program, two key blocks
     # head slices: float32 dK/dV sums the slices add into, rounded below
     sums = torch.zeros((2,) + k.shape, device=k.device, dtype=torch.float32) if slices > 1 else None
     runtime.run(_attn_bwd_hopper_kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
                 _bwd_args(do, q, k, v, dq_acc, dk if sums is None else sums[0], dv if sums is None else sums[1],
-                          lse2, delta, causal, scale, cfg, ds_sum, paired, slices))
+                          lse2, delta, causal, scale, cfg, ds_sum, pair, slices))
     if sums is not None:
         dk.copy_(sums[0])
         dv.copy_(sums[1])
