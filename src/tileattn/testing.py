@@ -427,11 +427,12 @@ HOPPER_CASES = {
 
 
 @contextlib.contextmanager
-def counting_calls(module, name: str):
+def counting_calls(module, name: str, plans: bool = False):
     """Replace ``module.name`` by a wrapper for the block's duration and yield a
     list that gets one entry per call, its (args, kwargs) (e.g. which
     launches a dispatch takes, and with what).  Launch plans are off for the
-    block: a replayed plan would skip the launchers it counts."""
+    block (a replayed plan would skip the launchers it counts) unless
+    ``plans``: to count the calls a plan saved."""
     from .launch import runtime
     calls = []
     real, plans_on = getattr(module, name), runtime.PLANS_ON
@@ -440,7 +441,7 @@ def counting_calls(module, name: str):
         calls.append((args, kwargs))
         return real(*args, **kwargs)
     setattr(module, name, spy)
-    runtime.PLANS_ON = False
+    runtime.PLANS_ON = plans_on and plans
     try:
         yield calls
     finally:

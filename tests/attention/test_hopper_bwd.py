@@ -25,9 +25,9 @@ import torch
 import tileattn
 from tileattn import configs, dispatch, launch, ops
 from tileattn.configs import HopperBwdConfig
-from tileattn.launch import bwd_memory, bwd_steps, hopper as launch_hopper, hopper_calls
+from tileattn.launch import bwd_memory, bwd_steps, hopper as launch_hopper, hopper_calls, runtime
 from tileattn.reference import standard_attention
-from tileattn.testing import HOPPER_CASES, check_accuracy, counting_calls, hopper_inputs
+from tileattn.testing import DEVICE, HOPPER_CASES, check_accuracy, counting_calls, hopper_inputs
 
 from conftest import HAS_CUDA
 
@@ -583,7 +583,6 @@ def test_shared_layout_cached(block, dtype):
     """The descriptors' cached shared layout equals a freshly built one and is
     built once (the launchers read it at every launch)."""
     from triton.experimental.gluon import language as gl
-    from tileattn.launch import runtime
     got = runtime.shared_layout(block, dtype)
     fresh = (gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=len(block)) if dtype == "rows"
              else gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, dtype)))
@@ -602,7 +601,6 @@ def test_hopper_plans_replay_the_first_call(case, monkeypatch):
     other keys (another length, fp16, a strided layout) in between share the
     caches.  Poisoned outputs take no plan; later calls must fully write the
     replayed outputs (they are fresh allocations, checked finite)."""
-    from tileattn.launch import runtime
     kind, mode, dim, n = case.split("-")
     d, n, group = int(dim[1:]), int(n), 4 if kind == "gqa4" else 1
     layout = "bnhd" if kind == "bnhd" else "bhnd"
@@ -610,6 +608,7 @@ def test_hopper_plans_replay_the_first_call(case, monkeypatch):
     other = _inputs(1, 4, 4 // group, n + 17, n + 17, d, torch.float16, seed=12)
     causal, scale = mode == "causal", d ** -0.5
     dlse = torch.randn(q.shape[:3], device="cuda") if kind == "dlse" else None
+    monkeypatch.setattr(runtime, "POISON_OUTPUTS", False)   # the suite poisons outputs: a poisoned forward plans nothing
     runtime.PLANS.clear()
 
     def step(q, k, v, do):
@@ -637,12 +636,12 @@ def test_hopper_plans_replay_the_first_call(case, monkeypatch):
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["one-launch", "chunks"])
 def test_hopper_call_plumbing(chunked, monkeypatch):
-    """``launch.hopper_calls.bwd`` on the CPU with the dK/dV kernel replaced by
+    """``launch.hopper_calls.bwd`` with the dK/dV kernel replaced by
     a float64 reference of its contract (dk, dv written; dQ / scale added
     into the float32 sum): the portable preprocess and convert around it and,
     with memory chunks forced, each chunk's views and the reused dQ sum give
     the reference gradients (the Hopper kernel itself is the GPU tests')."""
-    q, k, v, do = (torch.randn(2, h, 40, 64, dtype=torch.float32) for h in (4, 2, 2, 4))
+    q, k, v, do = (torch.randn(2, h, 40, 64, dtype=torch.float32, device=DEVICE) for h in (4, 2, 2, 4))
     scale = 0.25
     out, lse = standard_attention(q.double(), k.double(), v.double(), causal=True, scale=scale, return_lse=True)
     chunks = []
@@ -656,6 +655,7 @@ def test_hopper_call_plumbing(chunked, monkeypatch):
         dv.copy_(gv)
         dq_acc.add_(gq.float() / scale)
     monkeypatch.setattr(launch_hopper, "attn_bwd_dkdv", fake_dkdv)
+    monkeypatch.setattr(runtime, "PLANS_ON", False)   # a plan would record the convert without the fake between
     if chunked:
         monkeypatch.setattr(bwd_memory, "CHUNK_MIN_KEYS", 1)
         monkeypatch.setattr(bwd_memory, "SCRATCH_SHARE", 1e-9)   # the most chunks: a kv head of one element

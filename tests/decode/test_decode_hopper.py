@@ -61,8 +61,8 @@ def test_compiles_for_sm90(reports, case):
     assert rep["shared"] <= 227 * 1024
 
 
-def _hopper_calls():
-    return counting_calls(decode_hopper, "launch")
+def _hopper_calls(plans=False):
+    return counting_calls(decode_hopper, "launch", plans=plans)
 
 
 # (case, the Hopper kernel should run it)
@@ -135,7 +135,7 @@ def test_second_call_replays_a_plan(kernels, splits):
         want = standard_attention(q.double(), k[:, :, :n].double(), k[:, :, :n, :DV].double())
         low = standard_attention(q, k[:, :, :n], k[:, :, :n, :DV])
         return out, want, low
-    with _hopper_calls() as calls:
+    with _hopper_calls(plans=True) as calls:
         first = call()
         second = call()
     assert len(calls) == 1, f"{len(calls)} launcher calls: the second call did not replay a plan"
