@@ -64,8 +64,8 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
     out = {"sdpa-cudnn": sdpa(torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
            "sdpa-flash": sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION),
            "portable": portable}
-    variants = {64: [dict(num_stages=2), dict(num_stages=2, persistent=True), dict(num_stages=3),
-                     dict(num_stages=3, persistent=True)],
+    variants = {64: [dict(num_stages=2, pingpong=False), dict(num_stages=2, pingpong=False, persistent=True),
+                     dict(num_stages=2), dict(num_stages=2, persistent=True)],
                 128: [dict(num_stages=2), dict(num_stages=2, persistent=True), dict(num_stages=3),
                       dict(num_stages=2, pingpong=False)]}
     if not per_config:
