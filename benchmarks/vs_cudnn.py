@@ -15,8 +15,9 @@ table's with one key block a program, ``pair_blocks=False``, too; GQA: the
 table's with each count of head slices forced, 1 to the group).  ``--sinks``:
 tileattn's default call with and without attention sinks, beside cuDNN
 (forward: also a call whose sinks need a gradient, which stores the output's
-rounding remainder, from staging tiles of its own and from O's buffer; backward: also the sinks' gradient from the kernels' dS
-row sums, the forward keeping no remainder).
+rounding remainder, from staging tiles of its own and from O's buffer, and the
+call with sinks kept off the persistent kernel; backward: also the sinks'
+gradient from the kernels' dS row sums, the forward keeping no remainder).
 ``--memory`` (backward): each provider's forward+backward peak over the
 tensors a training step must hold.
 
@@ -100,6 +101,16 @@ def with_sinks_providers(mode: str) -> dict:
             finally:
                 hopper.REMAINDER_STAGING = True
         provs["tileattn-sinks-train-serial"] = serial
+
+        def one_per_tile(q, k, v, causal):   # sinks calls off the persistent kernel (the rule before v27)
+            from tileattn import configs
+            saved = configs.HOPPER_FWD_PERSISTENT_WITH_SINKS
+            configs.HOPPER_FWD_PERSISTENT_WITH_SINKS = frozenset()
+            try:
+                return sinks(q, k, v, causal)
+            finally:
+                configs.HOPPER_FWD_PERSISTENT_WITH_SINKS = saved
+        provs["tileattn-sinks-tile"] = one_per_tile
     else:   # the forward keeps no remainder: the kernels sum dS for the sinks' gradient
         provs["tileattn-sinks-dS-sums"] = sinks
     return provs

@@ -376,6 +376,9 @@ HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 2048, (128, False): 2048, 
 # (head dim, causal) -> the most keys at which the table's forward runs persistent, sinks aside (perf-notes v19:
 # +4-12 % at 2k, 0-9 % at 4k, -2..+2 % at 16k; with sinks 1-29 % slower; v26: d = 64 at 8k +1-4 % in two runs)
 HOPPER_FWD_PERSISTENT_MAX_KEYS = {(64, False): 8192, (64, True): 8192, (128, False): 4096, (128, True): 4096}
+# head dims whose persistent forward takes calls with attention sinks too, under the same bound (d = 128: 1-29 %
+# slower with sinks, its causal build spills, v19; d = 64: no spills in any build, sm_90a compile, v27)
+HOPPER_FWD_PERSISTENT_WITH_SINKS = frozenset({64})
 # (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA): 2 Q tiles of 64 x 192 + 2 stages of K (128 x 192)
 # and V (128 x 128) = 212,992 B; O (as wide as V) is staged in the Q tile's first piece.  256: 64-key tiles
 # (2 Q tiles of 64 KB + 2 stages of 2 x 32 KB = 196,608 B; O is 128 registers a thread of the 240).

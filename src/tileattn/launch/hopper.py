@@ -70,12 +70,14 @@ def remainder_staged(head_dim: int, head_dim_v: int, cfg: HopperFwdConfig, elem:
 def config_for(head_dim: int, head_dim_v: int | None = None, causal: bool = False,
                n_k: int | None = None, sinks: bool = False) -> HopperFwdConfig:
     """The table's config for Q/K head dim ``head_dim`` and V head dim
-    ``head_dim_v`` (default: the same); persistent for calls without sinks
-    of at most ``configs.HOPPER_FWD_PERSISTENT_MAX_KEYS`` keys (``n_k``)
-    where the table has that bound (with sinks it ran 1-29 % slower, v19)."""
+    ``head_dim_v`` (default: the same); persistent for calls of at most
+    ``configs.HOPPER_FWD_PERSISTENT_MAX_KEYS`` keys (``n_k``) where the table
+    has that bound, with ``sinks`` only at the head dims of
+    ``configs.HOPPER_FWD_PERSISTENT_WITH_SINKS``."""
     dv = head_dim if head_dim_v is None else head_dim_v
     cfg = configs.HOPPER_FWD[(head_dim, dv)]
-    most = None if sinks or dv != head_dim else configs.HOPPER_FWD_PERSISTENT_MAX_KEYS.get((head_dim, bool(causal)))
+    refused = dv != head_dim or (sinks and head_dim not in configs.HOPPER_FWD_PERSISTENT_WITH_SINKS)
+    most = None if refused else configs.HOPPER_FWD_PERSISTENT_MAX_KEYS.get((head_dim, bool(causal)))
     if most is not None and n_k is not None and n_k <= most:
         return _persistent(cfg)
     return cfg
