@@ -398,6 +398,9 @@ HOPPER_BWD = {
                               source="H200 timing, v12, v16, v17, v19"),
     (128, 128): HopperBwdConfig(dk_from_smem=False, stats_tma=True, source="H200 timing, perf-notes v12, v17"),
     (192, 128): HopperBwdConfig(block_m=32, num_stages=2, source="sm_90a compile report, perf-notes v15"),
+    # d = 256 (kernels/bwd_hopper_split.py): both warpgroups share the program's 2 x 32 keys, dK/dV/dQ split by
+    # columns; K, V 64 KB + 2 slots of Q, dO 64 KB + Pᵀ, dSᵀ 16 KB + dQᵀ staging 32 KB
+    (256, 256): HopperBwdConfig(block_m=32, block_n=32, num_stages=2, source="sm_90a compile report, perf-notes v28"),
 }
 
 

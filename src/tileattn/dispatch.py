@@ -218,11 +218,11 @@ def hopper_bwd_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: t
     (:func:`hopper_fwd_eligible`), a (QK, V) pair of head dims in
     ``configs.HOPPER_BWD``, and a dO the copy engine can address.  With
     ``sinks`` (a sinks gradient from the kernel's dS row sums, i.e. without
-    the forward's output remainder) only the kernels that sum dS (Dv = D)."""
+    the forward's output remainder) only the kernel that sums dS (Dv = D <= 128)."""
     pair = (q.shape[-1], v.shape[-1])
     if not HOPPER_BWD or pair not in configs.HOPPER_BWD or env("TILEATTN_HOPPER_BWD", "1") == "0":
         return False
-    if do.dtype != q.dtype or (sinks and pair[0] != pair[1]):
+    if do.dtype != q.dtype or (sinks and (pair[0] != pair[1] or pair[0] > 128)):
         return False
     return _hopper_eligible(q, k, v) and tma_addressable(do)
 

@@ -8,8 +8,9 @@ GPU of compute capability 9.0: dq, dk, dv against a float64 reference under
 the accuracy rule, with each config forced, odd lengths, Nq != Nk, fully
 masked rows, large logits, GQA, strided layouts and a gradient into lse;
 and the dispatcher takes it for plain non-deterministic calls only.  The
-same for the wide kernel (kernels/bwd_hopper_wide.py: QK 192 / V 128), which
-the dispatch skips for calls with sinks.
+same for the wide kernel (kernels/bwd_hopper_wide.py: QK 192 / V 128) and
+the split kernel (kernels/bwd_hopper_split.py: d = 256), which the dispatch
+skips for calls with sinks whose forward kept no output remainder.
 """
 import dataclasses
 import functools
@@ -38,6 +39,7 @@ needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a 
 FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((128, 128), HopperBwdConfig(num_stages=3)), ((128, 128), HopperBwdConfig(dk_from_smem=True)),
     ((64, 64), HopperBwdConfig(dk_from_smem=False)), ((192, 128), HopperBwdConfig(block_m=32, num_stages=3)),
+    ((256, 256), HopperBwdConfig(block_m=32, block_n=32, num_stages=3)),
     # causal: always a pair of mirror-image key blocks a program, never (the table's: where pairs_pay)
     ((128, 128), HopperBwdConfig(pair_blocks=True)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=True)),
     ((128, 128), HopperBwdConfig(pair_blocks=False)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=False)),
@@ -51,8 +53,8 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     # GQA: each kv head's group cut into slices (grid rows), float32 dK/dV sums
     ((128, 128), HopperBwdConfig(stats_tma=True, head_slices=2)),
     ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True, head_slices=2, pair_blocks=True))]
-# the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D)
-SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1]]
+# the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D <= 128)
+SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1] <= 128]
 # (dims, config, causal, sinks): every forced config; with sinks, the table's configs adding each tile's
 # row sums at once and under the next tile's products (defer_sums, the table's at d = 64)
 COMPILED = ([(dims, c, causal, False) for dims, c in FORCED for causal in (False, True)]
@@ -73,14 +75,17 @@ def _expected_shared(dims, cfg, sinks=False):
     program's K and V, the Q and dO slots, two dSᵀ buffers and the float32
     dQ staging (two column halves, or two whole tiles with ``dq_turns``
     unless the kernel sums dS; the wide kernel: two 64-row chunks a
-    warpgroup at 32-query tiles, one at 64); with ``stats_tma`` each slot's
-    lse₂ and Δ rows."""
+    warpgroup at 32-query tiles, one at 64; the split kernel, d = 256: two
+    chunks a warpgroup, and two Pᵀ buffers beside dSᵀ's); with ``stats_tma``
+    each slot's lse₂ and Δ rows."""
     d, dv = dims
+    split = d == dv and d > 128
     kv = 2 * cfg.block_n * (d + dv) * 2
     ring = cfg.num_stages * cfg.block_m * (d + dv) * 2
-    ds = 2 * (2 * cfg.block_n * cfg.block_m * 2)
+    ds = (2 if split else 1) * 2 * (2 * cfg.block_n * cfg.block_m * 2)
     dq_width = d if cfg.dq_turns and not sinks else d // 2
-    dq = (4 if cfg.block_m <= 32 else 2) * 64 * cfg.block_m * 4 if dv != d else 2 * cfg.block_m * dq_width * 4
+    chunks = 4 if cfg.block_m <= 32 or split else 2
+    dq = chunks * 64 * cfg.block_m * 4 if dv != d or split else 2 * cfg.block_m * dq_width * 4
     stats = 2 * cfg.num_stages * cfg.block_m * 4 if cfg.stats_tma else 0
     return kv + ring + ds + dq + stats
 
@@ -254,41 +259,54 @@ def test_transposed_dq_sum_converts(n_q):
     torch.testing.assert_close(dq.float(), (acc * 0.125).half().float(), rtol=0, atol=0)
 
 
-# QK 192 / V 128 on the wide kernel: the shared shapes with that head dim pair
+# the kernels for wide head dims, on the shared shapes with each head dim pair: QK 192 / V 128 (the wide kernel)
+# and 256 (the split kernel)
+WIDE_DIMS = [(192, 128), (256, 256)]
+
+
 @needs_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_wide_against_float64(case, causal, dtype):
+@pytest.mark.parametrize("dims", WIDE_DIMS, ids=_dims_id)
+def test_wide_against_float64(dims, case, causal, dtype):
     b, hq, hkv, n_q, n_k, _ = CASES[case]
-    _check(f"d192-dv128 {case}", *_inputs(b, hq, hkv, n_q, n_k, 192, dtype, seed=hash(case) % 1000, dv=128), causal)
+    d, dv = dims
+    _check(f"{_dims_id(dims)} {case}", *_inputs(b, hq, hkv, n_q, n_k, d, dtype, seed=hash(case) % 1000, dv=dv),
+           causal)
 
 
 @needs_hopper
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_wide_large_logits_strided_and_dlse(causal):
-    """(B, N, H, D) storage (Q and K pieces are column views of it), logits
-    scaled 30x, a gradient into lse, rows that see no key (Nq > Nk)."""
-    q, k, v, do = _inputs(2, 4, 2, 700, 300, 192, torch.bfloat16, seed=19, layout="bnhd", logit_scale=30.0, dv=128)
+@pytest.mark.parametrize("dims", WIDE_DIMS, ids=_dims_id)
+def test_wide_large_logits_strided_and_dlse(dims, causal):
+    """(B, N, H, D) storage (at 192/128 Q and K pieces are column views of
+    it), logits scaled 30x, a gradient into lse, rows that see no key (Nq > Nk)."""
+    d, dv = dims
+    q, k, v, do = _inputs(2, 4, 2, 700, 300, d, torch.bfloat16, seed=19, layout="bnhd", logit_scale=30.0, dv=dv)
     assert not q.is_contiguous()
-    _check("d192-dv128 large-logits-bnhd-dlse", q, k, v, do, causal, dlse=torch.randn(2, 4, 700, device="cuda"))
+    _check(f"{_dims_id(dims)} large-logits-bnhd-dlse", q, k, v, do, causal,
+           dlse=torch.randn(2, 4, 700, device="cuda"))
 
 
 @needs_hopper
-def test_wide_dispatch_default_and_sinks():
-    """The default call at QK 192 / V 128 takes the wide kernel (and is then
-    the non-deterministic backward), with sinks too: the forward keeps its
-    output's rounding remainder, so the sinks' gradient needs no dS sums
-    (which the wide kernel lacks; without the remainder the default is the
-    portable pair).  Gradients, the sinks' included, match float64."""
-    q, k, v, do = _inputs(1, 4, 2, 513, 513, 192, torch.bfloat16, seed=23, dv=128)
+@pytest.mark.parametrize("dims", WIDE_DIMS, ids=_dims_id)
+def test_wide_dispatch_default_and_sinks(dims):
+    """The default call at QK 192 / V 128 and at 256 takes the wide or split
+    kernel (and is then the non-deterministic backward), with sinks too: the
+    forward keeps its output's rounding remainder, so the sinks' gradient
+    needs no dS sums (which those kernels lack; without the remainder the
+    default is the portable pair).  Gradients, the sinks' included, match
+    float64."""
+    d, dv = dims
+    q, k, v, do = _inputs(1, 4, 2, 513, 513, d, torch.bfloat16, seed=23, dv=dv)
     sinks = torch.linspace(-2.0, 2.0, 4, device="cuda")
     assert dispatch.default_deterministic(q, k, v, True) is False
     assert dispatch.default_deterministic(q, k, v, True, sinks=True) is True
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     with _hopper_calls() as calls:
         tileattn.attention(*leaves, causal=True).backward(do)
-    assert calls, "the default 192/128 backward did not take the wide Hopper kernel"
+    assert calls, f"the default {_dims_id(dims)} backward did not take its Hopper kernel"
 
     def grads(impl, *ts):
         ls = [t.detach().requires_grad_() for t in ts]
@@ -296,11 +314,11 @@ def test_wide_dispatch_default_and_sinks():
         return torch.autograd.grad(out, ls, do.to(out.dtype))
     with _hopper_calls() as calls:
         got = grads(tileattn.attention, q, k, v, sinks)
-    assert calls, "a differentiated call with sinks did not take the wide kernel"
+    assert calls, "a differentiated call with sinks did not take the Hopper kernel"
     ref = grads(standard_attention, q.double(), k.double(), v.double(), sinks.double())
     low = grads(standard_attention, q, k, v, sinks)
     for part, g, r, lo in zip(("dq", "dk", "dv", "dsinks"), got, ref, low):
-        check_accuracy(f"d192-dv128 sinks {part}", g, r, lo, q.dtype)
+        check_accuracy(f"{_dims_id(dims)} sinks {part}", g, r, lo, q.dtype)
 
 
 @needs_hopper
@@ -468,6 +486,24 @@ def test_head_slices_config_refused(slices, dv):
     with pytest.raises(ValueError, match="config: head_slices"):
         launch_hopper.attn_bwd_dkdv(q[..., :dv], q, k, v, torch.zeros(1, 4, 256, 64), torch.empty_like(k),
                                     torch.empty_like(v), rows, rows, True, 0.125, HopperBwdConfig(head_slices=slices))
+
+
+@pytest.mark.parametrize("dims,transposed", [((64, 64), False), ((128, 128), False), ((192, 128), True),
+                                              ((256, 256), True)], ids=["d64", "d128", "d192-dv128", "d256"])
+def test_wide_kernels_walk_whole_groups(dims, transposed):
+    """The wide (192/128) and split (256) kernels add dQ transposed and take
+    no head slices: the rule gives one slice for a causal GQA 8 call of 16k
+    keys (where d <= 128 takes slices), and a forced count above one is
+    refused before any launch."""
+    d, dv = dims
+    assert launch_hopper.transposed_dq(d, dv) is transposed
+    q = torch.zeros(1, 16, 16384, d, dtype=torch.bfloat16, device="meta")
+    k = torch.zeros(1, 2, 16384, d, dtype=torch.bfloat16, device="meta")
+    cfg = configs.HOPPER_BWD[dims]
+    assert (launch_hopper.head_slices(q, k, True, cfg) == 1) is transposed
+    if transposed:
+        with pytest.raises(ValueError, match="config: head_slices"):
+            launch_hopper.check_slices(HopperBwdConfig(head_slices=2), d, dv)
 
 
 # (name, batch, query heads, kv heads, n, head dim, causal, chunks expected): the launches a call is cut into

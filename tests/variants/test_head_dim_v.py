@@ -328,18 +328,21 @@ def test_hopper_kernels_and_separate_v_head_dim(d, dv):
 
 @pytest.mark.parametrize("d,dv", [(256, 256), (512, 512), (512, 256)], ids=["d256", "d512", "d512-dv256"])
 def test_hopper_kernels_above_128(d, dv):
-    """On a (pretended) compute capability 9.0 device: the Hopper forward has
-    a config for 256 (none for 512), the Hopper backward is built for 64 and
-    128 only, so the portable kernels run the rest (with their 512 configs)
-    and the default backward is the deterministic one."""
+    """On a (pretended) compute capability 9.0 device: the Hopper forward and
+    backward have configs for 256 (the backward's split kernel; without the
+    forward's remainder, no calls with sinks), none for 512, so the portable
+    kernels run the rest (with their 512 configs) and the default backward
+    there is the deterministic one."""
     q, k, v, do = (_CudaTensorShape(1, 2, 4096, w) for w in (d, d, dv, dv))
     with mock.patch.object(dispatch, "_hopper_device", return_value=True), \
             mock.patch.object(dispatch, "interpreter_active", return_value=False), \
             mock.patch.object(dispatch, "HOPPER_FWD", True), mock.patch.object(dispatch, "HOPPER_BWD", True), \
             mock.patch.dict("os.environ", {"TILEATTN_HOPPER_FWD": "1", "TILEATTN_HOPPER_BWD": "1"}):
-        assert dispatch.hopper_fwd_eligible(q, k, v) is ((d, dv) == (256, 256))
-        assert not dispatch.hopper_bwd_eligible(q, k, v, do)
-        assert dispatch.default_deterministic(q, k, v, True) is True
+        hopper = (d, dv) == (256, 256)
+        assert dispatch.hopper_fwd_eligible(q, k, v) is hopper
+        assert dispatch.hopper_bwd_eligible(q, k, v, do) is hopper
+        assert not dispatch.hopper_bwd_eligible(q, k, v, do, sinks=True)   # the split kernel sums no dS
+        assert dispatch.default_deterministic(q, k, v, True) is (not hopper)
 
 
 def test_cost_model_flops():

@@ -1,7 +1,8 @@
 """Launchers of the Hopper kernels (Gluon): the forward (``kernels/fwd_hopper.py``)
-and the backward's dK/dV kernel with the float32 dQ sum
-(``kernels/bwd_hopper.py``), and their sm_90a compile reports (compiled
-without a GPU).
+and the backward's dK/dV kernels with the float32 dQ sum
+(``kernels/bwd_hopper.py``; ``bwd_hopper_wide.py`` for V narrower than QK,
+``bwd_hopper_split.py`` for d = 256), and their sm_90a compile reports
+(compiled without a GPU).
 
 Which calls run them is ``dispatch.hopper_fwd_eligible`` /
 ``hopper_bwd_eligible``'s decision (a CUDA device of compute capability 9.0,
@@ -284,9 +285,9 @@ SLICE_MIN_KEYS = 4096   # the fewest keys at which slices were timed and won
 def check_slices(cfg: HopperBwdConfig, head_dim: int, head_dim_v: int) -> None:
     """A ValueError for a ``head_slices`` the launcher cannot run."""
     if cfg.head_slices is not None and (type(cfg.head_slices) is not int or cfg.head_slices < 1
-                                        or (head_dim_v != head_dim and cfg.head_slices > 1)):
+                                        or ((head_dim_v != head_dim or head_dim > 128) and cfg.head_slices > 1)):
         raise ValueError(f"config: head_slices must be None or an int >= 1 (1 when V's head dim differs from "
-                         f"QK's: the wide kernel walks whole groups), got {cfg.head_slices!r}")
+                         f"QK's or exceeds 128: those kernels walk whole groups), got {cfg.head_slices!r}")
 
 
 def head_slices(q: torch.Tensor, k: torch.Tensor, causal: bool, cfg: HopperBwdConfig) -> int:
@@ -295,6 +296,8 @@ def head_slices(q: torch.Tensor, k: torch.Tensor, causal: bool, cfg: HopperBwdCo
     a divisor of it), else for a causal call of at least ``SLICE_MIN_KEYS``
     keys the fewest whose slices have at most ``SLICE_HEADS`` heads."""
     group = q.shape[1] // k.shape[1]
+    if q.shape[-1] > 128:   # the wide and split kernels walk whole groups
+        return 1
     if cfg.head_slices is not None:
         return next(s for s in range(min(cfg.head_slices, group), 0, -1) if group % s == 0)
     if not causal or k.shape[2] < SLICE_MIN_KEYS:
@@ -333,6 +336,13 @@ def bwd_config_for(head_dim: int, head_dim_v: int | None = None) -> HopperBwdCon
     return configs.HOPPER_BWD[(head_dim, head_dim if head_dim_v is None else head_dim_v)]
 
 
+def transposed_dq(head_dim: int, head_dim_v: int) -> bool:
+    """Whether the backward kernel for these head dims adds dQ transposed
+    (the wide kernel, V narrower than QK, and the split kernel, d > 128):
+    its sum is :func:`dq_sum_transposed`'s, else ``bwd_steps.dq_accumulator``'s."""
+    return head_dim_v != head_dim or head_dim > 128
+
+
 def dq_sum_transposed(q: torch.Tensor) -> torch.Tensor:
     """The zeroed float32 dQ sum of the wide backward kernel: stored
     (B, Hq, D, Nq) with Nq padded to a multiple of 4 (a copy-engine stride is
@@ -360,6 +370,22 @@ def _wide_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg)
         NUM_STAGES=cfg.num_stages, DQ_BUFS=2 if cfg.block_m <= 32 else 1)   # 64 rows: 16 KB a buffer
 
 
+def _split_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg):
+    """The split kernel's arguments (d = 256): whole rows of Q, K, V and dO,
+    the program's 2 * BLOCK_N keys in one box, the transposed dQ sum with a
+    (1, 1, 64, BLOCK_M) box."""
+    b, hq, n_q, d = q.shape
+    hkv, n_k = k.shape[1], k.shape[2]
+    return dict(
+        q_desc=_descriptor(q, cfg.block_m), k_desc=_descriptor(k, 2 * cfg.block_n),
+        v_desc=_descriptor(v, 2 * cfg.block_n), do_desc=_descriptor(do, cfg.block_m),
+        dq_desc=_dq_descriptor(dq_acc.transpose(2, 3), 64, cfg.block_m), DK=dk, DV=dv, LSE2=lse2, DELTA=delta,
+        stride_dkb=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
+        stride_dvb=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
+        GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
+        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal), NUM_STAGES=cfg.num_stages)
+
+
 def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale: float,
                   config: HopperBwdConfig | None = None, ds_sum=None):
     """dK, dV (written) and the float32 dQ sum (added into ``dq_acc``) on the
@@ -367,8 +393,8 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     preprocess kernel; the portable convert kernel turns ``dq_acc`` into dq.
     ``ds_sum``: a zeroed float32 (B, Hq, N_Q) tensor that gets each query
     row's sum of dS over the keys (for the sinks' gradient), or None.  With
-    V narrower than Q (the wide kernel) ``dq_acc`` is
-    :func:`dq_sum_transposed`'s view and ``ds_sum`` must be None."""
+    V narrower than Q (the wide kernel) or d > 128 (the split kernel)
+    ``dq_acc`` is :func:`dq_sum_transposed`'s view and ``ds_sum`` must be None."""
     b, hq, n_q, d = q.shape
     hkv, n_k, w = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or bwd_config_for(d, w)
@@ -379,6 +405,12 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
             dst.copy_(src)
         delta, lse2 = padded
     grid = (triton.cdiv(n_k, 2 * cfg.block_n), hkv, b)
+    if w == d and d > 128:
+        from ..kernels.bwd_hopper_split import _attn_bwd_hopper_split_kernel
+        assert ds_sum is None, "the split backward kernel does not sum dS (no sinks)"
+        runtime.run(_attn_bwd_hopper_split_kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
+                    _split_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg))
+        return
     if w != d:
         from ..kernels.bwd_hopper_wide import _attn_bwd_hopper_wide_kernel
         assert ds_sum is None, "the wide backward kernel does not sum dS (no sinks)"
@@ -408,7 +440,11 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
     t, tv = (torch.empty(1, 2, 256, x, dtype=torch_dtype) for x in (head_dim, w))
     lse = torch.empty(1, 2, 256)
-    if w != head_dim:
+    if w == head_dim and head_dim > 128:
+        from ..kernels.bwd_hopper_split import _attn_bwd_hopper_split_kernel as kernel
+        args = _split_bwd_args(t, t, t, t, dq_sum_transposed(t), t, t, lse, lse, causal, 1.0, cfg)
+        const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES"}
+    elif w != head_dim:
         from ..kernels.bwd_hopper_wide import _attn_bwd_hopper_wide_kernel as kernel
         args = _wide_bwd_args(tv, t, t, tv, dq_sum_transposed(t), t, tv, lse, lse, causal, 1.0, cfg)
         const = {"HEAD_DIM_V", "TAIL_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DQ_BUFS"}

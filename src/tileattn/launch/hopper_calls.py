@@ -67,7 +67,7 @@ def bwd(do, q, k, v, o, lse, dlse, causal: bool, scale: float, config=None, sink
     cfg = config or hopper.bwd_config_for(d, v.shape[-1])
     chunks = bwd_memory.memory_chunks(q, k, v, causal, cfg)   # checks head_slices before any launch
     key = None
-    if (config is None and sinks is None and len(chunks) == 1 and v.shape[-1] == d
+    if (config is None and sinks is None and len(chunks) == 1 and not hopper.transposed_dq(d, v.shape[-1])
             and hopper.head_slices(q, k, causal, cfg) == 1):
         key = runtime.plan_key("hopper_bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), cfg,
                                hopper.paired(q, k, causal, cfg))
@@ -104,7 +104,7 @@ def _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_
     """The launches; returns (dq, dk, dv[, dsinks], tensors by name for a plan)."""
     b, hq, n_q, d = q.shape
     one = len(chunks) == 1
-    if one and v.shape[-1] == d:   # the tensors themselves, by the names a plan knows
+    if one and not hopper.transposed_dq(d, v.shape[-1]):   # the tensors themselves, by the names a plan knows
         tensors = _bwd_tensors(do, q, k, v, o, lse, dlse, cfg)
         dq, dk, dv, delta, lse2 = (tensors[name] for name in ("dq", "dk", "dv", "delta", "lse2"))
     else:
@@ -114,7 +114,7 @@ def _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_
     sums_ds = sinks is not None and o_lo is None
     ds_sum = torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32) if sums_ds else None
     dsinks = bwd_steps.preprocess(do, o, lse, dlse, delta, lse2, o_lo, sinks)
-    new_sum = bwd_steps.dq_accumulator if v.shape[-1] == d else hopper.dq_sum_transposed   # the wide kernel's
+    new_sum = hopper.dq_sum_transposed if hopper.transposed_dq(d, v.shape[-1]) else bwd_steps.dq_accumulator
     dq_acc = None   # one float32 dQ sum for every chunk (bwd_memory: a bound on the peak)
     for bs, hs, hks in chunks:
         def part(t, idx, bs=bs):   # this chunk's view; one chunk: the tensor itself
