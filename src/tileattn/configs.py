@@ -354,7 +354,6 @@ class HopperBwdConfig:
     stats_tma: bool = False     # d = 64/128: lse₂ and Δ by the copy engine into shared memory (else loads)
     dq_turns: bool = False      # d = 64/128: the warpgroups take turns forming a tile's whole dQ (else half each)
     head_slices: int | None = None  # GQA, d = 64/128: grid rows a kv head (None: launch.hopper.head_slices)
-    early_s: bool = False       # d = 256: the next tile's Sᵀ/dPᵀ issued under this tile's dV/dK/dQ products
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
@@ -363,7 +362,7 @@ class HopperBwdConfig:
     def name(self) -> str:
         on = (("-dks", self.dk_from_smem), ("-ds", self.defer_sums), ("-st", self.stats_tma), ("-dqt", self.dq_turns),
               ("-paired", self.pair_blocks is True), ("-unpaired", self.pair_blocks is False),
-              (f"-hs{self.head_slices}", self.head_slices is not None), ("-es", self.early_s))
+              (f"-hs{self.head_slices}", self.head_slices is not None))
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}" + "".join(f for f, x in on if x)
 
 

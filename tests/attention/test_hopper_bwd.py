@@ -40,9 +40,6 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((128, 128), HopperBwdConfig(num_stages=3)), ((128, 128), HopperBwdConfig(dk_from_smem=True)),
     ((64, 64), HopperBwdConfig(dk_from_smem=False)), ((192, 128), HopperBwdConfig(block_m=32, num_stages=3)),
     ((256, 256), HopperBwdConfig(block_m=32, block_n=32, num_stages=3)),
-    # d = 256: the next tile's Sᵀ/dPᵀ issued under this tile's products
-    ((256, 256), HopperBwdConfig(block_m=32, block_n=32, early_s=True)),
-    ((256, 256), HopperBwdConfig(block_m=32, block_n=32, num_stages=3, early_s=True)),
     # causal: always a pair of mirror-image key blocks a program, never (the table's: where pairs_pay)
     ((128, 128), HopperBwdConfig(pair_blocks=True)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=True)),
     ((128, 128), HopperBwdConfig(pair_blocks=False)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=False)),

@@ -33,7 +33,7 @@ lazily, so a CPU install never does.
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_init, warpgroup_mma_wait)
+                                                              warpgroup_mma_wait)
 
 from .bwd_hopper_common import _barriers, _invalidate, _load_partition, _probs, _query_tiles
 from .bwd_hopper_wide import CHUNK, _stage_dqt
@@ -63,10 +63,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, p_smem
                        stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                        off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                        BLOCK_M: gl.constexpr, KEYS: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, EARLY: gl.constexpr):
-    """With ``EARLY`` the next tile's role product is issued behind this
-    tile's dV, dK and dQᵀ products, so it runs while the dQᵀ chunks are
-    staged (else each tile starts with its own)."""
+                       NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
     dtype: gl.constexpr = q_smem.dtype
     HALF: gl.constexpr = HEAD_DIM // 2
     gl.static_assert(HALF == 2 * CHUNK, "each warpgroup's columns are two dQ chunks")
@@ -86,13 +83,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, p_smem
     dk = gl.zeros([KEYS, HALF], gl.float32, kv_layout)
     dv = gl.zeros([KEYS, HALF], gl.float32, kv_layout)
     zero_s = gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout)
-    total = GROUP_SIZE * n_m
-    sdp = warpgroup_mma_init(zero_s)   # Sᵀ or dPᵀ of the tile at hand, in flight
-    if EARLY:
-        if total > 0:
-            sdp = _role_product(WG, k_all, v_all, q_smem, do_smem, q_ready, do_ready, 0, zero_s, BLOCK_M, HEAD_DIM,
-                                NUM_STAGES)
-    for t in range(total):
+    for t in range(GROUP_SIZE * n_m):
         g = t // n_m
         m = m_lo + (t - g * n_m) * BLOCK_M
         hq = off_hk * GROUP_SIZE + g
@@ -110,9 +101,9 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, p_smem
             stat = gl.load(LSE2 + row, mask=offs_m < N_Q, other=float("inf"))
         else:
             stat = gl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
-        if not EARLY:
-            sdp = _role_product(WG, k_all, v_all, q_smem, do_smem, q_ready, do_ready, t, zero_s, BLOCK_M, HEAD_DIM,
-                                NUM_STAGES)
+        # the next tile's product issued under this tile's (early_s, v28) lost 12-18 %
+        sdp = _role_product(WG, k_all, v_all, q_smem, do_smem, q_ready, do_ready, t, zero_s, BLOCK_M, HEAD_DIM,
+                            NUM_STAGES)
         cur = warpgroup_mma_wait(0, deps=[sdp])
         if WG == 0:   # Pᵀ from Sᵀ into shared memory
             pt = _probs(cur, stat, offs_n, offs_m, diag, qk_scale, IS_CAUSAL)
@@ -139,22 +130,13 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, p_smem
                              is_async=True)
         dqt1 = warpgroup_mma(k_all.slice(COL0 + CHUNK, CHUNK, dim=1).permute([1, 0]), ds_buf, zero_q,
                              use_acc=False, is_async=True)
-        if EARLY:
-            # the next tile's product queues behind these (groups retire in order); the last tile issues its
-            # own again (its slot is still held and loaded; the result is dropped), so one wait count serves all
-            sdp = _role_product(WG, k_all, v_all, q_smem, do_smem, q_ready, do_ready, gl.minimum(t + 1, total - 1),
-                                zero_s, BLOCK_M, HEAD_DIM, NUM_STAGES)
-            dv, dk, dqt0, dqt1 = warpgroup_mma_wait(1, deps=[dv, dk, dqt0, dqt1])
-        else:
-            dv, dk, dqt0, dqt1 = warpgroup_mma_wait(0, deps=[dv, dk, dqt0, dqt1])
+        dv, dk, dqt0, dqt1 = warpgroup_mma_wait(0, deps=[dv, dk, dqt0, dqt1])
         mbarrier.arrive(q_empty.index(s), count=1)
         mbarrier.arrive(do_empty.index(s), count=1)
         # the previous tile's reduces have read the staging buffers by now
         tma.store_wait(0)
         _stage_dqt(dqt0, dq_smem.index(2 * WG), dq_desc, off_b, hq, m, COL0, BLOCK_M)
         _stage_dqt(dqt1, dq_smem.index(2 * WG + 1), dq_desc, off_b, hq, m, COL0 + CHUNK, BLOCK_M)
-    if EARLY:   # the last tile's repeated product
-        sdp = warpgroup_mma_wait(0, deps=[sdp])
     tma.store_wait(0)
 
     # this warpgroup's columns of dK and dV (rows past N_K dropped)
@@ -173,7 +155,7 @@ def _attn_bwd_hopper_split_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, 
                                   stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                   GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                                  IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, EARLY: gl.constexpr = False):
+                                  IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr):
     """A program owns 2 * BLOCK_N keys, shared by both compute warpgroups."""
     KEYS: gl.constexpr = 2 * BLOCK_N
     pid_n = gl.program_id(0)
@@ -205,12 +187,12 @@ def _attn_bwd_hopper_split_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, 
                               q_ready, q_empty, do_ready, do_empty, p_bars, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              BLOCK_M, KEYS, HEAD_DIM, NUM_STAGES, IS_CAUSAL, EARLY)),
+                              BLOCK_M, KEYS, HEAD_DIM, NUM_STAGES, IS_CAUSAL)),
         (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
                               q_ready, q_empty, do_ready, do_empty, p_bars, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              BLOCK_M, KEYS, HEAD_DIM, NUM_STAGES, IS_CAUSAL, EARLY)),
+                              BLOCK_M, KEYS, HEAD_DIM, NUM_STAGES, IS_CAUSAL)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                            q_empty, do_ready, do_empty, off_b, off_hk, off_hk * GROUP_SIZE, start_n, m_lo, n_m,
                            GROUP_SIZE, BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, 0, kv_bar,
