@@ -18,7 +18,7 @@ import torch
 
 import tileattn
 from tileattn import configs, dispatch, launch
-from tileattn.launch import hopper as launch_hopper, runtime
+from tileattn.launch import hopper as launch_hopper, hopper_calls, runtime
 from tileattn.configs import HopperFwdConfig
 from tileattn.reference import standard_attention
 from tileattn.testing import HOPPER_CASES, check_accuracy, check_remainder, counting_calls, hopper_inputs
@@ -289,6 +289,41 @@ def test_sinks_remainder_in_the_kernel(dims, layout, causal, dtype):
     check_remainder(out, out_lo)
     ref = standard_attention(q.double(), k.double(), v.double(), causal=causal, sinks=sinks.double())
     assert (out.double() + out_lo.double() - ref).abs().mean() <= (out.double() - ref).abs().mean()
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", ["d64-causal-2048-sinks", "d64-causal-2048-remainder", "d128-full-2048-remainder",
+                                  "d64-full-4096-remainder-serial"])
+def test_sinks_forward_plans_replay(case, monkeypatch):
+    """A forward with sinks, and one that also keeps the output's remainder,
+    replays its launch plan on a key seen before (``hopper_calls.fwd``):
+    out, lse and out_lo bit for bit those of the same call without plans,
+    with new sinks values each time (the plan reads the call's tensor, not
+    the recorded one) and another key in between; the remainder's staging
+    switch (``hopper.REMAINDER_STAGING``) is part of the key."""
+    dim, mode, n, kind = case.split("-")[:4]
+    d, n, causal, remainder = int(dim[1:]), int(n), mode == "causal", kind == "remainder"
+    monkeypatch.setattr(runtime, "POISON_OUTPUTS", False)   # a poisoned forward plans nothing
+    if case.endswith("serial"):
+        monkeypatch.setattr(launch_hopper, "REMAINDER_STAGING", False)
+    runtime.PLANS.clear()
+    q, k, v = _inputs(2, 4, 2, n, n, d, torch.bfloat16, seed=29)
+    other = _inputs(1, 4, 2, n + 17, n + 17, d, torch.bfloat16, seed=30)
+
+    def call(q, k, v, sinks):
+        return hopper_calls.fwd(q, k, v, causal, d ** -0.5, sinks=sinks, remainder=remainder)
+    for i in range(3):
+        sinks = torch.linspace(-2.0, 2.0, 4, device="cuda") + i
+        call(*other, sinks)
+        got = call(q, k, v, sinks)
+        monkeypatch.setattr(runtime, "PLANS_ON", False)
+        want = call(q, k, v, sinks)
+        monkeypatch.setattr(runtime, "PLANS_ON", True)
+        assert len(got) == len(want) == (3 if remainder else 2)
+        for name, g, w in zip(("out", "lse", "out_lo"), got, want):
+            assert torch.equal(g, w), f"{case} {name}, call {i}"
+    keys = [key for key in runtime.PLANS if key[0] == "hopper_fwd"]
+    assert len(keys) == 2, f"{len(keys)} forward plans (one a key expected)"
 
 
 # The wide head dims: QK 192 / V 128 (MLA training and prefill: Q and K in

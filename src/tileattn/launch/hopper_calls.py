@@ -1,7 +1,7 @@
 """The Hopper forward and backward as ``launch/attention.py`` runs them once
 the dispatch chose the Hopper kernels: the backward's steps around the dK/dV
 kernel (``bwd_steps``: the portable preprocess and convert; ``bwd_memory``:
-memory chunks) and, for a plain call, launch plans (``runtime.py``).
+memory chunks) and launch plans (``runtime.py``).
 
 A plan keeps what the launchers passed to each compiled kernel on the first
 call of a key; a later call of the same key allocates its outputs and
@@ -11,10 +11,11 @@ GPU time (perf-notes v25), which lets the GPU idle between calls.  The key
 holds everything the launchers decide from (shapes, strides, dtypes,
 alignment, the scalars, the chosen config and, in the backward, the memory
 plan and the causal pairing); calls that a plan cannot replay take no plan:
-variants, sinks, a forced config, a forward that keeps its rounding
-remainder, poisoned outputs, and backward calls in memory chunks or head
-slices (their float32 sums are zeroed and rounded by PyTorch between
-launches, which a plan does not record).
+variants, a forced config, poisoned outputs, backward calls with sinks, and
+backward calls in memory chunks or head slices (their float32 sums are
+zeroed and rounded by PyTorch between launches, which a plan does not
+record).  Forward calls with sinks, and those that keep the output's
+rounding remainder, have plans too (perf-notes v29).
 """
 from __future__ import annotations
 
@@ -25,18 +26,34 @@ from . import bwd_memory, bwd_steps, hopper, runtime
 from .runtime import aligned, output_f32, output_like
 
 
+def _fwd_tensors(q, k, v, o, lse, sinks, o_lo) -> dict:
+    """A forward's tensors by the names its plan knows (sinks and the
+    remainder where the call has them)."""
+    tensors = {"q": q, "k": k, "v": v, "o": o, "lse": lse}
+    if sinks is not None:
+        tensors["sinks"] = sinks
+    if o_lo is not None:
+        tensors["o_lo"] = o_lo
+    return tensors
+
+
 def fwd(q, k, v, causal: bool, scale: float, config=None, sinks=None, remainder: bool = False):
-    """``hopper.attn_fwd``, through a plan for a plain call."""
+    """``hopper.attn_fwd``, through a plan for a call with the table's
+    config (with or without sinks and the output's remainder)."""
     key = None
-    if config is None and sinks is None and not remainder and not runtime.POISON_OUTPUTS:
-        cfg = hopper.config_for(q.shape[-1], v.shape[-1], causal, k.shape[2], False)
-        key = runtime.plan_key("hopper_fwd", (q, k, v), bool(causal), float(scale), cfg)
+    if sinks is not None:   # as the launcher passes them, so that a plan can name the tensor
+        sinks = sinks.float().contiguous()
+    if config is None and not runtime.POISON_OUTPUTS:
+        cfg = hopper.config_for(q.shape[-1], v.shape[-1], causal, k.shape[2], sinks is not None)
+        key = runtime.plan_key("hopper_fwd", (q, k, v, sinks), bool(causal), float(scale), cfg, bool(remainder),
+                               bool(remainder) and hopper.REMAINDER_STAGING)
         plan = runtime.PLANS.get(key) if key is not None else None
         if plan is not None:
             o, lse = hopper.fwd_outputs(q, v)
-            if aligned(o, lse):
-                runtime.replay(plan, {"q": q, "k": k, "v": v, "o": o, "lse": lse})
-                return o, lse
+            o_lo = torch.empty_like(o) if remainder else None
+            if aligned(o, lse, *(() if o_lo is None else (o_lo,))):
+                runtime.replay(plan, _fwd_tensors(q, k, v, o, lse, sinks, o_lo))
+                return (o, lse) if o_lo is None else (o, lse, o_lo)
             key = None
     if key is not None:
         runtime.begin_record()
@@ -47,7 +64,7 @@ def fwd(q, k, v, causal: bool, scale: float, config=None, sinks=None, remainder:
         runtime.abandon_record()
         raise
     if key is not None:
-        runtime.end_record(key, {"q": q, "k": k, "v": v, "o": out[0], "lse": out[1]})
+        runtime.end_record(key, _fwd_tensors(q, k, v, out[0], out[1], sinks, out[2] if remainder else None))
     return out
 
 
