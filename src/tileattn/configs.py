@@ -320,10 +320,9 @@ def all_configs() -> list[tuple[str, int, KernelConfig]]:
 
 
 # ---------------------------------------------------------------------------
-# Hopper forward (Gluon, kernels/fwd_hopper.py).  A program runs 2 * block_m query rows: block_m per softmax
-# warpgroup (two partitions of 4 warps) plus a one-warp TMA loader; 168 registers per thread at launch,
-# reallocated to 240 for the softmax warps and 24 for the loader (3 warpgroups x 128 threads x 168 <= 65536).
-# Shared memory: 2 Q tiles (persistent: 4) + num_stages K and V tiles (sm_90a compile report; H200 timing: v11).
+# Hopper forward (Gluon, kernels/fwd_hopper.py): 2 * block_m query rows a program, block_m per softmax warpgroup
+# (4 warps each), and a one-warp TMA loader; 168 registers a thread at launch, 240 softmax / 24 loader after
+# reallocation.  Shared memory: 2 Q tiles (persistent: 4) + num_stages K and V tiles (sm_90a compile; H200: v11).
 # ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class HopperFwdConfig:
@@ -366,18 +365,15 @@ class HopperBwdConfig:
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}" + "".join(f for f, x in on if x)
 
 
-# (head dim, causal) -> the fewest keys for which the default dispatch takes the Hopper kernel; below it the
-# portable kernel was as fast or faster on the H200 (perf-notes v11, FA2 protocol): at N = 512 and 1k every
-# cell favoured the portable kernel (its launch plans keep the host path short); d = 64 causal at 2k: 0.858x
-# cuDNN portable, 0.914x Hopper persistent (v19).  A forced config always takes the Hopper kernel.
-# QK 192 and 256 (v15, bf16): level at 1k (192 full) or at 512 and 1k (256), Hopper 1.26-1.80x from 2k.
+# (head dim, causal) -> the fewest keys for which the default dispatch takes the Hopper kernel (a forced config
+# always does); below it the portable kernel was as fast or faster on the H200 (v11: N = 512 and 1k; v19: d = 64
+# causal 2k 0.858x cuDNN portable, 0.914x Hopper persistent; v15: 192 and 256 level at 512-1k, 1.26-1.80x from 2k).
 HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 2048, (128, False): 2048, (128, True): 2048,
                        (192, False): 1024, (192, True): 2048, (256, False): 2048, (256, True): 2048}
 # (head dim, causal) -> the most keys at which the table's forward runs persistent, sinks aside (perf-notes v19:
 # +4-12 % at 2k, 0-9 % at 4k, -2..+2 % at 16k; with sinks 1-29 % slower; v26: d = 64 at 8k +1-4 % in two runs)
 HOPPER_FWD_PERSISTENT_MAX_KEYS = {(64, False): 8192, (64, True): 8192, (128, False): 4096, (128, True): 4096}
-# head dims whose persistent forward takes calls with attention sinks too, under the same bound (d = 128: 1-29 %
-# slower with sinks, its causal build spills, v19; d = 64: no spills in any build, sm_90a compile, v27)
+# head dims whose persistent forward takes calls with sinks too (d = 128 lost 1-29 %, v19; d = 64 won, v27)
 HOPPER_FWD_PERSISTENT_WITH_SINKS = frozenset({64})
 # (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA): 2 Q tiles of 64 x 192 + 2 stages of K (128 x 192)
 # and V (128 x 128) = 212,992 B; O (as wide as V) is staged in the Q tile's first piece.  256: 64-key tiles
@@ -390,17 +386,15 @@ HOPPER_FWD = {
     (192, 128): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v14, v15"),
     (256, 256): HopperFwdConfig(block_n=64, num_stages=2, source="sm_90a compile report; H200 timing, v14, v15"),
 }
-# (QK, V head dim) -> config.  perf-notes v12: dSᵀ from shared memory for dK won 2-6 % at d = 64, lost ~3 % at
-# 128; v16: defer_sums (sinks only) +4-10 % at 64, 0 / -47 % at 128; v17: stats_tma; v19: dq_turns +9-18 % at
-# 64, -3..+3 % at 128; 192/128: v15
+# (QK, V head dim) -> config.  perf-notes v12: dSᵀ from shared memory for dK won 2-6 % at d = 64, lost ~3 % at 128;
+# v16: defer_sums (sinks only) +4-10 % at 64, 0 / -47 % at 128; v17: stats_tma; v19: dq_turns; 192/128: v15
 HOPPER_BWD = {
     (64, 64): HopperBwdConfig(dk_from_smem=True, defer_sums=True, stats_tma=True, dq_turns=True,
                               source="H200 timing, v12, v16, v17, v19"),
     (128, 128): HopperBwdConfig(dk_from_smem=False, stats_tma=True, source="H200 timing, perf-notes v12, v17"),
     (192, 128): HopperBwdConfig(block_m=32, num_stages=2, source="sm_90a compile report, perf-notes v15"),
-    # d = 256 (kernels/bwd_hopper_split.py): both warpgroups share the program's 2 x 32 keys, dK/dV/dQ split by
-    # columns; K, V 64 KB + 2 slots of Q, dO 64 KB + Pᵀ, dSᵀ 16 KB + dQᵀ staging 32 KB
-    (256, 256): HopperBwdConfig(block_m=32, block_n=32, num_stages=2, source="sm_90a compile report, perf-notes v28"),
+    (256, 256): HopperBwdConfig(block_m=32, block_n=32, num_stages=2,   # kernels/bwd_hopper_split.py
+                                source="sm_90a compile report (180,752 B, no spills); H200 timing, perf-notes v28"),
 }
 
 
@@ -487,14 +481,12 @@ DECODE_CONFIGS: tuple[DecodeConfig, ...] = (
 )
 INTERPRETER_DECODE = DecodeConfig(16, 4, 1, "interpreter: the smallest tile tl.dot accepts")
 
-# A shared cache (v_cache = k_cache[..., :Dv], the absorbed MLA layout: D = 576,
-# Dv = 512, one kv head): each stage holds one 576-wide key tile (36 KB at
-# BLOCK_N = 32 in bf16) and Q is 64 x 576 (72 KB) at 64 packed rows.  8 warps:
-# at 64 rows the 64 x 512 float32 accumulator is 128 registers a thread
-# (MAX_ACC_REGS); at 16 rows 4 warps need 255.  Chosen from sm_90 compiles
-# (triton 3.6, bf16; registers / shared memory / spills a thread; docs/decoding.md
-# has the table), not yet timed: 16 rows take the first that fits, 64 rows
-# autotune over the table (decode_autotune_enabled).
+# A shared cache (v_cache = k_cache[..., :Dv], the absorbed MLA layout: D = 576, Dv = 512, one kv head): each
+# stage holds one 576-wide key tile (36 KB at BLOCK_N = 32 in bf16) and Q is 64 x 576 (72 KB) at 64 packed rows.
+# 8 warps: at 64 rows the 64 x 512 float32 accumulator is 128 registers a thread (MAX_ACC_REGS); at 16 rows 4
+# warps need 255.  Chosen from sm_90 compiles (triton 3.6, bf16; registers / shared memory / spills a thread;
+# docs/decoding.md has the table), not yet timed: 16 rows take the first that fits, 64 rows autotune over the
+# table (decode_autotune_enabled).
 _SHARED = "sm_90 compile, D=576 Dv=512 bf16, not timed: "
 DECODE_SHARED_CONFIGS: tuple[DecodeConfig, ...] = (
     DecodeConfig(32, 8, 3, _SHARED + "16 rows 189 regs / 93 KB / 0, 2 tiles in flight; "
