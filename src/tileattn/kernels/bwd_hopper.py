@@ -55,7 +55,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .bwd_hopper_common import _barriers, _invalidate, _load_partition, _probs, _query_tiles, _tma_reduce_add
+from .bwd_hopper_common import (_barriers, _invalidate, _load_partition, _probs, _query_tiles, _ring_buffers,
+                                 _tma_reduce_add)
 
 
 @gluon.jit
@@ -335,10 +336,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
     m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL)
 
     dtype: gl.constexpr = q_desc.dtype
-    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
+    k_smem, v_smem, q_smem, do_smem = _ring_buffers(q_desc, k_desc, v_desc, do_desc, NUM_STAGES)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BLOCK_N, BLOCK_M], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_N, BLOCK_M], ds_layout)
     # a staging tile a compute warpgroup, as wide as the dQ sum's box (D/2, or D with dq_turns)

@@ -1,7 +1,8 @@
 """What both Hopper backward kernels (Gluon; ``bwd_hopper.py``, and
 ``bwd_hopper_wide.py`` for a V head dim narrower than QK's) share: the
 copy engine's bulk reduce, the causal range of a key block's query tiles,
-the load partition (the program's K and V tiles once, then the Q and dO
+a tile's coordinates in a compute warpgroup's walk, the K/V tiles and the
+Q/dO ring in shared memory, the load partition (the program's K and V tiles once, then the Q and dO
 tiles, and with ``STATS_TMA`` lse₂ and Δ, of every query tile into a ring),
 the mbarriers, and Pᵀ from the saved log-sum-exp.
 
@@ -38,6 +39,27 @@ def _query_tiles(start_n, N_Q, N_K, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constex
         m_lo = start_n * 0
     n_m = gl.maximum(gl.cdiv(N_Q - m_lo, BLOCK_M), 0)
     return m_lo, n_m
+
+
+@gluon.jit
+def _tile_at(t, n_m, m_lo, hq0, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """Tile ``t`` of a compute warpgroup's walk (``n_m`` query tiles a head
+    from row ``m_lo``, heads from ``hq0``): (query head, first row, ring
+    slot, the phase that slot completes)."""
+    g = t // n_m
+    m = m_lo + (t - g * n_m) * BLOCK_M
+    return hq0 + g, m, t % NUM_STAGES, (t // NUM_STAGES) & 1
+
+
+@gluon.jit
+def _ring_buffers(q_desc, k_desc, v_desc, do_desc, NUM_STAGES: gl.constexpr):
+    """The program's K and V tiles and the Q and dO ring's slots in shared memory."""
+    dtype: gl.constexpr = q_desc.dtype
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
+    return k_smem, v_smem, q_smem, do_smem
 
 
 @gluon.jit

@@ -35,7 +35,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .bwd_hopper_common import _barriers, _invalidate, _load_partition, _probs, _query_tiles
+from .bwd_hopper_common import (_barriers, _invalidate, _load_partition, _probs, _query_tiles, _ring_buffers,
+                                 _tile_at)
 from .bwd_hopper_wide import CHUNK, _stage_dqt
 
 
@@ -84,11 +85,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, p_smem
     dv = gl.zeros([KEYS, HALF], gl.float32, kv_layout)
     zero_s = gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout)
     for t in range(GROUP_SIZE * n_m):
-        g = t // n_m
-        m = m_lo + (t - g * n_m) * BLOCK_M
-        hq = off_hk * GROUP_SIZE + g
-        s = t % NUM_STAGES
-        phase = (t // NUM_STAGES) & 1
+        hq, m, s, phase = _tile_at(t, n_m, m_lo, off_hk * GROUP_SIZE, BLOCK_M, NUM_STAGES)
         buf = t % 2
         bar_phase = (t // 2) & 1
         offs_m = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
@@ -165,10 +162,7 @@ def _attn_bwd_hopper_split_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, 
     m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL)
 
     dtype: gl.constexpr = q_desc.dtype
-    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
+    k_smem, v_smem, q_smem, do_smem = _ring_buffers(q_desc, k_desc, v_desc, do_desc, NUM_STAGES)
     pds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_M], dtype)
     p_smem = gl.allocate_shared_memory(dtype, [2, KEYS, BLOCK_M], pds_layout)
     ds_smem = gl.allocate_shared_memory(dtype, [2, KEYS, BLOCK_M], pds_layout)

@@ -37,7 +37,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .bwd_hopper_common import _barriers, _invalidate, _load_partition, _probs, _query_tiles, _tma_reduce_add
+from .bwd_hopper_common import (_barriers, _invalidate, _load_partition, _probs, _query_tiles, _tile_at,
+                                 _tma_reduce_add)
 
 CHUNK: gl.constexpr = gl.constexpr(64)   # rows of dQᵀ per MMA (a warpgroup MMA's M)
 
@@ -87,11 +88,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, kt_smem, v_smem, q_smem, qt_sme
     dkt = gl.zeros([BLOCK_N, TAIL_DIM], gl.float32, kt_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM_V], gl.float32, kv_layout)
     for t in range(GROUP_SIZE * n_m):
-        g = t // n_m
-        m = m_lo + (t - g * n_m) * BLOCK_M
-        hq = off_hk * GROUP_SIZE + g
-        s = t % NUM_STAGES
-        phase = (t // NUM_STAGES) & 1
+        hq, m, s, phase = _tile_at(t, n_m, m_lo, off_hk * GROUP_SIZE, BLOCK_M, NUM_STAGES)
         offs_m = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
         row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_m
         lse2 = gl.load(LSE2 + row, mask=offs_m < N_Q, other=float("inf"))
