@@ -3,7 +3,8 @@ kernel with the float32 dQ sum, between the portable preprocess and convert
 kernels.
 
 On the CPU: every config compiles for sm_90a without a GPU, within the
-shared memory of an H100/H200, with the copy engine's reduce for dQ.  On a
+shared memory of an H100/H200, with the copy engine's reduce for dQ, and
+ptxas keeps its warpgroup MMAs asynchronous (no C7512 serialization).  On a
 GPU of compute capability 9.0: dq, dk, dv against a float64 reference under
 the accuracy rule, with each config forced, odd lengths, Nq != Nk, fully
 masked rows, large logits, GQA, strided layouts and a gradient into lse;
@@ -118,6 +119,7 @@ def test_compiles_for_sm90(reports, dims, cfg, causal, sinks):
     assert rep["tma"] and rep["reduce"], "no TMA copy, or no bulk reduce for dQ, in the PTX"
     assert {"24", "240"} <= set(rep["setmaxnreg"]), f"register reallocation {rep['setmaxnreg']}"
     assert not rep["local"], "local memory in the PTX (a register array indexed at run time)"
+    assert not rep["wgmma_serialized"], "ptxas serialized the warpgroup MMAs (C7512: too few registers)"
     expect = _expected_shared(dims, cfg, sinks)
     slack = 3072 if sinks else 1024   # barriers; with sinks also the scratch of the sum's reduction
     assert expect <= rep["shared"] <= expect + slack, f"shared memory {rep['shared']}, expected {expect} + barriers"

@@ -1,8 +1,8 @@
 """The Hopper forward kernel (Gluon, kernels/fwd_hopper.py).
 
-On the CPU: every config compiles for sm_90a without a GPU, without spills,
-within the shared memory of an H100/H200 (the compiler runs; the kernel
-cannot).  On a GPU of compute capability 9.0: the kernel against a float64
+On the CPU: every config compiles for sm_90a without a GPU, without local
+memory in the PTX or warpgroup MMAs that ptxas serializes, within the shared
+memory of an H100/H200 (the compiler runs; the kernel cannot).  On a GPU of compute capability 9.0: the kernel against a float64
 reference under the accuracy rule, with each config forced, odd lengths,
 Nq != Nk, fully masked rows (causal with Nq > Nk), large logits, GQA and
 strided layouts; and the dispatcher takes it for plain calls only.
@@ -97,6 +97,7 @@ def test_compiles_for_sm90(reports, dims, cfg, causal, name):
     assert {"24", "240"} <= set(rep["setmaxnreg"]), \
         f"register reallocation {rep['setmaxnreg']}: not 24 for the loader and 240 for the softmax warps"
     assert not rep["local"], "local memory in the PTX (a register array indexed at run time)"
+    assert not rep["wgmma_serialized"], "ptxas serialized the warpgroup MMAs (C7512: too few registers)"
     q_tiles = 4 if cfg.persistent else 2   # persistent: the next work item's Q lands in a second pair
     expect = q_tiles * cfg.block_m * head_dim * 2 + cfg.num_stages * cfg.block_n * (head_dim + head_dim_v) * 2
     if name.endswith("-remainder") and launch_hopper.remainder_staged(head_dim, head_dim_v, cfg):

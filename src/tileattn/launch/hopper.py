@@ -184,13 +184,14 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
 def compile_report(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16",
                    sinks: bool = False, head_dim_v: int | None = None, remainder: bool = False) -> dict:
     """What the sm_90a compile says of one config: shared memory, the
-    instructions the design relies on, and local memory (spills)."""
+    instructions the design relies on, local memory in the PTX, and the
+    assembler's word on it (:func:`runtime.ptxas_report`)."""
     compiled = compile_sm90(head_dim, cfg, causal, dtype, sinks, head_dim_v, remainder)
     ptx = compiled.asm["ptx"]
     return {"shared": int(compiled.metadata.shared), "wgmma": ptx.count("wgmma.mma_async"),
             "tma": "cp.async.bulk.tensor" in ptx, "setmaxnreg": sorted(set(
                 line.split()[-1].rstrip(";") for line in ptx.splitlines() if "setmaxnreg" in line)),
-            "local": ".local" in ptx}
+            "local": ".local" in ptx, **runtime.ptxas_report(ptx)}
 
 
 def stats_rows(b: int, hq: int, n_q: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -496,4 +497,4 @@ def compile_bwd_report(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype:
             "tma": "cp.async.bulk.tensor" in ptx, "reduce": ptx.count("cp.reduce.async.bulk.tensor"),
             "setmaxnreg": sorted(set(line.split()[-1].rstrip(";") for line in ptx.splitlines()
                                      if "setmaxnreg" in line)),
-            "local": ".local" in ptx}
+            "local": ".local" in ptx, **runtime.ptxas_report(ptx)}

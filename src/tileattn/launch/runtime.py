@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import re
+import subprocess
+import tempfile
 import threading
 
 import torch
@@ -408,3 +412,24 @@ def shared_layout(block: tuple, dtype: str):
     if dtype == "rows":
         return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=len(block))
     return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, dtype))
+
+
+def ptxas_report(ptx: str, arch: int = 90) -> dict:
+    """What the assembler Triton bundles says of a kernel's PTX (``ptxas -v``
+    for ``sm_<arch>a``): whether it serialized the warpgroup MMAs for want
+    of registers to keep them in flight (its warning C7512; that cost an
+    option 12-18 %, perf-notes v28), and the bytes it spilled."""
+    from triton.backends.nvidia.compiler import get_ptxas
+    try:
+        tool = get_ptxas(arch)
+    except TypeError:   # a triton whose get_ptxas takes no architecture
+        tool = get_ptxas()
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "kernel.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        done = subprocess.run([tool.path, f"-arch=sm_{arch}a", "-v", src, "-o", os.path.join(tmp, "kernel.cubin")],
+                              capture_output=True, text=True, check=True)
+    log = done.stdout + done.stderr
+    spills = re.search(r"(\d+) bytes spill stores", log)
+    return {"wgmma_serialized": "C7512" in log, "spill_stores": int(spills.group(1)) if spills else 0}
