@@ -41,6 +41,8 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((128, 128), HopperBwdConfig(num_stages=3)), ((128, 128), HopperBwdConfig(dk_from_smem=True)),
     ((64, 64), HopperBwdConfig(dk_from_smem=False)), ((192, 128), HopperBwdConfig(block_m=32, num_stages=3)),
     ((256, 256), HopperBwdConfig(block_m=32, block_n=32, num_stages=3)),
+    # d = 256, 64-query tiles: half the exchanges a key, one Q/dO slot (229,904 B)
+    ((256, 256), HopperBwdConfig(block_m=64, block_n=32, num_stages=1)),
     # causal: always a pair of mirror-image key blocks a program, never (the table's: where pairs_pay)
     ((128, 128), HopperBwdConfig(pair_blocks=True)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=True)),
     ((128, 128), HopperBwdConfig(pair_blocks=False)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=False)),
