@@ -13,8 +13,8 @@ atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
 ``stats_tma`` toggled and with ``dq_turns`` toggled, forced (causal: the
 table's with one key block a program, ``pair_blocks=False``, too; GQA: the
 table's with each count of head slices forced, 1 to the group; d = 256: the
-split kernel with 2 and 3 ring slots, and 64-query tiles in one slot).  ``--sinks``:
-tileattn's default call with and without attention sinks, beside cuDNN
+split kernel with 2 and 3 ring slots, and 64-query tiles in one slot).
+``--sinks``: tileattn's default call with and without attention sinks, beside cuDNN
 (forward: also a call whose sinks need a gradient, which stores the output's
 rounding remainder, from staging tiles of its own and from O's buffer, and the
 call with sinks kept off the persistent kernel; backward: also the sinks'
@@ -152,13 +152,12 @@ def bwd_config_steps(q, k, v, do, causal) -> dict:
     if d > 128:   # the split kernel: 2 and 3 ring slots of 32-query tiles, one of 64-query tiles
         cfgs = [dataclasses.replace(table, num_stages=st) for st in (2, 3)] + [
             dataclasses.replace(table, block_m=64, num_stages=1)]
-        return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
-                                                     deterministic=False)) for c in cfgs}
-    cfgs = [table, dataclasses.replace(table, stats_tma=not table.stats_tma),
-            dataclasses.replace(table, dq_turns=not table.dq_turns)] + (
-        [dataclasses.replace(table, pair_blocks=False)] if causal else []) + (
-        [dataclasses.replace(table, head_slices=s) for s in (1, 2, 4, 8) if (q.shape[1] // k.shape[1]) % s == 0]
-        if q.shape[1] > k.shape[1] else [])
+    else:
+        cfgs = [table, dataclasses.replace(table, stats_tma=not table.stats_tma),
+                dataclasses.replace(table, dq_turns=not table.dq_turns)] + (
+            [dataclasses.replace(table, pair_blocks=False)] if causal else []) + (
+            [dataclasses.replace(table, head_slices=s) for s in (1, 2, 4, 8) if (q.shape[1] // k.shape[1]) % s == 0]
+            if q.shape[1] > k.shape[1] else [])
     return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
                                                  deterministic=False)) for c in cfgs}
 

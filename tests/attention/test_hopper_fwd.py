@@ -2,8 +2,9 @@
 
 On the CPU: every config compiles for sm_90a without a GPU, without local
 memory in the PTX or warpgroup MMAs that ptxas serializes, within the shared
-memory of an H100/H200 (the compiler runs; the kernel cannot).  On a GPU of compute capability 9.0: the kernel against a float64
-reference under the accuracy rule, with each config forced, odd lengths,
+memory of an H100/H200 (the compiler runs; the kernel cannot).  On a GPU of
+compute capability 9.0: the kernel against a float64 reference under the
+accuracy rule, with each config forced, odd lengths,
 Nq != Nk, fully masked rows (causal with Nq > Nk), large logits, GQA and
 strided layouts; and the dispatcher takes it for plain calls only.
 """
@@ -122,8 +123,8 @@ def test_default_dispatch_by_size(head_dim, causal, n_k, want):
     ((64, 64), False, 2048, True), ((64, 64), True, 8192, True), ((64, 64), False, 8193, False),
     ((128, 128), False, 4096, True), ((128, 128), True, 4097, False), ((128, 128), False, 16384, False),
     ((192, 128), False, 2048, False), ((256, 256), True, 2048, False)],
-    ids=["d64-full-2k", "d64-causal-8k", "d64-full-8k+1", "d128-full-4k", "d128-causal-4k+1", "d128-full-16k", "d192-128-full-2k",
-         "d256-causal-2k"])
+    ids=["d64-full-2k", "d64-causal-8k", "d64-full-8k+1", "d128-full-4k", "d128-causal-4k+1", "d128-full-16k",
+         "d192-128-full-2k", "d256-causal-2k"])
 def test_table_config_persistent_by_keys(dims, causal, n_k, want):
     """The table's forward runs persistent up to HOPPER_FWD_PERSISTENT_MAX_KEYS
     keys (where the per-tile prologue and epilogue were a measured cost), not

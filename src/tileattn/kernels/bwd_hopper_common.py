@@ -1,10 +1,11 @@
-"""What both Hopper backward kernels (Gluon; ``bwd_hopper.py``, and
-``bwd_hopper_wide.py`` for a V head dim narrower than QK's) share: the
-copy engine's bulk reduce, the causal range of a key block's query tiles,
-a tile's coordinates in a compute warpgroup's walk, the K/V tiles and the
-Q/dO ring in shared memory, the load partition (the program's K and V tiles once, then the Q and dO
-tiles, and with ``STATS_TMA`` lse₂ and Δ, of every query tile into a ring),
-the mbarriers, and Pᵀ from the saved log-sum-exp.
+"""What the Hopper backward kernels (Gluon; ``bwd_hopper.py``,
+``bwd_hopper_wide.py`` for a V head dim narrower than QK's and
+``bwd_hopper_split.py`` for 256) share: the copy engine's bulk reduce, the
+causal range of a key block's query tiles, a tile's coordinates in a compute
+warpgroup's walk, the K/V tiles and the Q/dO ring in shared memory, the load
+partition (the program's K and V tiles once, then the Q and dO tiles, and
+with ``STATS_TMA`` lse₂ and Δ, of every query tile into a ring), the
+mbarriers, and Pᵀ from the saved log-sum-exp.
 
 This module imports Gluon at load time: only the Hopper kernels import it.
 """

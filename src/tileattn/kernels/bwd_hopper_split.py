@@ -41,12 +41,11 @@ from .bwd_hopper_wide import CHUNK, _stage_dqt
 
 
 @gluon.jit
-def _role_product(WG: gl.constexpr, k_all, v_all, q_smem, do_smem, q_ready, do_ready, t, zero_s,
-                  BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """Issue tile ``t``'s full-width product of this warpgroup's role, once
-    its slot has landed: Sᵀ = K Qᵀ (warpgroup 0) or dPᵀ = V dOᵀ (1)."""
-    s = t % NUM_STAGES
-    phase = (t // NUM_STAGES) & 1
+def _role_product(WG: gl.constexpr, k_all, v_all, q_smem, do_smem, q_ready, do_ready, s, phase, zero_s,
+                  BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Issue the full-width product of this warpgroup's role on ring slot
+    ``s`` once it has landed (``phase``): Sᵀ = K Qᵀ (warpgroup 0) or
+    dPᵀ = V dOᵀ (1)."""
     if WG == 0:
         mbarrier.wait(q_ready.index(s), phase)
         rows = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
@@ -99,8 +98,8 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, p_smem
         else:
             stat = gl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
         # the next tile's product issued under this tile's (early_s, v28) lost 12-18 %
-        sdp = _role_product(WG, k_all, v_all, q_smem, do_smem, q_ready, do_ready, t, zero_s, BLOCK_M, HEAD_DIM,
-                            NUM_STAGES)
+        sdp = _role_product(WG, k_all, v_all, q_smem, do_smem, q_ready, do_ready, s, phase, zero_s, BLOCK_M,
+                            HEAD_DIM)
         cur = warpgroup_mma_wait(0, deps=[sdp])
         if WG == 0:   # Pᵀ from Sᵀ into shared memory
             pt = _probs(cur, stat, offs_n, offs_m, diag, qk_scale, IS_CAUSAL)

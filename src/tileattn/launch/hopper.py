@@ -286,7 +286,7 @@ SLICE_MIN_KEYS = 4096   # the fewest keys at which slices were timed and won
 def check_slices(cfg: HopperBwdConfig, head_dim: int, head_dim_v: int) -> None:
     """A ValueError for a ``head_slices`` the launcher cannot run."""
     if cfg.head_slices is not None and (type(cfg.head_slices) is not int or cfg.head_slices < 1
-                                        or ((head_dim_v != head_dim or head_dim > 128) and cfg.head_slices > 1)):
+                                        or (transposed_dq(head_dim, head_dim_v) and cfg.head_slices > 1)):
         raise ValueError(f"config: head_slices must be None or an int >= 1 (1 when V's head dim differs from "
                          f"QK's or exceeds 128: those kernels walk whole groups), got {cfg.head_slices!r}")
 
@@ -337,54 +337,63 @@ def bwd_config_for(head_dim: int, head_dim_v: int | None = None) -> HopperBwdCon
     return configs.HOPPER_BWD[(head_dim, head_dim if head_dim_v is None else head_dim_v)]
 
 
+def split_kernel(head_dim: int, head_dim_v: int) -> bool:
+    """Whether the backward runs ``kernels/bwd_hopper_split.py`` (QK = V head dim above 128)."""
+    return head_dim == head_dim_v and head_dim > 128
+
+
 def transposed_dq(head_dim: int, head_dim_v: int) -> bool:
-    """Whether the backward kernel for these head dims adds dQ transposed
-    (the wide kernel, V narrower than QK, and the split kernel, d > 128):
-    its sum is :func:`dq_sum_transposed`'s, else ``bwd_steps.dq_accumulator``'s."""
-    return head_dim_v != head_dim or head_dim > 128
+    """Whether the backward kernel adds dQ transposed and walks whole groups (the wide kernel, V narrower
+    than QK, and the split kernel): its sum is :func:`dq_sum_transposed`'s, else ``bwd_steps.dq_accumulator``'s."""
+    return head_dim_v != head_dim or split_kernel(head_dim, head_dim_v)
 
 
 def dq_sum_transposed(q: torch.Tensor) -> torch.Tensor:
-    """The zeroed float32 dQ sum of the wide backward kernel: stored
-    (B, Hq, D, Nq) with Nq padded to a multiple of 4 (a copy-engine stride is
-    16-byte aligned), returned as a (B, Hq, Nq, D) view for the convert
-    kernel; the kernel adds into its transpose."""
+    """The zeroed float32 dQ sum of the wide and split kernels: stored (B, Hq, D, Nq), Nq padded to a multiple
+    of 4 (a copy-engine stride is 16-byte aligned), returned as the (B, Hq, Nq, D) view the convert reads."""
     b, hq, n_q, d = q.shape
     store = torch.zeros((b, hq, d, (n_q + 3) // 4 * 4), device=q.device, dtype=torch.float32)
     return store[..., :n_q].transpose(2, 3)
 
 
-def _wide_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg):
-    """The wide kernel's arguments: Q and K in two pieces (V's width and the
-    tail), the transposed dQ sum with a (1, 1, 64, BLOCK_M) box."""
-    b, hq, n_q, d = q.shape
-    hkv, n_k, w = k.shape[1], k.shape[2], v.shape[-1]
+def _transposed_dq_args(q, k, v, do, dq_acc, dk, dv, lse2, delta, causal, scale, cfg) -> dict:
+    """What the wide and split kernels take alike: V's and dO's descriptors, the transposed dQ sum with a
+    (1, 1, 64, BLOCK_M) box, dK/dV and their strides, the stats, the sizes, the scales and the tile shape."""
+    hq, n_q = q.shape[1], q.shape[2]
     return dict(
-        q_desc=_descriptor(q[..., :w], cfg.block_m), qt_desc=_descriptor(q[..., w:], cfg.block_m),
-        k_desc=_descriptor(k[..., :w], 2 * cfg.block_n), kt_desc=_descriptor(k[..., w:], 2 * cfg.block_n),
         v_desc=_descriptor(v, 2 * cfg.block_n), do_desc=_descriptor(do, cfg.block_m),
         dq_desc=_dq_descriptor(dq_acc.transpose(2, 3), 64, cfg.block_m), DK=dk, DV=dv, LSE2=lse2, DELTA=delta,
         stride_dkb=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
         stride_dvb=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
-        GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
-        HEAD_DIM_V=w, TAIL_DIM=d - w, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
-        NUM_STAGES=cfg.num_stages, DQ_BUFS=2 if cfg.block_m <= 32 else 1)   # 64 rows: 16 KB a buffer
+        GROUP_SIZE=hq // k.shape[1], N_HEADS=hq, N_Q=n_q, N_K=k.shape[2], qk_scale=scale * LOG2E, sm_scale=scale,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal), NUM_STAGES=cfg.num_stages)
+
+
+def _wide_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg):
+    """The wide kernel's arguments: Q and K in two pieces (V's width and the tail)."""
+    d, w = q.shape[-1], v.shape[-1]
+    return dict(
+        _transposed_dq_args(q, k, v, do, dq_acc, dk, dv, lse2, delta, causal, scale, cfg),
+        q_desc=_descriptor(q[..., :w], cfg.block_m), qt_desc=_descriptor(q[..., w:], cfg.block_m),
+        k_desc=_descriptor(k[..., :w], 2 * cfg.block_n), kt_desc=_descriptor(k[..., w:], 2 * cfg.block_n),
+        HEAD_DIM_V=w, TAIL_DIM=d - w, DQ_BUFS=2 if cfg.block_m <= 32 else 1)   # 64 rows: 16 KB a buffer
 
 
 def _split_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg):
-    """The split kernel's arguments (d = 256): whole rows of Q, K, V and dO,
-    the program's 2 * BLOCK_N keys in one box, the transposed dQ sum with a
-    (1, 1, 64, BLOCK_M) box."""
-    b, hq, n_q, d = q.shape
-    hkv, n_k = k.shape[1], k.shape[2]
+    """The split kernel's arguments (d = 256): whole rows of Q and K, the
+    program's 2 * BLOCK_N keys in one box."""
     return dict(
-        q_desc=_descriptor(q, cfg.block_m), k_desc=_descriptor(k, 2 * cfg.block_n),
-        v_desc=_descriptor(v, 2 * cfg.block_n), do_desc=_descriptor(do, cfg.block_m),
-        dq_desc=_dq_descriptor(dq_acc.transpose(2, 3), 64, cfg.block_m), DK=dk, DV=dv, LSE2=lse2, DELTA=delta,
-        stride_dkb=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
-        stride_dvb=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
-        GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
-        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal), NUM_STAGES=cfg.num_stages)
+        _transposed_dq_args(q, k, v, do, dq_acc, dk, dv, lse2, delta, causal, scale, cfg),
+        q_desc=_descriptor(q, cfg.block_m), k_desc=_descriptor(k, 2 * cfg.block_n), HEAD_DIM=q.shape[-1])
+
+
+def _transposed_kernel(head_dim: int, head_dim_v: int):
+    """(kernel, argument builder) of the split or the wide backward kernel."""
+    if split_kernel(head_dim, head_dim_v):
+        from ..kernels.bwd_hopper_split import _attn_bwd_hopper_split_kernel
+        return _attn_bwd_hopper_split_kernel, _split_bwd_args
+    from ..kernels.bwd_hopper_wide import _attn_bwd_hopper_wide_kernel
+    return _attn_bwd_hopper_wide_kernel, _wide_bwd_args
 
 
 def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale: float,
@@ -406,17 +415,11 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
             dst.copy_(src)
         delta, lse2 = padded
     grid = (triton.cdiv(n_k, 2 * cfg.block_n), hkv, b)
-    if w == d and d > 128:
-        from ..kernels.bwd_hopper_split import _attn_bwd_hopper_split_kernel
-        assert ds_sum is None, "the split backward kernel does not sum dS (no sinks)"
-        runtime.run(_attn_bwd_hopper_split_kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
-                    _split_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg))
-        return
-    if w != d:
-        from ..kernels.bwd_hopper_wide import _attn_bwd_hopper_wide_kernel
-        assert ds_sum is None, "the wide backward kernel does not sum dS (no sinks)"
-        runtime.run(_attn_bwd_hopper_wide_kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
-                    _wide_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg))
+    if transposed_dq(d, w):
+        kernel, build = _transposed_kernel(d, w)
+        assert ds_sum is None, "the wide and split backward kernels do not sum dS (no sinks)"
+        runtime.run(kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
+                    build(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg))
         return
     from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel
     slices = head_slices(q, k, causal, cfg)
@@ -436,19 +439,16 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
                      head_dim_v: int | None = None):
     """:func:`compile_sm90` for the backward kernel (``sinks``: with the dS
     row sums their gradient needs; ``head_dim_v`` narrower than ``head_dim``:
-    the wide kernel)."""
+    the wide kernel; QK = V head dim above 128: the split kernel)."""
     w = head_dim if head_dim_v is None else head_dim_v
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
     t, tv = (torch.empty(1, 2, 256, x, dtype=torch_dtype) for x in (head_dim, w))
     lse = torch.empty(1, 2, 256)
-    if w == head_dim and head_dim > 128:
-        from ..kernels.bwd_hopper_split import _attn_bwd_hopper_split_kernel as kernel
-        args = _split_bwd_args(t, t, t, t, dq_sum_transposed(t), t, t, lse, lse, causal, 1.0, cfg)
-        const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES"}
-    elif w != head_dim:
-        from ..kernels.bwd_hopper_wide import _attn_bwd_hopper_wide_kernel as kernel
-        args = _wide_bwd_args(tv, t, t, tv, dq_sum_transposed(t), t, tv, lse, lse, causal, 1.0, cfg)
-        const = {"HEAD_DIM_V", "TAIL_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DQ_BUFS"}
+    if transposed_dq(head_dim, w):
+        kernel, build = _transposed_kernel(head_dim, w)
+        args = build(tv, t, t, tv, dq_sum_transposed(t), t, tv, lse, lse, causal, 1.0, cfg)
+        const = {"BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES"} | (
+            {"HEAD_DIM"} if split_kernel(head_dim, w) else {"HEAD_DIM_V", "TAIL_DIM", "DQ_BUFS"})
     else:
         from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel as kernel
         f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)

@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import re
-import subprocess
-import tempfile
 import threading
 
 import torch
@@ -418,7 +414,12 @@ def ptxas_report(ptx: str, arch: int = 90) -> dict:
     """What the assembler Triton bundles says of a kernel's PTX (``ptxas -v``
     for ``sm_<arch>a``): whether it serialized the warpgroup MMAs for want
     of registers to keep them in flight (its warning C7512; that cost an
-    option 12-18 %, perf-notes v28), and the bytes it spilled."""
+    option 12-18 %, perf-notes v28), and the bytes it spilled.  A compile
+    check's tool: its imports stay out of the launch path's module load."""
+    import os
+    import re
+    import subprocess
+    import tempfile
     from triton.backends.nvidia.compiler import get_ptxas
     try:
         tool = get_ptxas(arch)
