@@ -13,7 +13,8 @@ atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
 ``stats_tma`` toggled and with ``dq_turns`` toggled, forced (causal: the
 table's with one key block a program, ``pair_blocks=False``, too; GQA: the
 table's with each count of head slices forced, 1 to the group; d = 256: the
-split kernel with 2 and 3 ring slots, and 64-query tiles in one slot).
+split kernel's table config (64-query tiles in one slot) and 32-query tiles with 2
+and 3 ring slots).
 ``--sinks``: tileattn's default call with and without attention sinks, beside cuDNN
 (forward: also a call whose sinks need a gradient, which stores the output's
 rounding remainder, from staging tiles of its own and from O's buffer, and the
@@ -149,9 +150,8 @@ def bwd_config_steps(q, k, v, do, causal) -> dict:
     scale = d ** -0.5
     out, lse = launch.attn_fwd(q, k, v, causal, scale)
     table = configs.HOPPER_BWD[(d, d)]
-    if d > 128:   # the split kernel: 2 and 3 ring slots of 32-query tiles, one of 64-query tiles
-        cfgs = [dataclasses.replace(table, num_stages=st) for st in (2, 3)] + [
-            dataclasses.replace(table, block_m=64, num_stages=1)]
+    if d > 128:   # the split kernel: the table's (64-query tiles, one slot), 2 and 3 ring slots of 32-query tiles
+        cfgs = [table] + [dataclasses.replace(table, block_m=32, num_stages=st) for st in (2, 3)]
     else:
         cfgs = [table, dataclasses.replace(table, stats_tma=not table.stats_tma),
                 dataclasses.replace(table, dq_turns=not table.dq_turns)] + (

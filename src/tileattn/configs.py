@@ -393,8 +393,8 @@ HOPPER_BWD = {
                               source="H200 timing, v12, v16, v17, v19"),
     (128, 128): HopperBwdConfig(dk_from_smem=False, stats_tma=True, source="H200 timing, perf-notes v12, v17"),
     (192, 128): HopperBwdConfig(block_m=32, num_stages=2, source="sm_90a compile report, perf-notes v15"),
-    (256, 256): HopperBwdConfig(block_m=32, block_n=32, num_stages=2,   # kernels/bwd_hopper_split.py
-                                source="sm_90a compile report (180,752 B, no spills); H200 timing, perf-notes v28"),
+    (256, 256): HopperBwdConfig(block_m=64, block_n=32, num_stages=1,   # kernels/bwd_hopper_split.py
+                                source="sm_90a compile report (229,904 B, no spills); H200 timing, v28, v30"),
 }
 
 

@@ -40,9 +40,9 @@ needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a 
 FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((128, 128), HopperBwdConfig(num_stages=3)), ((128, 128), HopperBwdConfig(dk_from_smem=True)),
     ((64, 64), HopperBwdConfig(dk_from_smem=False)), ((192, 128), HopperBwdConfig(block_m=32, num_stages=3)),
+    # d = 256, 32-query tiles (the table's is 64 in one Q/dO slot): 2 and 3 ring slots
+    ((256, 256), HopperBwdConfig(block_m=32, block_n=32, num_stages=2)),
     ((256, 256), HopperBwdConfig(block_m=32, block_n=32, num_stages=3)),
-    # d = 256, 64-query tiles: half the exchanges a key, one Q/dO slot (229,904 B)
-    ((256, 256), HopperBwdConfig(block_m=64, block_n=32, num_stages=1)),
     # causal: always a pair of mirror-image key blocks a program, never (the table's: where pairs_pay)
     ((128, 128), HopperBwdConfig(pair_blocks=True)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=True)),
     ((128, 128), HopperBwdConfig(pair_blocks=False)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=False)),
