@@ -126,11 +126,14 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, p_smem
                              is_async=True)
         dqt1 = warpgroup_mma(k_all.slice(COL0 + CHUNK, CHUNK, dim=1).permute([1, 0]), ds_buf, zero_q,
                              use_acc=False, is_async=True)
-        dv, dk, dqt0, dqt1 = warpgroup_mma_wait(0, deps=[dv, dk, dqt0, dqt1])
+        # dV and dK were the slot's last readers (groups retire in order): release it to the load warp
+        # while the dQᵀ chunks are still on the tensor cores, so the next Q and dO load under them
+        dv, dk = warpgroup_mma_wait(2, deps=[dv, dk])
         mbarrier.arrive(q_empty.index(s), count=1)
         mbarrier.arrive(do_empty.index(s), count=1)
         # the previous tile's reduces have read the staging buffers by now
         tma.store_wait(0)
+        dqt0, dqt1 = warpgroup_mma_wait(0, deps=[dqt0, dqt1])
         _stage_dqt(dqt0, dq_smem.index(2 * WG), dq_desc, off_b, hq, m, COL0, BLOCK_M)
         _stage_dqt(dqt1, dq_smem.index(2 * WG + 1), dq_desc, off_b, hq, m, COL0 + CHUNK, BLOCK_M)
     tma.store_wait(0)
