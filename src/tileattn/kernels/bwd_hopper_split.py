@@ -6,7 +6,8 @@ one warpgroup, more than it has, so neither ``bwd_hopper.py`` (64 keys a
 warpgroup) nor ``bwd_hopper_wide.py`` (the same, narrower query tiles) fits.
 Here a program owns ``2 * BLOCK_N`` = 64 keys and both compute warpgroups
 work on all of them: warpgroup ``WG`` keeps columns [128 WG, 128 WG + 128)
-of dK and dV (64 + 64 registers).  Per query tile of ``BLOCK_M`` = 32 rows
+of dK and dV (64 + 64 registers).  Per query tile of ``BLOCK_M`` rows (64
+in the table's config, with one Q/dO slot; 32 with a ring of two or three)
 the two full-width products are split by role: warpgroup 0 forms
 Sᵀ = K Qᵀ and Pᵀ, warpgroup 1 dPᵀ = V dOᵀ and, from Pᵀ (bf16/fp16, as
 the standard backward in the same precision rounds it) in shared memory,
@@ -15,7 +16,8 @@ each, alternating by tile); then each warpgroup adds its columns of
 dV += Pᵀ dO and dK += dSᵀ Q, and forms two 64-row chunks of
 dQᵀ = Kᵀ dSᵀ (a 32-row tile is too few rows for dQ = dS K, whose M is 64)
 which the copy engine adds into the transposed float32 sum, as in the wide
-kernel.
+kernel.  dV and dK are the Q/dO slot's last readers: it is released once
+they retire, so the next tile's rows load under the dQᵀ products.
 
 Barriers per tile (double-buffered with Pᵀ/dSᵀ): ``p_bars`` (warpgroup 0
 stored Pᵀ) and ``ds_bars`` (both arrived: warpgroup 0 with Pᵀ, warpgroup 1
