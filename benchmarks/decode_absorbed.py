@@ -11,6 +11,9 @@ import torch
 
 from decode_bench import TOLERANCE, empty_cache, rel_err, sdpa_fn
 
+# a provider of the graph rounds: ``dst.copy_(src)`` moving the call's bytes, the copy bandwidth at that size
+SAME_SIZE_COPY = "copy, same bytes (CUDA graph)"
+
 
 def kernel_times(fn, dev, reps: int = 20) -> list[tuple[str, float, float]]:
     """(name, µs a call, launches a call) of what ``fn`` runs, slowest first,
@@ -102,15 +105,22 @@ def run_absorbed(args, dev, dtype, do_bench, copy_bw, meta) -> list[dict]:
                     finally:
                         dispatch.HOPPER_DECODE = saved
                 e = rel_err(portable(), out)
-                graphs = {"tileattn (CUDA graph)": fn, "tileattn-portable (CUDA graph)": portable}
+                # the copy engine's limit at this size: a copy moving as many bytes (read + write) as the call reads
+                half = mine["read_bytes"] // 2
+                src = torch.empty(half, dtype=torch.uint8, device=dev).random_(0, 255)
+                dst = torch.empty_like(src)
+                graphs = {"tileattn (CUDA graph)": fn, "tileattn-portable (CUDA graph)": portable,
+                          SAME_SIZE_COPY: lambda src=src, dst=dst: dst.copy_(src)}
                 times = {name: [] for name in graphs}
                 for r in range(3):
                     for name in (list(graphs) if r % 2 == 0 else list(graphs)[::-1]):
                         times[name].append(do_bench_cudagraph(graphs[name], rep=args.rep_ms, return_mode="median"))
                 for name in graphs:
-                    record(**mine, provider=name, num_splits=0, ms=statistics.median(times[name]),
-                           status="ok" if name == "tileattn (CUDA graph)" or e < 1e-2
-                           else f"differs from the default path by {e:.2e}")
+                    ok = name != "tileattn-portable (CUDA graph)" or e < 1e-2
+                    record(**dict(mine, read_bytes=2 * half) if name == SAME_SIZE_COPY else mine, provider=name,
+                           num_splits=0, ms=statistics.median(times[name]),
+                           status="ok" if ok else f"differs from the default path by {e:.2e}")
+                del src, dst
             if args.profile:   # where the call's time goes, kernel by kernel
                 for name, us, launches in kernel_times(fn, dev)[:6]:
                     rows.append(dict(base, provider=f"kernel: {name}", us_per_call=us, launches_per_call=launches))
@@ -145,7 +155,10 @@ def summarize_absorbed(rows) -> list[dict]:
     """Per heads and cache length: tileattn's bandwidth (fraction of the copy
     bandwidth), TFLOP/s and the model's bound, beside SDPA's best on a copied V;
     ``graph %``: the fraction of the copy bandwidth replayed from a CUDA graph
-    (GPU time only; the default path / the portable kernel), where that was timed."""
+    (GPU time only; the default path / the portable kernel), where that was
+    timed, and in brackets the default path's fraction of a copy that moves
+    as many bytes as the call reads (read + write), replayed the same way:
+    the limit at that size, launch and ramp included."""
     out = []
     print(f"\n{'Hq':>4} {'L':>7} {'tileattn ms':>11} {'TB/s':>6} {'%copy':>6} {'graph %':>9} {'TFLOP/s':>8} "
           f"{'bound':>8} {'SDPA best (V copied)':>26} {'ms':>8} {'speedup':>8}")
@@ -162,16 +175,23 @@ def summarize_absorbed(rows) -> list[dict]:
                      and r.get("ms")]
             portable = [r for r in rows if r.get("ms") and (r["heads"], r["cache_len"], r["provider"])
                         == (hq, n, "tileattn-portable (CUDA graph)")]
+            same = [r for r in rows if r.get("ms") and (r["heads"], r["cache_len"], r["provider"])
+                    == (hq, n, SAME_SIZE_COPY)]
+            # replayed from a graph, tileattn's bandwidth over a copy's moving as many bytes
+            frac_same = graph[0]["tbs"] / same[0]["tbs"] if graph and same else None
             s = {"heads": hq, "cache_len": n, "ms": m["ms"], "tbs": m["tbs"], "frac_copy": m["frac_copy"],
                  "tflops": m["tflops"], "bound": m.get("bound"), "predicted_ms": m.get("predicted_ms"),
                  "graph_frac_copy": graph[0]["frac_copy"] if graph else None,
                  "portable_graph_frac_copy": portable[0]["frac_copy"] if portable else None,
+                 "same_size_copy_frac_copy": same[0]["frac_copy"] if same else None,
+                 "graph_frac_same_size_copy": frac_same,
                  "sdpa_best": best["provider"] if best else None, "sdpa_ms": best["ms"] if best else None,
                  "speedup_vs_sdpa": (best["ms"] / m["ms"]) if best else None}
             out.append(s)
             g = f"{100 * graph[0]['frac_copy']:.0f}%" if graph else "-"
             if portable:
                 g += f"/{100 * portable[0]['frac_copy']:.0f}%"
+            g += f" ({100 * frac_same:.0f}% of a same-size copy)" if frac_same else ""
             print(f"{hq:>4} {n:>7} {m['ms']:>11.4f} {m['tbs']:>6.2f} {100 * m['frac_copy']:>5.0f}% {g:>9} "
                   f"{m['tflops']:>8.1f} {str(m.get('bound') or '-'):>8} {(best['provider'] if best else '-'):>26} "
                   f"{(best['ms'] if best else float('nan')):>8.4f} {(s['speedup_vs_sdpa'] or float('nan')):>7.2f}x")

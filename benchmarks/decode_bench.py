@@ -50,7 +50,10 @@ H200, ``tileattn.cost.decode``), caches of ``--cache-lens`` (default
 * On a GPU tileattn's default call is also replayed from a CUDA graph
   (``tileattn (CUDA graph)``: ``do_bench_cudagraph``, GPU time only), as a
   serving loop runs it; the summary's ``graph %`` is its fraction of the
-  copy bandwidth.
+  copy bandwidth, and in brackets its fraction of a copy replayed the same
+  way that moves as many bytes as the call reads (``copy, same bytes``: the
+  limit at that size, where a launch and the ramp to full bandwidth are a
+  large part of a small call).
 * ``--profile``: rows ``kernel: <name>`` with each kernel's GPU time a call
   of tileattn's default (torch.profiler; the CPU ops' self time on a CPU):
   which of the split kernel and the combine a call's time goes to.
