@@ -98,18 +98,24 @@ def test_leading_split_agrees(case, kernels, monkeypatch):
     assert seen == [500, 920, 999, 700, 1, 80]
 
 
-@pytest.mark.parametrize("splits", [2, 5, 16, 40, 256])
-def test_combine_kernel(splits, kernels):
+# (B, Hq, Nq, channels, splits): channels past 128 merge in blocks of 128 (200: a partial last block; 512: the
+# absorbed layout's V); 1030 rows keep 4 rows a program (the last program 2)
+COMBINE_CASES = [(2, 3, 2, 40, s) for s in (2, 5, 16, 40, 256)] + [
+    (2, 3, 2, 200, 5), (2, 3, 2, 200, 40), (1, 3, 2, 512, 40), (5, 103, 2, 64, 17)]
+
+
+@pytest.mark.parametrize("b,hq,n_q,d,splits", COMBINE_CASES,
+                         ids=[f"{b}x{h}x{n}-d{d}-{s}splits" for b, h, n, d, s in COMBINE_CASES])
+def test_combine_kernel(b, hq, n_q, d, splits, kernels):
     """The combine merges partials exactly (float64 logsumexp weights), also
     across chunks of 16 splits whose later chunk holds the largest lse, with
     empty splits (lse -inf) anywhere and a row whose splits are all empty
-    (output 0, lse -inf)."""
-    b, hq, n_q, d = 2, 3, 2, 40
+    (output 0, lse -inf), over every channel block and row block."""
     o_part = torch.randn(b, hq, n_q, splits, d, device=DEVICE)
     l_part = torch.randn(b, hq, n_q, splits, device=DEVICE) * 4
     l_part[0, 0, 0, -1] = 30.0                       # the largest lse in the last chunk
     l_part[0, 1, 1, ::3] = float("-inf")             # empty splits among full ones
-    l_part[1, 2, 0, :] = float("-inf")               # a row that saw no key
+    l_part[-1, 2, 0, :] = float("-inf")              # a row that saw no key
     out = torch.full((b, hq, n_q, d), float("nan"), device=DEVICE, dtype=torch.float16)
     lse = torch.full((b, hq, n_q), float("nan"), device=DEVICE)
     launch_decode.combine_splits(o_part, l_part, out, lse)
@@ -120,7 +126,7 @@ def test_combine_kernel(splits, kernels):
     assert torch.equal(torch.isfinite(lse), torch.isfinite(ref_lse))
     fin = torch.isfinite(ref_lse)
     assert (lse[fin].double() - ref_lse[fin]).abs().max() < 1e-5
-    assert torch.all(out[1, 2, 0] == 0)
+    assert torch.all(out[-1, 2, 0] == 0)
     torch.testing.assert_close(out.double(), ref_out, rtol=2e-3, atol=2e-3)
 
 

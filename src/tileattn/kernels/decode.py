@@ -364,14 +364,17 @@ def _decode_combine_kernel(
 ):
     """Rows are (b, h, i) flattened; O_PART is (rows, NUM_SPLITS, HEAD_DIM) and
     LSE_PART (rows, NUM_SPLITS), both contiguous float32.  A program merges
-    BLOCK_R rows, BLOCK_S splits of them per load (a running max rescales
-    what earlier chunks summed): with NUM_SPLITS <= BLOCK_S, as the launcher
-    arranges for up to 16 splits, the step waits on one round of loads, not
-    one per split."""
+    BLOCK_R rows over BLOCK_D of their channels (grid axis 1: the channel
+    blocks; every block reads the rows' lse, block 0 stores the merged one),
+    BLOCK_S splits of them per load (a running max rescales what earlier
+    chunks summed): with NUM_SPLITS <= BLOCK_S, as the launcher arranges for
+    up to 16 splits, the step waits on one round of loads, not one per
+    split."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < N_ROWS
     rows64 = rows.to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
+    pid_d = tl.program_id(1)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_R], dtype=tl.float32)
@@ -401,7 +404,7 @@ def _decode_combine_kernel(
     off_i = rows64 % N_Q
     o_ptrs = O + (off_b * stride_ob + off_h * stride_oh + off_i * stride_on)[:, None] + offs_d[None, :] * stride_od
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(LSE + off_b * stride_lb + off_h * stride_lh + off_i * stride_ln, lse, mask=row_ok)
+    tl.store(LSE + off_b * stride_lb + off_h * stride_lh + off_i * stride_ln, lse, mask=row_ok & (pid_d == 0))
 
 
 @triton.jit

@@ -95,12 +95,17 @@ _EFFICIENCY_SLACK = 0.95
 ONE_WAVE = 0.9
 
 # combine: splits loaded at once (a chunk), at most this many rows per program,
-# and (rows x chunk) <= _COMBINE_ELEMS (a load is rows x chunk x head dim
-# floats), and at most _COMBINE_FLOATS of them (128 a thread: V of 512)
+# and (rows x chunk) <= _COMBINE_ELEMS (a load is rows x chunk x channels
+# floats), and at most _COMBINE_FLOATS of them (128 a thread: V of 512);
+# channels a program at most _COMBINE_COLS (wider heads in several blocks), and
+# fewer rows a program while the grid is under _COMBINE_MIN_PROGRAMS (a small
+# batch's merge is latency, not bandwidth: spread it over the SMs)
 _COMBINE_SPLITS = 16
 _COMBINE_ROWS = 16
 _COMBINE_ELEMS = 64
 _COMBINE_FLOATS = 64 * 256
+_COMBINE_COLS = 128
+_COMBINE_MIN_PROGRAMS = 256
 # append: new rows per program
 _APPEND_ROWS = 16
 
@@ -437,12 +442,15 @@ def combine_splits(o_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor
     b, hq, n_q, num_splits, d = o_part.shape
     n_rows = b * hq * n_q
     block_s = max(2, min(_COMBINE_SPLITS, triton.next_power_of_2(num_splits)))
-    block_r = max(1, min(_COMBINE_ROWS, _COMBINE_ELEMS // block_s,
-                         _COMBINE_FLOATS // (block_s * configs.block_d(d))))
+    cols = min(configs.block_d(d), _COMBINE_COLS)
+    col_blocks = triton.cdiv(d, cols)
+    block_r = max(1, min(_COMBINE_ROWS, _COMBINE_ELEMS // block_s, _COMBINE_FLOATS // (block_s * cols)))
+    while block_r > 1 and triton.cdiv(n_rows, block_r) * col_blocks < _COMBINE_MIN_PROGRAMS:
+        block_r //= 2
     combine = dict(
         O_PART=o_part, LSE_PART=l_part, O=out, LSE=lse,
         **strides4(out, "o"),
         stride_lb=lse.stride(0), stride_lh=lse.stride(1), stride_ln=lse.stride(2),
         N_ROWS=n_rows, N_HEADS=hq, N_Q=n_q, NUM_SPLITS=num_splits,
-        HEAD_DIM=d, BLOCK_D=configs.block_d(d), BLOCK_R=block_r, BLOCK_S=block_s)
-    runtime.run(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),), {}, combine)
+        HEAD_DIM=d, BLOCK_D=cols, BLOCK_R=block_r, BLOCK_S=block_s)
+    runtime.run(_decode_combine_kernel, (triton.cdiv(n_rows, block_r), col_blocks), {}, combine)
