@@ -27,7 +27,7 @@ from tileattn import _env, configs, launch  # noqa: E402
 from tileattn.launch import decode as launch_decode, runtime  # noqa: E402  (the launch switches live there)
 
 INTERPRETED = _env.interpreter_active()
-from tileattn.testing import DEVICE, DT_NAME, SEED_OFFSET  # noqa: E402,F401  (shared with the case builders)
+from tileattn.testing import DEVICE, DT_NAME, SEED_OFFSET, case_number  # noqa: E402,F401  (shared with cases)
 
 
 def _bf16_shim(fn, n_tensor_args):
@@ -85,6 +85,14 @@ def _poison_outputs():
     runtime.POISON_OUTPUTS = True
     yield
     runtime.POISON_OUTPUTS = False
+
+
+@pytest.fixture(autouse=True)
+def _seed_from_the_test_id(request):
+    """torch's global generator seeded from the test's id (and TILEATTN_TEST_SEED)
+    for the tests that draw from it without a seed of their own: their inputs
+    do not depend on which tests a worker ran before them."""
+    torch.manual_seed(case_number(request.node.nodeid) + SEED_OFFSET)
 
 
 @pytest.fixture(params=["kernels", "torch"])
