@@ -158,19 +158,15 @@ def compile_decode(block_n: int, num_warps: int, num_stages: int, head_dim: int 
 
 
 def _ptxas_info(ptx: str, arch: int):
-    """Registers and spill bytes from the ptxas that ships with Triton."""
-    import os
+    """Registers and spill bytes from the ptxas that ships with Triton
+    (``runtime.ptxas_report``); (None, None) where it refuses the PTX."""
     import subprocess
-    import tempfile
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-    gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
-    res = subprocess.run([ptxas, "-v", "--gpu-name", gpu, f.name, "-o", os.devnull], capture_output=True, text=True)
-    os.unlink(f.name)
-    regs = re.search(r"Used (\d+) registers", res.stderr)
-    spill = re.search(r"(\d+) bytes spill stores", res.stderr)
-    return (int(regs.group(1)) if regs else None), (int(spill.group(1)) if spill else None)
+    from tileattn.launch import runtime
+    try:
+        rep = runtime.ptxas_report(ptx, arch)
+    except subprocess.CalledProcessError:
+        return None, None
+    return rep["registers"], rep["spill_stores"]
 
 
 def main():

@@ -128,15 +128,15 @@ def test_compiles_for_sm90(reports, dims, cfg, causal, sinks):
     assert rep["shared"] <= 227 * 1024, "more shared memory than a Hopper block may have"
 
 
-@pytest.mark.parametrize("log,serialized,spills", [
+@pytest.mark.parametrize("log,serialized,spills,regs", [
     ("ptxas info    : Used 168 registers\n    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
-     False, 0),
+     False, 0, 168),
     ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
      "insufficient register resources\n    24 bytes stack frame, 28 bytes spill stores, 28 bytes spill loads",
-     True, 28)], ids=["clean", "serialized-spilling"])
-def test_ptxas_report_reads_the_log(log, serialized, spills, monkeypatch):
+     True, 28, None)], ids=["clean", "serialized-spilling"])
+def test_ptxas_report_reads_the_log(log, serialized, spills, regs, monkeypatch):
     """runtime.ptxas_report's reading of ``ptxas -v``: the C7512 warning
-    (warpgroup MMAs serialized) and the spilled bytes."""
+    (warpgroup MMAs serialized), the spilled bytes and the registers."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     seen, real_run = [], subprocess.run
 
@@ -146,7 +146,8 @@ def test_ptxas_report_reads_the_log(log, serialized, spills, monkeypatch):
         seen.append(cmd)
         return subprocess.CompletedProcess(cmd, 0, stdout="", stderr=log)
     monkeypatch.setattr(subprocess, "run", fake_run)
-    assert runtime.ptxas_report("// ptx") == {"wgmma_serialized": serialized, "spill_stores": spills}
+    assert runtime.ptxas_report("// ptx") == {"wgmma_serialized": serialized, "spill_stores": spills,
+                                              "registers": regs}
     assert "-arch=sm_90a" in seen[0] and "-v" in seen[0]
 
 

@@ -412,10 +412,12 @@ def shared_layout(block: tuple, dtype: str):
 
 def ptxas_report(ptx: str, arch: int = 90) -> dict:
     """What the assembler Triton bundles says of a kernel's PTX (``ptxas -v``
-    for ``sm_<arch>a``): whether it serialized the warpgroup MMAs for want
-    of registers to keep them in flight (its warning C7512; that cost an
-    option 12-18 %, perf-notes v28), and the bytes it spilled.  A compile
-    check's tool: its imports stay out of the launch path's module load."""
+    for ``sm_<arch>a`` from 90 on, else ``sm_<arch>``): whether it serialized
+    the warpgroup MMAs for want of registers to keep them in flight (its
+    warning C7512; that cost an option 12-18 %, perf-notes v28), the bytes it
+    spilled and the registers a thread (None where the log has no count).  A
+    compile check's tool: its imports stay out of the launch path's module
+    load."""
     import os
     import re
     import subprocess
@@ -429,8 +431,11 @@ def ptxas_report(ptx: str, arch: int = 90) -> dict:
         src = os.path.join(tmp, "kernel.ptx")
         with open(src, "w") as f:
             f.write(ptx)
-        done = subprocess.run([tool.path, f"-arch=sm_{arch}a", "-v", src, "-o", os.path.join(tmp, "kernel.cubin")],
+        gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+        done = subprocess.run([tool.path, f"-arch={gpu}", "-v", src, "-o", os.path.join(tmp, "kernel.cubin")],
                               capture_output=True, text=True, check=True)
     log = done.stdout + done.stderr
     spills = re.search(r"(\d+) bytes spill stores", log)
-    return {"wgmma_serialized": "C7512" in log, "spill_stores": int(spills.group(1)) if spills else 0}
+    regs = re.search(r"Used (\d+) registers", log)
+    return {"wgmma_serialized": "C7512" in log, "spill_stores": int(spills.group(1)) if spills else 0,
+            "registers": int(regs.group(1)) if regs else None}
