@@ -106,7 +106,7 @@ def run_absorbed(args, dev, dtype, do_bench, copy_bw, meta) -> list[dict]:
                         dispatch.HOPPER_DECODE = saved
                 e = rel_err(portable(), out)
                 # the copy engine's limit at this size: a copy moving as many bytes (read + write) as the call reads
-                half = mine["read_bytes"] // 2
+                half = int(mine["read_bytes"]) // 2   # the model's bytes are a float
                 src = torch.empty(half, dtype=torch.uint8, device=dev).random_(0, 255)
                 dst = torch.empty_like(src)
                 graphs = {"tileattn (CUDA graph)": fn, "tileattn-portable (CUDA graph)": portable,

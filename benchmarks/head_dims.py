@@ -11,6 +11,8 @@ out of shared memory) is reported as refused with its error, not dropped.
 
 ``tileattn-portable`` (on request only) is tileattn with its Hopper kernels
 turned off: the two beside each other say where the dispatch should switch.
+``tileattn-one-by-one`` (on request only, backward): the Hopper backward's
+causal grid one (row, batch) pair after another (``group_rows=1``).
 
 TFLOP/s by ``tileattn.cost.attention_flops`` (with ``head_dim_v``); ratios
 are against FlexAttention measured in the same run: its default tiles, or
@@ -20,12 +22,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import statistics
 
 import torch
 
 import tileattn
-from tileattn import dispatch
+from tileattn import configs, dispatch
 from tileattn.cost.flops import attention_flops
 from vs_cudnn import time_interleaved, write_json  # this folder is on sys.path when run as a script
 
@@ -64,9 +67,24 @@ def providers() -> dict:
     return {"flex": flex_with(None), "flex-small": flex_with(FLEX_SMALL),
             "tileattn": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
             "tileattn-portable": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
+            "tileattn-one-by-one": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
             "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
             "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
             "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
+
+
+@contextlib.contextmanager
+def _one_by_one(on: bool):
+    """With ``on``: the Hopper backward's causal grid one (row, batch) pair's
+    key blocks after another (``group_rows=1``, the order before perf-notes
+    v33) instead of the table's grouped rows."""
+    saved = dict(configs.HOPPER_BWD)
+    if on:
+        configs.HOPPER_BWD.update({dims: dataclasses.replace(c, group_rows=1) for dims, c in saved.items()})
+    try:
+        yield
+    finally:
+        configs.HOPPER_BWD.update(saved)
 
 
 @contextlib.contextmanager
@@ -85,7 +103,7 @@ def _portable(on: bool):
 
 
 def _step(name, fn, q, k, v, do, causal, mode):
-    portable = name == "tileattn-portable"
+    portable, one_by_one = name == "tileattn-portable", name == "tileattn-one-by-one"
     if mode == "fwd":
         def fwd():
             with _portable(portable):
@@ -96,7 +114,7 @@ def _step(name, fn, q, k, v, do, causal, mode):
         out = fn(*leaves, causal)
 
     def bwd():
-        with _portable(portable):
+        with _portable(portable), _one_by_one(one_by_one):
             return torch.autograd.grad(out, leaves, do, retain_graph=True)
     return bwd
 
@@ -117,7 +135,7 @@ def main():
     args = ap.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     provs = providers()
-    wanted = args.providers or [name for name in provs if name != "tileattn-portable"]
+    wanted = args.providers or [name for name in provs if name not in ("tileattn-portable", "tileattn-one-by-one")]
     unknown = sorted(set(wanted) - set(provs))
     if unknown:
         ap.error(f"--providers: unknown {unknown}; known: {sorted(provs)}")

@@ -24,7 +24,7 @@ gradient from the kernels' dS row sums, the forward keeping no remainder).
 tensors a training step must hold.
 
     python benchmarks/vs_cudnn.py [--mode fwd|bwd] [--head-dim 64 128] [--seqlen 2048 ...]
-                                  [--dtype bf16] [--group 1] [--rounds 3] [--configs | --sinks] [--memory]
+                                  [--dtype bf16] [--group 1] [--rounds 3] [--configs | --order | --sinks] [--memory]
                                   [--json out.json]
 """
 from __future__ import annotations
@@ -143,14 +143,19 @@ def bwd_providers() -> dict:
                                                                                  deterministic=True)}
 
 
-def bwd_config_steps(q, k, v, do, causal) -> dict:
-    """Backward: each Hopper config forced, through the launcher (no autograd)."""
+def bwd_config_steps(q, k, v, do, causal, order: bool = False) -> dict:
+    """Backward: each Hopper config forced, through the launcher (no autograd);
+    ``order``: only the table's beside its causal grid one (row, batch) pair
+    after another (``group_rows=1``) and in pairs of key blocks."""
     from tileattn import configs, launch
     d = q.shape[-1]
     scale = d ** -0.5
     out, lse = launch.attn_fwd(q, k, v, causal, scale)
     table = configs.HOPPER_BWD[(d, d)]
-    if d > 128:   # the split kernel: the table's (64-query tiles, one slot), 2 and 3 ring slots of 32-query tiles
+    if order:
+        cfgs = [table, dataclasses.replace(table, group_rows=1)] + (
+            [dataclasses.replace(table, pair_blocks=True)] if d <= 128 else [])
+    elif d > 128:   # the split kernel: the table's (64-query tiles, one slot), 2 and 3 ring slots of 32-query tiles
         cfgs = [table] + [dataclasses.replace(table, block_m=32, num_stages=st) for st in (2, 3)]
     else:
         cfgs = [table, dataclasses.replace(table, stats_tma=not table.stats_tma),
@@ -220,6 +225,8 @@ def main():
     ap.add_argument("--group", type=int, default=1, help="query heads a kv head (GQA; 1: none)")
     ap.add_argument("--configs", action="store_true",
                     help="time each Hopper config (forward: instead of the default; backward: beside it)")
+    ap.add_argument("--order", action="store_true",
+                    help="backward: the table's config beside its grid in the order before v33 and in pairs")
     args = ap.parse_args()
     if args.group < 1 or any((2048 // d) % args.group for d in args.head_dim):
         ap.error(f"--group {args.group} must divide the query heads (2048 // head dim)")
@@ -230,6 +237,8 @@ def main():
             provs = with_sinks_providers(args.mode)
         else:
             provs = providers(d, args.configs) if args.mode == "fwd" else bwd_providers()
+            if args.order:   # the grid orders beside the default call and cuDNN only
+                provs.pop("tileattn-deterministic", None)
         for causal in map(bool, args.causal):
             for n in args.seqlen:
                 b, h = max(1, 16384 // n), 2048 // d
@@ -245,8 +254,8 @@ def main():
                     do = torch.randn_like(q)
                     steps = {name: _bwd_step(fn, q, k, v, do, causal, sums=name.endswith("-dS-sums"))
                              for name, fn in provs.items()}
-                    if args.configs:
-                        steps.update(bwd_config_steps(q, k, v, do, causal))
+                    if args.configs or args.order:
+                        steps.update(bwd_config_steps(q, k, v, do, causal, order=args.order))
                     ref = [g.float() for g in steps["sdpa-cudnn"]()]
                     for name, step in steps.items():
                         errs[name] = max(float((g.float() - r).abs().max()) for g, r in zip(step(), ref))

@@ -7,9 +7,8 @@ footprint of a config is estimated by :func:`fwd_smem_bytes` /
 ``tileattn.cost`` so that the cost model and the kernels agree on what fits.
 
 On a GPU the launcher autotunes over the candidates of the matching head-dim
-bucket, after dropping those whose estimate exceeds the device's shared
-memory per block.  Under the Triton interpreter (``TRITON_INTERPRET=1``) a
-single small config is used: autotuning needs a GPU timer.
+bucket, after dropping those whose estimate exceeds the device's shared memory
+per block.  Under ``TRITON_INTERPRET=1``, one small config (no GPU timer).
 """
 from __future__ import annotations
 
@@ -353,6 +352,7 @@ class HopperBwdConfig:
     stats_tma: bool = False     # d = 64/128: lse₂ and Δ by the copy engine into shared memory (else loads)
     dq_turns: bool = False      # d = 64/128: the warpgroups take turns forming a tile's whole dQ (else half each)
     head_slices: int | None = None  # GQA, d = 64/128: grid rows a kv head (None: launch.hopper.head_slices)
+    group_rows: int | None = None   # causal: grid rows whose key blocks go out together (None: launch.bwd_grid)
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
@@ -361,7 +361,7 @@ class HopperBwdConfig:
     def name(self) -> str:
         on = (("-dks", self.dk_from_smem), ("-ds", self.defer_sums), ("-st", self.stats_tma), ("-dqt", self.dq_turns),
               ("-paired", self.pair_blocks is True), ("-unpaired", self.pair_blocks is False),
-              (f"-hs{self.head_slices}", self.head_slices is not None))
+              (f"-hs{self.head_slices}", self.head_slices is not None), (f"-g{self.group_rows}", self.group_rows))
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}" + "".join(f for f, x in on if x)
 
 

@@ -55,7 +55,13 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((128, 128), HopperBwdConfig(stats_tma=True, dq_turns=True)),
     # GQA: each kv head's group cut into slices (grid rows), float32 dK/dV sums
     ((128, 128), HopperBwdConfig(stats_tma=True, head_slices=2)),
-    ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True, head_slices=2, pair_blocks=True))]
+    ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True, head_slices=2, pair_blocks=True)),
+    # causal: the key blocks of 4 or 2 (row, batch) pairs at a time (4 pairs in the test's grid, 8 in slices)
+    ((128, 128), HopperBwdConfig(stats_tma=True, group_rows=4)),
+    ((128, 128), HopperBwdConfig(stats_tma=True, head_slices=2, group_rows=4)),
+    ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True, group_rows=2)),
+    ((192, 128), HopperBwdConfig(block_m=32, num_stages=2, group_rows=4)),
+    ((256, 256), HopperBwdConfig(block_m=64, block_n=32, num_stages=1, group_rows=4))]
 # the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D <= 128)
 SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1] <= 128]
 # (dims, config, causal, sinks): every forced config; with sinks, the table's configs adding each tile's
@@ -451,27 +457,6 @@ def test_default_takes_hopper_unless_torch_deterministic(switch, torch_determini
         tileattn.attention(*leaves, causal=True).backward(do)
     assert bool(calls) is (not switch), \
         "deterministic=None: the Hopper backward unless torch.use_deterministic_algorithms is on"
-
-
-# (name, n, batch x kv heads, pairing expected): the H200 cases of perf-notes v16 (16 query heads,
-# d = 128, 16k tokens a batch) -- pairing won 31 % at GQA 8, 4k and lost 1-10 % on the others
-PAIRING = [("gqa8-4k", 4096, 8, True), ("gqa8-16k", 16384, 2, False), ("mha-2k", 2048, 128, False),
-           ("mha-4k", 4096, 64, False), ("mha-16k", 16384, 16, False), ("one-wave-333", 333, 6, False)]
-
-
-@pytest.mark.parametrize("n,copies,expected", [c[1:] for c in PAIRING], ids=[c[0] for c in PAIRING])
-def test_pairing_rule(n, copies, expected):
-    """Where the table's config (pair_blocks=None) takes key blocks in pairs:
-    only where the simulated balance of the plain grid is poor."""
-    assert launch_hopper.pairs_pay(n, n, copies, 128, 64, 132) is expected
-
-
-def test_pairing_follows_the_config():
-    q = torch.empty(1, 16, 4096, 128)
-    k = torch.empty(1, 2, 4096, 128)
-    assert not launch_hopper.paired(q, k, False, HopperBwdConfig(pair_blocks=True))   # never without causal
-    assert launch_hopper.paired(q, k, True, HopperBwdConfig(pair_blocks=True))
-    assert not launch_hopper.paired(q, k, True, HopperBwdConfig(pair_blocks=False))
 
 
 # (name, group, n, causal, expected): causal groups of 4k keys or more in the fewest slices of at most 2

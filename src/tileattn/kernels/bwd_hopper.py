@@ -55,8 +55,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .bwd_hopper_common import (_barriers, _invalidate, _load_partition, _probs, _query_tiles, _ring_buffers,
-                                 _tma_reduce_add)
+from .bwd_hopper_common import (_barriers, _grid_coords, _invalidate, _load_partition, _probs, _query_tiles,
+                                 _ring_buffers, _tma_reduce_add)
 
 
 @gluon.jit
@@ -310,7 +310,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
                             SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr = False, PAIRED: gl.constexpr = False,
-                            STATS_TMA: gl.constexpr = False, HEADS=1, ADD_DKDV: gl.constexpr = False):
+                            STATS_TMA: gl.constexpr = False, HEADS=1, ADD_DKDV: gl.constexpr = False, N_ROWS=1, GROUPED: gl.constexpr = False):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup; with
     PAIRED (causal) two such key blocks, the grid's first half of them and
     their mirror images, so that every program has the same work.  With
@@ -322,9 +322,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
     head ``pid_h // slices``, so the programs running at once read the Q and
     dO of few query heads (a causal grid's programs drift apart in the walk)."""
     # causal: the first key blocks see the most query tiles, run them first
-    pid_n = gl.program_id(0)
-    pid_h = gl.program_id(1)
-    off_b = gl.program_id(2)
+    pid_n, pid_h, off_b = _grid_coords(N_ROWS, GROUPED)
     if ADD_DKDV:
         slices = GROUP_SIZE // HEADS
         off_hk = pid_h // slices

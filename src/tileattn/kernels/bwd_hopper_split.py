@@ -37,8 +37,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .bwd_hopper_common import (_barriers, _invalidate, _load_partition, _probs, _query_tiles, _ring_buffers,
-                                 _tile_at)
+from .bwd_hopper_common import (_barriers, _grid_coords, _invalidate, _load_partition, _probs, _query_tiles,
+                                 _ring_buffers, _tile_at)
 from .bwd_hopper_wide import CHUNK, _stage_dqt
 
 
@@ -156,12 +156,10 @@ def _attn_bwd_hopper_split_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, 
                                   stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                   GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                                  IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr):
+                                  IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, N_ROWS=1, GROUPED: gl.constexpr = False):
     """A program owns 2 * BLOCK_N keys, shared by both compute warpgroups."""
     KEYS: gl.constexpr = 2 * BLOCK_N
-    pid_n = gl.program_id(0)
-    off_hk = gl.program_id(1)
-    off_b = gl.program_id(2)
+    pid_n, off_hk, off_b = _grid_coords(N_ROWS, GROUPED)
     start_n = pid_n * KEYS
     m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL)
 

@@ -37,8 +37,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .bwd_hopper_common import (_barriers, _invalidate, _load_partition, _probs, _query_tiles, _tile_at,
-                                 _tma_reduce_add)
+from .bwd_hopper_common import (_barriers, _grid_coords, _invalidate, _load_partition, _probs, _query_tiles,
+                                 _tile_at, _tma_reduce_add)
 
 CHUNK: gl.constexpr = gl.constexpr(64)   # rows of dQᵀ per MMA (a warpgroup MMA's M)
 
@@ -162,11 +162,9 @@ def _attn_bwd_hopper_wide_kernel(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_de
                                  GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                                  HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
-                                 DQ_BUFS: gl.constexpr):
+                                 DQ_BUFS: gl.constexpr, N_ROWS=1, GROUPED: gl.constexpr = False):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup."""
-    pid_n = gl.program_id(0)
-    off_hk = gl.program_id(1)
-    off_b = gl.program_id(2)
+    pid_n, off_hk, off_b = _grid_coords(N_ROWS, GROUPED)
     start_n = pid_n * (2 * BLOCK_N)
     m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import heapq
 
 import torch
 import triton
@@ -25,7 +24,7 @@ import triton
 from .. import configs
 from ..configs import HopperBwdConfig, HopperFwdConfig
 from ..dispatch import tma_addressable
-from . import runtime
+from . import bwd_grid, runtime
 from .runtime import LOG2E, output_f32, shared_layout, sm_count, tma_strides
 
 
@@ -220,52 +219,6 @@ def _dq_descriptor(dq_acc: torch.Tensor, rows: int, cols: int):
                             shared_layout(tuple(block), "float32"))
 
 
-# A causal program's work is its key block's query tiles (all of them for the
-# first block, one for the last); with GQA it walks every query head of its
-# group, so short calls with few kv heads are a few hundred programs of very
-# different lengths.  Pairing blocks j and n-1-j evens them out but halves the
-# programs and drains the program's pipeline between the two (K and V are
-# reloaded): on the H200 (perf-notes v16) it won 31 % at GQA 8, 4k (the grid
-# kept the SMs busy 63 % of the time by the list schedule below, paired 97 %)
-# and lost 1-10 % where the grid was already balanced (MHA, GQA at 16k).
-PAIR_MARGIN = 0.1       # pair where the simulated balance gains at least this
-
-
-def _balance(works: tuple, sms: int) -> float:
-    """The SMs' busy fraction when programs of these works (in launch order)
-    go to the first free SM, each with half a tile of fixed cost."""
-    free = [0.0] * min(sms, len(works))
-    for w in works:
-        heapq.heappush(free, heapq.heappop(free) + w + 0.5)
-    return sum(works) / (max(free) * sms) if works else 1.0
-
-
-@functools.lru_cache(maxsize=256)
-def pairs_pay(n_q: int, n_k: int, copies: int, block_keys: int, block_m: int, sms: int) -> bool:
-    """Whether the causal backward should take key blocks in mirror-image
-    pairs (``HopperBwdConfig.pair_blocks=None``): the simulated balance of
-    the paired grid beats the plain one's by ``PAIR_MARGIN``.  ``copies``:
-    batch x kv heads; ``block_keys``: keys a program's block."""
-    n_blocks = -(-n_k // block_keys)
-
-    def tiles(j):   # the query tiles of key block j (bottom-right causal)
-        m_lo = max(j * block_keys - (n_k - n_q), 0) // block_m * block_m
-        return max(-(-(n_q - m_lo) // block_m), 0)
-    plain = tuple(tiles(j) for j in range(n_blocks))
-    paired = tuple(tiles(j) + (tiles(n_blocks - 1 - j) if n_blocks - 1 - j > j else 0)
-                   for j in range(-(-n_blocks // 2)))
-    return _balance(paired * copies, sms) >= _balance(plain * copies, sms) + PAIR_MARGIN
-
-
-def paired(q, k, causal: bool, cfg: HopperBwdConfig, slices: int = 1) -> bool:
-    if not causal or cfg.pair_blocks is False:
-        return False
-    if cfg.pair_blocks:
-        return True
-    b, _, n_q, _ = q.shape
-    return pairs_pay(n_q, k.shape[2], b * k.shape[1] * slices, 2 * cfg.block_n, cfg.block_m, sm_count(q.device))
-
-
 # A program walks its group's query heads one after the other, and causal
 # programs (of different lengths) drift apart in that walk: the Q and dO the
 # running programs read span the whole group.  At GQA 8, 16k, d = 128 that is
@@ -284,7 +237,9 @@ SLICE_MIN_KEYS = 4096   # the fewest keys at which slices were timed and won
 
 
 def check_slices(cfg: HopperBwdConfig, head_dim: int, head_dim_v: int) -> None:
-    """A ValueError for a ``head_slices`` the launcher cannot run."""
+    """A ValueError for a ``head_slices`` (or ``group_rows``) the launcher cannot run."""
+    if cfg.group_rows is not None and (type(cfg.group_rows) is not int or cfg.group_rows < 1):
+        raise ValueError(f"config: group_rows must be None or an int >= 1, got {cfg.group_rows!r}")
     if cfg.head_slices is not None and (type(cfg.head_slices) is not int or cfg.head_slices < 1
                                         or (transposed_dq(head_dim, head_dim_v) and cfg.head_slices > 1)):
         raise ValueError(f"config: head_slices must be None or an int >= 1 (1 when V's head dim differs from "
@@ -414,22 +369,28 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
         for dst, src in zip(padded, (delta, lse2)):
             dst.copy_(src)
         delta, lse2 = padded
-    grid = (triton.cdiv(n_k, 2 * cfg.block_n), hkv, b)
+    n_blocks = triton.cdiv(n_k, 2 * cfg.block_n)
     if transposed_dq(d, w):
         kernel, build = _transposed_kernel(d, w)
         assert ds_sum is None, "the wide and split backward kernels do not sum dS (no sinks)"
+        grid, grouped = bwd_grid.grid(n_blocks, hkv, b, bwd_grid.group_rows(causal, n_blocks, hkv * b, cfg,
+                                                                            sm_count(q.device)))
         runtime.run(kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
-                    build(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg))
+                    dict(build(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg), N_ROWS=hkv,
+                         GROUPED=grouped))
         return
     from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel
     slices = head_slices(q, k, causal, cfg)
-    pair = paired(q, k, causal, cfg, slices)
-    grid = (triton.cdiv(grid[0], 2) if pair else grid[0], hkv * slices, b)   # paired: a program, two key blocks
+    pair = bwd_grid.paired(q, k, causal, cfg, slices)
+    # paired: a program, two key blocks (equal work: one row after another)
+    rows = 1 if pair else bwd_grid.group_rows(causal, n_blocks, hkv * slices * b, cfg, sm_count(q.device))
+    grid, grouped = bwd_grid.grid(triton.cdiv(n_blocks, 2) if pair else n_blocks, hkv * slices, b, rows)
     # head slices: float32 dK/dV sums the slices add into, rounded below
     sums = torch.zeros((2,) + k.shape, device=k.device, dtype=torch.float32) if slices > 1 else None
     runtime.run(_attn_bwd_hopper_kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
-                _bwd_args(do, q, k, v, dq_acc, dk if sums is None else sums[0], dv if sums is None else sums[1],
-                          lse2, delta, causal, scale, cfg, ds_sum, pair, slices))
+                dict(_bwd_args(do, q, k, v, dq_acc, dk if sums is None else sums[0], dv if sums is None else sums[1],
+                               lse2, delta, causal, scale, cfg, ds_sum, pair, slices), N_ROWS=hkv * slices,
+                     GROUPED=grouped))
     if sums is not None:
         dk.copy_(sums[0])
         dv.copy_(sums[1])
@@ -446,18 +407,18 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
     lse = torch.empty(1, 2, 256)
     if transposed_dq(head_dim, w):
         kernel, build = _transposed_kernel(head_dim, w)
-        args = build(tv, t, t, tv, dq_sum_transposed(t), t, tv, lse, lse, causal, 1.0, cfg)
-        const = {"BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES"} | (
+        args = dict(build(tv, t, t, tv, dq_sum_transposed(t), t, tv, lse, lse, causal, 1.0, cfg), N_ROWS=16, GROUPED=bool(causal))
+        const = {"BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "GROUPED"} | (
             {"HEAD_DIM"} if split_kernel(head_dim, w) else {"HEAD_DIM_V", "TAIL_DIM", "DQ_BUFS"})
     else:
         from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel as kernel
         f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
         args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, torch.empty(1, 2, 256) if sinks else None,
-                         paired=bool(causal) and cfg.pair_blocks is True)
+                         paired=bool(causal) and cfg.pair_blocks is True) | {"N_ROWS": 16, "GROUPED": bool(causal)}
         if (cfg.head_slices or 1) > 1:   # the float32 dK/dV sums (the group's size is a run-time argument)
             args.update(DK=f, DV=f, ADD_DKDV=True)
         const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "PAIRED",
-                 "DEFER_SUMS", "STATS_TMA", "ADD_DKDV"}
+                 "DEFER_SUMS", "STATS_TMA", "ADD_DKDV", "GROUPED"}
     return compile_gluon(kernel, args, const, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg))
 
 
