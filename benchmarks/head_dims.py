@@ -11,8 +11,8 @@ out of shared memory) is reported as refused with its error, not dropped.
 
 ``tileattn-portable`` (on request only) is tileattn with its Hopper kernels
 turned off: the two beside each other say where the dispatch should switch.
-``tileattn-one-by-one`` (on request only, backward): the Hopper backward's
-causal grid one (row, batch) pair after another (``group_rows=1``).
+``tileattn-one-by-one`` (on request only): the Hopper kernels' causal grids
+one (row, batch) pair after another (``group_rows=1``, before v34).
 
 TFLOP/s by ``tileattn.cost.attention_flops`` (with ``head_dim_v``); ratios
 are against FlexAttention measured in the same run: its default tiles, or
@@ -75,16 +75,18 @@ def providers() -> dict:
 
 @contextlib.contextmanager
 def _one_by_one(on: bool):
-    """With ``on``: the Hopper backward's causal grid one (row, batch) pair's
-    key blocks after another (``group_rows=1``, the order before perf-notes
-    v33) instead of the table's grouped rows."""
-    saved = dict(configs.HOPPER_BWD)
+    """With ``on``: the Hopper kernels' causal grids one (row, batch) pair's
+    blocks after another (``group_rows=1``, the order before perf-notes v34)
+    instead of the tables' grouped rows."""
+    saved = [(table, dict(table)) for table in (configs.HOPPER_FWD, configs.HOPPER_BWD)]
     if on:
-        configs.HOPPER_BWD.update({dims: dataclasses.replace(c, group_rows=1) for dims, c in saved.items()})
+        for table, entries in saved:
+            table.update({dims: dataclasses.replace(c, group_rows=1) for dims, c in entries.items()})
     try:
         yield
     finally:
-        configs.HOPPER_BWD.update(saved)
+        for table, entries in saved:
+            table.update(entries)
 
 
 @contextlib.contextmanager
@@ -106,7 +108,7 @@ def _step(name, fn, q, k, v, do, causal, mode):
     portable, one_by_one = name == "tileattn-portable", name == "tileattn-one-by-one"
     if mode == "fwd":
         def fwd():
-            with _portable(portable):
+            with _portable(portable), _one_by_one(one_by_one):
                 return fn(q, k, v, causal)
         return fwd
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]

@@ -71,6 +71,13 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
                      dict(num_stages=2), dict(num_stages=2, persistent=True)],
                 128: [dict(num_stages=2), dict(num_stages=2, persistent=True), dict(num_stages=3),
                       dict(num_stages=2, pingpong=False)]}
+    if per_config == "order":   # the table's one-program-a-tile config, causal tiles grouped or not, and the default
+        table = configs.HOPPER_FWD[(head_dim, head_dim)]
+        out = {"sdpa-cudnn": out["sdpa-cudnn"], "tileattn": lambda q, k, v, causal: tileattn.attention(
+            q, k, v, causal=causal)}
+        for cfg in (table, dataclasses.replace(table, group_rows=1)):
+            out[cfg.name] = hopper(cfg)
+        return out
     if not per_config:
         out["hopper"] = hopper(configs.HOPPER_FWD[(head_dim, head_dim)])
         out["tileattn"] = lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal)
@@ -226,7 +233,7 @@ def main():
     ap.add_argument("--configs", action="store_true",
                     help="time each Hopper config (forward: instead of the default; backward: beside it)")
     ap.add_argument("--order", action="store_true",
-                    help="backward: the table's config beside its grid in the order before v33 and in pairs")
+                    help="the table's config beside its causal grid in the order before v34 (and backward: in pairs)")
     args = ap.parse_args()
     if args.group < 1 or any((2048 // d) % args.group for d in args.head_dim):
         ap.error(f"--group {args.group} must divide the query heads (2048 // head dim)")
@@ -236,7 +243,7 @@ def main():
         if args.sinks:
             provs = with_sinks_providers(args.mode)
         else:
-            provs = providers(d, args.configs) if args.mode == "fwd" else bwd_providers()
+            provs = providers(d, "order" if args.order else args.configs) if args.mode == "fwd" else bwd_providers()
             if args.order:   # the grid orders beside the default call and cuDNN only
                 provs.pop("tileattn-deterministic", None)
         for causal in map(bool, args.causal):

@@ -318,11 +318,9 @@ def all_configs() -> list[tuple[str, int, KernelConfig]]:
     return [(kind, bucket, c) for kind, table in TABLES.items() for bucket, cfgs in table.items() for c in cfgs]
 
 
-# ---------------------------------------------------------------------------
 # Hopper forward (Gluon, kernels/fwd_hopper.py): 2 * block_m query rows a program, block_m per softmax warpgroup
 # (4 warps each), and a one-warp TMA loader; 168 registers a thread at launch, 240 softmax / 24 loader after
 # reallocation.  Shared memory: 2 Q tiles (persistent: 4) + num_stages K and V tiles (sm_90a compile; H200: v11).
-# ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class HopperFwdConfig:
     block_m: int = 64           # query rows per softmax warpgroup
@@ -331,13 +329,15 @@ class HopperFwdConfig:
     overlap: bool = True        # issue Q K_j^T with P_{j-1} V_{j-1}; softmax j under the latter
     pingpong: bool = True       # the two warpgroups take turns issuing their products
     persistent: bool = False    # d <= 128: one program an SM walks query tiles; the next tile's Q lands under this one
+    group_rows: int | None = None   # causal, not persistent: as HopperBwdConfig's (query tiles of G (head, batch))
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
 
     @property
     def name(self) -> str:
-        flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent))
+        flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent),
+                 (f"-g{self.group_rows}", self.group_rows))
         return f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}" + "".join(f for f, on in flags if on)
 
 
@@ -352,7 +352,7 @@ class HopperBwdConfig:
     stats_tma: bool = False     # d = 64/128: lse₂ and Δ by the copy engine into shared memory (else loads)
     dq_turns: bool = False      # d = 64/128: the warpgroups take turns forming a tile's whole dQ (else half each)
     head_slices: int | None = None  # GQA, d = 64/128: grid rows a kv head (None: launch.hopper.head_slices)
-    group_rows: int | None = None   # causal: grid rows whose key blocks go out together (None: launch.bwd_grid)
+    group_rows: int | None = None   # causal: grid rows whose key blocks go out together (None: launch.grid_order)
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""

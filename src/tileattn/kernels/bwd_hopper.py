@@ -55,8 +55,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .bwd_hopper_common import (_barriers, _grid_coords, _invalidate, _load_partition, _probs, _query_tiles,
+from .bwd_hopper_common import (_barriers, _invalidate, _load_partition, _probs, _query_tiles,
                                  _ring_buffers, _tma_reduce_add)
+from .fwd_hopper_load import _grid_coords
 
 
 @gluon.jit
@@ -322,7 +323,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
     head ``pid_h // slices``, so the programs running at once read the Q and
     dO of few query heads (a causal grid's programs drift apart in the walk)."""
     # causal: the first key blocks see the most query tiles, run them first
-    pid_n, pid_h, off_b = _grid_coords(N_ROWS, GROUPED)
+    pid_n, pid_h, off_b, _ = _grid_coords(N_ROWS, GROUPED)
     if ADD_DKDV:
         slices = GROUP_SIZE // HEADS
         off_hk = pid_h // slices

@@ -28,24 +28,6 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _grid_coords(N_ROWS, GROUPED: gl.constexpr):
-    """(key block, grid row, batch element) of this program.  Plain: the
-    grid is (key blocks, ``N_ROWS`` rows, batch).  ``GROUPED`` (causal,
-    ``launch/bwd_grid.py``): it is (G, key blocks, groups), so that in launch
-    order the programs take the key blocks of G (row, batch) pairs at a
-    time, block 0 of each first (the longest first); program (i, j, g) has
-    pair g * G + i of the batch-major pairs.  (The plain grid's coordinates
-    are the program ids, which cost the compute partitions no registers.)"""
-    if GROUPED:
-        pair = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
-        off_b = pair // N_ROWS
-        coords = gl.program_id(1), pair - off_b * N_ROWS, off_b
-    else:
-        coords = gl.program_id(0), gl.program_id(1), gl.program_id(2)
-    return coords
-
-
-@gluon.jit
 def _query_tiles(start_n, N_Q, N_K, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """(m_lo, n_m): the program's query tiles start at row m_lo (a multiple
     of BLOCK_M) and there are n_m of them.  Bottom-right causal: row i sees

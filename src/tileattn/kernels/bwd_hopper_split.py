@@ -37,8 +37,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .bwd_hopper_common import (_barriers, _grid_coords, _invalidate, _load_partition, _probs, _query_tiles,
+from .bwd_hopper_common import (_barriers, _invalidate, _load_partition, _probs, _query_tiles,
                                  _ring_buffers, _tile_at)
+from .fwd_hopper_load import _grid_coords
 from .bwd_hopper_wide import CHUNK, _stage_dqt
 
 
@@ -159,7 +160,7 @@ def _attn_bwd_hopper_split_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, 
                                   IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, N_ROWS=1, GROUPED: gl.constexpr = False):
     """A program owns 2 * BLOCK_N keys, shared by both compute warpgroups."""
     KEYS: gl.constexpr = 2 * BLOCK_N
-    pid_n, off_hk, off_b = _grid_coords(N_ROWS, GROUPED)
+    pid_n, off_hk, off_b, _ = _grid_coords(N_ROWS, GROUPED)
     start_n = pid_n * KEYS
     m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL)
 

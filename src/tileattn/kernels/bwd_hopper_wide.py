@@ -37,8 +37,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .bwd_hopper_common import (_barriers, _grid_coords, _invalidate, _load_partition, _probs, _query_tiles,
+from .bwd_hopper_common import (_barriers, _invalidate, _load_partition, _probs, _query_tiles,
                                  _tile_at, _tma_reduce_add)
+from .fwd_hopper_load import _grid_coords
 
 CHUNK: gl.constexpr = gl.constexpr(64)   # rows of dQᵀ per MMA (a warpgroup MMA's M)
 
@@ -164,7 +165,7 @@ def _attn_bwd_hopper_wide_kernel(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_de
                                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
                                  DQ_BUFS: gl.constexpr, N_ROWS=1, GROUPED: gl.constexpr = False):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup."""
-    pid_n, off_hk, off_b = _grid_coords(N_ROWS, GROUPED)
+    pid_n, off_hk, off_b, _ = _grid_coords(N_ROWS, GROUPED)
     start_n = pid_n * (2 * BLOCK_N)
     m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL)
 

@@ -54,7 +54,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .fwd_hopper_load import _key_tiles, _load_partition, _unit_size, _unit_tile
+from .fwd_hopper_load import _grid_coords, _key_tiles, _load_partition, _unit_size, _unit_tile
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
@@ -307,7 +307,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             PINGPONG: gl.constexpr, HAS_SINKS: gl.constexpr, HEAD_DIM_V: gl.constexpr,
                             TAIL_DIM: gl.constexpr = 0, qt_desc=None, kt_desc=None, olo_desc=None,
                             WRITE_REMAINDER: gl.constexpr = False, LO_STAGE: gl.constexpr = False,
-                            PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1):
+                            PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1,
+                            GROUPED: gl.constexpr = False):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
@@ -323,9 +324,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
     # heaviest causal tiles (last rows) first: better tail balance
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    off_h = gl.program_id(1)
-    off_b = gl.program_id(2)
+    block, off_h, off_b, n_blocks = _grid_coords(N_HEADS, GROUPED)
+    pid_m = n_blocks - 1 - block
     off_hk = off_h // GROUP_SIZE
     start_m = pid_m * (2 * BLOCK_M)
     _, n_tiles = _key_tiles(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)

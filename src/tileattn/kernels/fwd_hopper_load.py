@@ -20,6 +20,25 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 
 @gluon.jit
+def _grid_coords(N_ROWS, GROUPED: gl.constexpr):
+    """(block, grid row, batch element, blocks) of this program in a
+    one-program-a-block grid (the backward's key blocks, the forward's query
+    tiles).  Plain: the grid is (blocks, ``N_ROWS`` rows, batch).
+    ``GROUPED`` (causal; ``launch/grid_order.py``): it is (G, blocks, groups),
+    so that in launch order the programs take the blocks of G (row, batch)
+    pairs at a time; program (i, j, g) has pair g * G + i of the batch-major
+    pairs.  (Plain coordinates are program ids: they cost the partitions no
+    registers.)"""
+    if GROUPED:
+        pair = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
+        off_b = pair // N_ROWS
+        coords = gl.program_id(1), pair - off_b * N_ROWS, off_b, gl.num_programs(1)
+    else:
+        coords = gl.program_id(0), gl.program_id(1), gl.program_id(2), gl.num_programs(0)
+    return coords
+
+
+@gluon.jit
 def _key_tiles(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """(n_full, n_tiles) for the query tile at ``start_m``: key tiles
     [0, n_full) need no mask, [n_full, n_tiles) need the key-edge and/or

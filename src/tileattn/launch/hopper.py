@@ -24,7 +24,7 @@ import triton
 from .. import configs
 from ..configs import HopperBwdConfig, HopperFwdConfig
 from ..dispatch import tma_addressable
-from . import bwd_grid, runtime
+from . import grid_order, runtime
 from .runtime import LOG2E, output_f32, shared_layout, sm_count, tma_strides
 
 
@@ -110,11 +110,15 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     extra = {} if o_lo is None else dict(olo_desc=_descriptor(o_lo, cfg.block_m), WRITE_REMAINDER=True,
                                          LO_STAGE=remainder_staged(d, dv, cfg))
     n_m_tiles = triton.cdiv(n_q, 2 * cfg.block_m)
-    grid = (n_m_tiles, hq, b)
+    # one program a query tile, heaviest first; causal: the tiles of G (head, batch) pairs at a time (grid_order)
+    grid, grouped = grid_order.grid(n_m_tiles, hq, b, grid_order.group_rows(causal, n_m_tiles, hq * b, cfg,
+                                                                            sm_count(q.device)))
+    if grouped:
+        extra.update(GROUPED=True, N_HEADS=hq)
     if cfg.persistent:   # one program an SM (or fewer) walks the work units: causal, two tiles each
         total = (triton.cdiv(n_m_tiles, 2) if causal else n_m_tiles) * hq * b
         grid = (max(1, min(total, sm_count(q.device))),)   # an empty call: one program, no item
-        extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total)
+        extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total, GROUPED=False)
     runtime.run(_attn_fwd_hopper_kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg), dict(
         **_qk_descriptors(q, k, dv, cfg), v_desc=_descriptor(v, cfg.block_n), o_desc=_descriptor(o, cfg.block_m),
         LSE=lse, SINKS=lse if sinks is None else sinks.float().contiguous(),
@@ -162,10 +166,14 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
+    grouped = bool(causal) and not cfg.persistent   # as a causal launch's grid (grid_order)
+    const.update(GROUPED=grouped)
     if cfg.persistent:
         sig.update(N_M_TILES="i32", N_HEADS="i32", TOTAL="i32")
-    else:   # as a launch specializes them: 1
-        const.update(N_M_TILES=1, N_HEADS=1, TOTAL=1)
+    else:   # as a launch specializes them: 1 (N_HEADS: the grouped grid's heads)
+        const.update(N_M_TILES=1, TOTAL=1, **({} if grouped else {"N_HEADS": 1}))
+        if grouped:
+            sig.update(N_HEADS="i32")
     sig.update({name: "constexpr" for name in const})
     if dv == head_dim:   # no tail: its descriptors are None
         sig.update(qt_desc="constexpr", kt_desc="constexpr")
@@ -373,7 +381,7 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     if transposed_dq(d, w):
         kernel, build = _transposed_kernel(d, w)
         assert ds_sum is None, "the wide and split backward kernels do not sum dS (no sinks)"
-        grid, grouped = bwd_grid.grid(n_blocks, hkv, b, bwd_grid.group_rows(causal, n_blocks, hkv * b, cfg,
+        grid, grouped = grid_order.grid(n_blocks, hkv, b, grid_order.group_rows(causal, n_blocks, hkv * b, cfg,
                                                                             sm_count(q.device)))
         runtime.run(kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
                     dict(build(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg), N_ROWS=hkv,
@@ -381,10 +389,10 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
         return
     from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel
     slices = head_slices(q, k, causal, cfg)
-    pair = bwd_grid.paired(q, k, causal, cfg, slices)
+    pair = grid_order.paired(q, k, causal, cfg, slices)
     # paired: a program, two key blocks (equal work: one row after another)
-    rows = 1 if pair else bwd_grid.group_rows(causal, n_blocks, hkv * slices * b, cfg, sm_count(q.device))
-    grid, grouped = bwd_grid.grid(triton.cdiv(n_blocks, 2) if pair else n_blocks, hkv * slices, b, rows)
+    rows = 1 if pair else grid_order.group_rows(causal, n_blocks, hkv * slices * b, cfg, sm_count(q.device))
+    grid, grouped = grid_order.grid(triton.cdiv(n_blocks, 2) if pair else n_blocks, hkv * slices, b, rows)
     # head slices: float32 dK/dV sums the slices add into, rounded below
     sums = torch.zeros((2,) + k.shape, device=k.device, dtype=torch.float32) if slices > 1 else None
     runtime.run(_attn_bwd_hopper_kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),

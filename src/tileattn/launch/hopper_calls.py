@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..sinks import kernel_sink_grad
-from . import bwd_grid, bwd_memory, bwd_steps, hopper, runtime
+from . import grid_order, bwd_memory, bwd_steps, hopper, runtime
 from .runtime import aligned, output_f32, output_like
 
 
@@ -87,7 +87,7 @@ def bwd(do, q, k, v, o, lse, dlse, causal: bool, scale: float, config=None, sink
     if (config is None and sinks is None and len(chunks) == 1 and not hopper.transposed_dq(d, v.shape[-1])
             and hopper.head_slices(q, k, causal, cfg) == 1):
         key = runtime.plan_key("hopper_bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), cfg,
-                               bwd_grid.paired(q, k, causal, cfg))
+                               grid_order.paired(q, k, causal, cfg))
         plan = runtime.PLANS.get(key) if key is not None else None
         if plan is not None:
             tensors = _bwd_tensors(do, q, k, v, o, lse, dlse, cfg)

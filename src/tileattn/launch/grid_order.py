@@ -1,21 +1,24 @@
-"""The order of the Hopper backward's programs (``kernels/bwd_hopper*.py``).
+"""The order of the Hopper kernels' one-program-a-block grids: the
+backward's key blocks (``kernels/bwd_hopper*.py``) and the forward's query
+tiles where it does not run persistent (``kernels/fwd_hopper.py``).
 
-A program owns one key block (two with pairing) of one grid row (a kv head,
-or a slice of its query heads) of one batch element.  Without causal every
-program has the same work.  With it, key block j sees the query tiles from
-its diagonal on: the first block all of them, the last one.  The GPU hands
-programs out in launch order to the first free SM, so the order decides how
-well the SMs stay busy at the end; :func:`balance` simulates that list
-schedule (tiles as the unit of work).
+A backward program owns one key block (two with pairing) of one grid row
+(a kv head, or a slice of its query heads) of one batch element; a forward
+program one query tile of one head.  Without causal every program has the
+same work.  With it, key block j sees the query tiles from its diagonal on
+(the first block all of them, the last one), and query tile i the key tiles
+up to its diagonal.  The GPU hands programs out in launch order to the
+first free SM, so the order decides how well the SMs stay busy at the end;
+:func:`balance` simulates that list schedule (tiles as the unit of work).
 
 Two remedies, both chosen here from the simulation:
 
-* **grouped rows** (every kernel): the key blocks of ``G`` grid rows go out
-  together, longest first (block 0 of the G rows, then block 1, ...), with
-  G rows about one wave of programs (G x blocks ~ SMs), so that the
-  programs running at once still span about as many heads as one row by
-  one (the L2 holds their Q, dO and dQ sums) while no long program starts
-  last;
+* **grouped rows** (every such kernel): the blocks of ``G`` (row, batch)
+  pairs go out together, longest first (block 0 of the G pairs, then block
+  1, ...), with G pairs about one wave of programs (G x blocks ~ SMs), so
+  that the programs running at once still span about as many heads as one
+  pair after another does (the L2 holds their operands and dQ sums) while
+  no long program starts last;
 * **pairs** (``kernels/bwd_hopper.py``, d = 64/128): a program takes key
   blocks j and n-1-j, one after the other (equal work a program, but half
   the programs, and the pipeline drains between the two blocks).
@@ -25,7 +28,7 @@ from __future__ import annotations
 import functools
 import heapq
 
-from ..configs import HopperBwdConfig
+from ..configs import HopperBwdConfig, HopperFwdConfig
 from .runtime import sm_count
 
 # Pairing blocks j and n-1-j: on the H200 (perf-notes v16) it won 31 % at GQA 8,
@@ -80,7 +83,7 @@ def rule_rows(n_blocks: int, copies: int, sms: int) -> int:
     return _divisor(copies, round(sms / max(n_blocks, 1)))
 
 
-def group_rows(causal: bool, n_blocks: int, copies: int, cfg: HopperBwdConfig, sms: int) -> int:
+def group_rows(causal: bool, n_blocks: int, copies: int, cfg: HopperBwdConfig | HopperFwdConfig, sms: int) -> int:
     """The (row, batch) pairs a group of a backward kernel's grid:
     ``cfg.group_rows`` where set (the largest divisor of ``copies`` not
     above it), else :func:`rule_rows` for a causal call and 1 (the order

@@ -1,4 +1,4 @@
-"""The Hopper backward's program order (``launch/bwd_grid.py``): the
+"""The Hopper backward's program order (``launch/grid_order.py``): the
 simulated balance of causal grids, the grouped-rows rule, pairing, and the
 config's overrides.  Pure host code: runs everywhere.  The kernels' side of
 the order (every program walks a distinct key block, also with a short last
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tileattn.configs import HopperBwdConfig
-from tileattn.launch import bwd_grid, hopper as launch_hopper
+from tileattn.launch import grid_order, hopper as launch_hopper
 
 SMS = 132   # the H200's
 
@@ -23,10 +23,10 @@ def test_grouped_rows_keep_the_sms_busy(n, copies):
     """The rule's groups (about one wave of programs) keep the simulated SMs
     at least 93 % busy (short grids lose the rest to the programs' fixed cost
     and the last wave) and never less than one row after another does."""
-    works = bwd_grid.block_tiles(n, n, 128, 64)
-    rows = bwd_grid.rule_rows(len(works), copies, SMS)
-    grouped = bwd_grid.balance(bwd_grid.grouped_order(works, copies, rows), SMS)
-    plain = bwd_grid.balance(bwd_grid.grouped_order(works, copies, 1), SMS)
+    works = grid_order.block_tiles(n, n, 128, 64)
+    rows = grid_order.rule_rows(len(works), copies, SMS)
+    grouped = grid_order.balance(grid_order.grouped_order(works, copies, rows), SMS)
+    plain = grid_order.balance(grid_order.grouped_order(works, copies, 1), SMS)
     assert grouped >= plain - 1e-9
     assert grouped >= 0.93, f"{n} keys, {copies} rows: {grouped:.3f} busy in groups of {rows}"
 
@@ -34,7 +34,7 @@ def test_grouped_rows_keep_the_sms_busy(n, copies):
 def test_grouped_order_is_a_permutation_of_the_grid():
     """Every (pair, block) once, blocks of 3 pairs at a time, longest first."""
     works = tuple(range(10, 0, -1))   # distinct works name the block
-    order = bwd_grid.grouped_order(works, 6, 3)
+    order = grid_order.grouped_order(works, 6, 3)
     assert sorted(order) == sorted(works * 6)
     assert order[:4] == (10, 10, 10, 9) and order[27:33] == (1, 1, 1, 10, 10, 10)
 
@@ -43,27 +43,27 @@ def test_grouped_order_is_a_permutation_of_the_grid():
                                                       (16, 3, 3), (32, 6, 3), (32, 7, 1), (1, 4, 4), (0, 2, 2)])
 def test_rule_rows(n_blocks, copies, expected):
     """About one wave of programs a group, a divisor of the pairs (no short group)."""
-    assert bwd_grid.rule_rows(n_blocks, copies, SMS) == expected
+    assert grid_order.rule_rows(n_blocks, copies, SMS) == expected
 
 
 def test_group_rows_follows_the_config():
     table = HopperBwdConfig()
-    assert bwd_grid.group_rows(False, 32, 64, table, SMS) == 1        # no causal: equal programs, the grid's order
-    assert bwd_grid.group_rows(True, 32, 64, table, SMS) == 4
-    assert bwd_grid.group_rows(True, 32, 64, HopperBwdConfig(group_rows=1), SMS) == 1
-    assert bwd_grid.group_rows(False, 32, 64, HopperBwdConfig(group_rows=5), SMS) == 4   # forced: a divisor not above
-    assert bwd_grid.group_rows(True, 32, 3, HopperBwdConfig(group_rows=5), SMS) == 3     # at most every pair
+    assert grid_order.group_rows(False, 32, 64, table, SMS) == 1        # no causal: equal programs, the grid's order
+    assert grid_order.group_rows(True, 32, 64, table, SMS) == 4
+    assert grid_order.group_rows(True, 32, 64, HopperBwdConfig(group_rows=1), SMS) == 1
+    assert grid_order.group_rows(False, 32, 64, HopperBwdConfig(group_rows=5), SMS) == 4   # forced: a divisor not above
+    assert grid_order.group_rows(True, 32, 3, HopperBwdConfig(group_rows=5), SMS) == 3     # at most every pair
 
 
 def test_grid_layouts():
     """One pair a group: the plain (blocks, rows, batch) grid; else (G, blocks,
     groups), also where the batch alone would pass CUDA's grid limit."""
-    assert bwd_grid.grid(32, 16, 4, 1) == ((32, 16, 4), False)
-    assert bwd_grid.grid(32, 16, 4, 4) == ((4, 32, 16), True)
-    big = bwd_grid.GRID_Z_MAX + 1
-    rows = bwd_grid.group_rows(False, 8, 2 * big, HopperBwdConfig(), SMS)
-    grid, grouped = bwd_grid.grid(8, 2, big, rows)
-    assert grouped and grid[0] * grid[2] == 2 * big and grid[2] <= bwd_grid.GRID_Z_MAX
+    assert grid_order.grid(32, 16, 4, 1) == ((32, 16, 4), False)
+    assert grid_order.grid(32, 16, 4, 4) == ((4, 32, 16), True)
+    big = grid_order.GRID_Z_MAX + 1
+    rows = grid_order.group_rows(False, 8, 2 * big, HopperBwdConfig(), SMS)
+    grid, grouped = grid_order.grid(8, 2, big, rows)
+    assert grouped and grid[0] * grid[2] == 2 * big and grid[2] <= grid_order.GRID_Z_MAX
 
 
 # (name, n, batch x grid rows, group rows, pairing expected): the v16 cases (16 query heads, d = 128,
@@ -79,15 +79,15 @@ PAIRING = [("gqa8-4k-one-by-one", 4096, 8, 1, True), ("gqa8-4k", 4096, 8, None, 
 def test_pairing_rule(n, copies, rows, expected):
     """Where the table's config (pair_blocks=None) takes key blocks in pairs:
     only where the simulated balance of the plain grid is poor."""
-    assert bwd_grid.pairs_pay(n, n, copies, 128, 64, SMS, rows) is expected
+    assert grid_order.pairs_pay(n, n, copies, 128, 64, SMS, rows) is expected
 
 
 def test_pairing_follows_the_config():
     q = torch.empty(1, 16, 4096, 128)
     k = torch.empty(1, 2, 4096, 128)
-    assert not bwd_grid.paired(q, k, False, HopperBwdConfig(pair_blocks=True))   # never without causal
-    assert bwd_grid.paired(q, k, True, HopperBwdConfig(pair_blocks=True))
-    assert not bwd_grid.paired(q, k, True, HopperBwdConfig(pair_blocks=False))
+    assert not grid_order.paired(q, k, False, HopperBwdConfig(pair_blocks=True))   # never without causal
+    assert grid_order.paired(q, k, True, HopperBwdConfig(pair_blocks=True))
+    assert not grid_order.paired(q, k, True, HopperBwdConfig(pair_blocks=False))
 
 
 @pytest.mark.parametrize("rows", [0, True, 2.0, -1], ids=["zero", "bool", "float", "negative"])
