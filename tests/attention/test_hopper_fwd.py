@@ -45,7 +45,8 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((128, 128), HopperFwdConfig(num_stages=2, persistent=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, overlap=False, persistent=True)),
     # causal: the query tiles of 2, 4 and all 8 of the test's (head, batch) pairs at a time
-    ((128, 128), HopperFwdConfig(num_stages=2, group_rows=2)), ((192, 128), HopperFwdConfig(num_stages=2, group_rows=4)),
+    ((128, 128), HopperFwdConfig(num_stages=2, group_rows=2)),
+    ((192, 128), HopperFwdConfig(num_stages=2, group_rows=4)),
     ((256, 256), HopperFwdConfig(block_n=64, num_stages=2, group_rows=8)),
 ]
 PERSISTENT = [(dims, c) for dims, c in FORCED if c.persistent]

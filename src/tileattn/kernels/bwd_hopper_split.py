@@ -157,7 +157,8 @@ def _attn_bwd_hopper_split_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, 
                                   stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                   GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                                  IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, N_ROWS=1, GROUPED: gl.constexpr = False):
+                                  IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, N_ROWS=1,
+                                  GROUPED: gl.constexpr = False):
     """A program owns 2 * BLOCK_N keys, shared by both compute warpgroups."""
     KEYS: gl.constexpr = 2 * BLOCK_N
     pid_n, off_hk, off_b, _ = _grid_coords(N_ROWS, GROUPED)

@@ -75,7 +75,8 @@ def _compute_partition(WG: gl.constexpr, k_smem, kt_smem, v_smem, q_smem, qt_sme
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     at_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kt_layout, k_width=2)
     key0 = start_n + WG * BLOCK_N
-    offs_n = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))   # the warpgroup's keys from key0
+    queries = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
     diag = N_K - N_Q
 
     mbarrier.wait(kv_bar, 0)
@@ -90,7 +91,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, kt_smem, v_smem, q_smem, qt_sme
     dv = gl.zeros([BLOCK_N, HEAD_DIM_V], gl.float32, kv_layout)
     for t in range(GROUP_SIZE * n_m):
         hq, m, s, phase = _tile_at(t, n_m, m_lo, off_hk * GROUP_SIZE, BLOCK_M, NUM_STAGES)
-        offs_m = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        offs_m = m + queries
         row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_m
         lse2 = gl.load(LSE2 + row, mask=offs_m < N_Q, other=float("inf"))
 
@@ -106,7 +107,9 @@ def _compute_partition(WG: gl.constexpr, k_smem, kt_smem, v_smem, q_smem, qt_sme
         st = warpgroup_mma_wait(1, deps=[st])
         # causal: every tile is masked (one copy of the softmax code: a split into
         # masked and unmasked tiles spilled 392 B and ran 1-2 % slower, perf-notes v15)
-        pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, IS_CAUSAL)
+        # the mask as key0 + i <= m + j + diag: positions in the tile against one scalar
+        # (against the keys' and queries' own indices the causal build spilled 88 B, now 48; perf-notes v34)
+        pt = _probs(st, lse2, keys, queries, m + diag - key0, qk_scale, IS_CAUSAL)
         delta = gl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do2, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=[dpt])

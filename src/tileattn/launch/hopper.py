@@ -166,7 +166,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
-    grouped = bool(causal) and not cfg.persistent   # as a causal launch's grid (grid_order)
+    grouped = bool(causal) and not cfg.persistent and cfg.group_rows != 1   # as a causal launch's grid (grid_order)
     const.update(GROUPED=grouped)
     if cfg.persistent:
         sig.update(N_M_TILES="i32", N_HEADS="i32", TOTAL="i32")
@@ -415,14 +415,17 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
     lse = torch.empty(1, 2, 256)
     if transposed_dq(head_dim, w):
         kernel, build = _transposed_kernel(head_dim, w)
-        args = dict(build(tv, t, t, tv, dq_sum_transposed(t), t, tv, lse, lse, causal, 1.0, cfg), N_ROWS=16, GROUPED=bool(causal))
+        args = dict(build(tv, t, t, tv, dq_sum_transposed(t), t, tv, lse, lse, causal, 1.0, cfg), N_ROWS=16,
+                    GROUPED=bool(causal) and cfg.group_rows != 1)   # as a causal launch's grid (grid_order)
         const = {"BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "GROUPED"} | (
             {"HEAD_DIM"} if split_kernel(head_dim, w) else {"HEAD_DIM_V", "TAIL_DIM", "DQ_BUFS"})
     else:
         from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel as kernel
         f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
         args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, torch.empty(1, 2, 256) if sinks else None,
-                         paired=bool(causal) and cfg.pair_blocks is True) | {"N_ROWS": 16, "GROUPED": bool(causal)}
+                         paired=bool(causal) and cfg.pair_blocks is True)
+        # as a causal launch's grid: grouped unless paired or one pair after another (grid_order)
+        args.update(N_ROWS=16, GROUPED=bool(causal) and cfg.pair_blocks is not True and cfg.group_rows != 1)
         if (cfg.head_slices or 1) > 1:   # the float32 dK/dV sums (the group's size is a run-time argument)
             args.update(DK=f, DV=f, ADD_DKDV=True)
         const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "PAIRED",
