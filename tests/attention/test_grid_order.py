@@ -1,9 +1,9 @@
-"""The Hopper backward's program order (``launch/grid_order.py``): the
-simulated balance of causal grids, the grouped-rows rule, pairing, and the
-config's overrides.  Pure host code: runs everywhere.  The kernels' side of
-the order (every program walks a distinct key block, also with a short last
-group) is ``test_hopper_bwd.py``'s forced ``group_rows=3`` configs against
-float64."""
+"""The Hopper grids' program order (``launch/grid_order.py``): the
+simulated balance of causal grids, the grouped-rows rule, pairing, the
+launch grid and the configs' overrides.  Pure host code: runs everywhere.
+The kernels' side of the order (every program takes a distinct block of a
+distinct (head, batch) pair) is the forced ``group_rows`` configs of
+``test_hopper_bwd.py`` and ``test_hopper_fwd.py`` against float64 on the GPU."""
 import pytest
 import torch
 
