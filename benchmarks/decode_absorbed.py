@@ -15,6 +15,16 @@ from decode_bench import TOLERANCE, empty_cache, rel_err, sdpa_fn
 SAME_SIZE_COPY = "copy, same bytes (CUDA graph)"
 
 
+def same_size_copy(read_bytes: float, dev):
+    """(a copy step, the bytes it moves): ``dst.copy_(src)`` of buffers half
+    of ``read_bytes`` each (the cost model's bytes are a float), so that it
+    reads and writes as many bytes as the call reads."""
+    half = int(read_bytes) // 2
+    src = torch.empty(half, dtype=torch.uint8, device=dev).random_(0, 255)
+    dst = torch.empty_like(src)
+    return (lambda: dst.copy_(src)), 2 * half
+
+
 def kernel_times(fn, dev, reps: int = 20) -> list[tuple[str, float, float]]:
     """(name, µs a call, launches a call) of what ``fn`` runs, slowest first,
     from torch.profiler over ``reps`` calls: the GPU kernels on a CUDA device
@@ -106,21 +116,19 @@ def run_absorbed(args, dev, dtype, do_bench, copy_bw, meta) -> list[dict]:
                         dispatch.HOPPER_DECODE = saved
                 e = rel_err(portable(), out)
                 # the copy engine's limit at this size: a copy moving as many bytes (read + write) as the call reads
-                half = int(mine["read_bytes"]) // 2   # the model's bytes are a float
-                src = torch.empty(half, dtype=torch.uint8, device=dev).random_(0, 255)
-                dst = torch.empty_like(src)
+                copy, moved = same_size_copy(mine["read_bytes"], dev)
                 graphs = {"tileattn (CUDA graph)": fn, "tileattn-portable (CUDA graph)": portable,
-                          SAME_SIZE_COPY: lambda src=src, dst=dst: dst.copy_(src)}
+                          SAME_SIZE_COPY: copy}
                 times = {name: [] for name in graphs}
                 for r in range(3):
                     for name in (list(graphs) if r % 2 == 0 else list(graphs)[::-1]):
                         times[name].append(do_bench_cudagraph(graphs[name], rep=args.rep_ms, return_mode="median"))
                 for name in graphs:
                     ok = name != "tileattn-portable (CUDA graph)" or e < 1e-2
-                    record(**dict(mine, read_bytes=2 * half) if name == SAME_SIZE_COPY else mine, provider=name,
+                    record(**dict(mine, read_bytes=moved) if name == SAME_SIZE_COPY else mine, provider=name,
                            num_splits=0, ms=statistics.median(times[name]),
                            status="ok" if ok else f"differs from the default path by {e:.2e}")
-                del src, dst
+                del copy, graphs
             if args.profile:   # where the call's time goes, kernel by kernel
                 for name, us, launches in kernel_times(fn, dev)[:6]:
                     rows.append(dict(base, provider=f"kernel: {name}", us_per_call=us, launches_per_call=launches))

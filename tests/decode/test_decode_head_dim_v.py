@@ -439,3 +439,25 @@ def test_sinks_with_head_dim_v(case, path):
         for j, name in enumerate(("out", "lse")):
             check_accuracy(f"{case.id} batch {i} {name}", (out, lse)[j][i:i + 1], want[j].reshape(low[j].shape),
                            low[j], case.dtype)
+
+
+def test_decode_bench_same_size_copy_takes_the_models_float_bytes():
+    """The absorbed runs' same-size copy (timed from CUDA graphs on a GPU) is
+    sized from the cost model's byte count, a float: it moves that many bytes
+    (read + write), rounded down to an even count."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "benchmarks"
+    sys.path.insert(0, str(folder))   # decode_absorbed imports decode_bench beside it
+    try:
+        spec = importlib.util.spec_from_file_location("decode_absorbed", folder / "decode_absorbed.py")
+        absorbed = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(absorbed)
+    finally:
+        sys.path.remove(str(folder))
+    step, moved = absorbed.same_size_copy(1001.0, torch.device("cpu"))
+    assert moved == 1000
+    out = step()
+    assert out.dtype == torch.uint8 and out.numel() == 500
