@@ -71,9 +71,9 @@ GRID_Z_MAX = 65535   # a CUDA grid's third dimension
 def _divisor(copies: int, target: int) -> int:
     """The largest divisor of ``copies`` at most ``target`` (at least 1), raised
     to the smallest that leaves at most ``GRID_Z_MAX`` groups."""
-    best = max(d for d in range(1, max(1, min(copies, target)) + 1) if copies % d == 0)
-    if copies // best > GRID_Z_MAX:
-        best = min(d for d in range(best, copies + 1) if copies % d == 0 and copies // d <= GRID_Z_MAX)
+    best = next(d for d in range(max(1, min(copies, target)), 0, -1) if copies % d == 0)
+    if copies // best > GRID_Z_MAX:   # the first divisor from there that fits (the search stops at it)
+        best = next(d for d in range(max(best, -(-copies // GRID_Z_MAX)), copies + 1) if copies % d == 0)
     return best
 
 
