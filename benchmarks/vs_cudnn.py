@@ -22,6 +22,11 @@ call with sinks kept off the persistent kernel; backward: also the sinks'
 gradient from the kernels' dS row sums, the forward keeping no remainder).
 ``--memory`` (backward): each provider's forward+backward peak over the
 tensors a training step must hold.
+``--order``: the grid orders of ``launch/grid_order.py`` beside the default
+call and cuDNN (no deterministic provider): the table's config forced, the
+same with ``group_rows=1`` (one (head, batch) pair's blocks after another)
+and, backward at d <= 128, in mirror-image pairs (forward: the table's
+one-program-a-tile config, whatever the persistent bound says).
 
     python benchmarks/vs_cudnn.py [--mode fwd|bwd] [--head-dim 64 128] [--seqlen 2048 ...]
                                   [--dtype bf16] [--group 1] [--rounds 3] [--configs | --order | --sinks] [--memory]
