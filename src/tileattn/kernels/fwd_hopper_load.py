@@ -1,7 +1,9 @@
 """The Hopper forward's load side (Gluon; the kernel is ``fwd_hopper.py``):
 the key tiles a query tile visits, the load warp that copies each query
-tile's Q and its K/V tiles into the ring, and a persistent program's walk
-of its work units.
+tile's Q and its K/V tiles into the ring, a persistent program's walk of
+its work units, and the coordinates of a program of the one-program-a-block
+grids (this forward's and the backward kernels', plain or grouped by
+``launch/grid_order.py``).
 
 A persistent program takes every ``num_programs``-th unit, head-major.  A
 unit is one query tile, or with ``IS_CAUSAL`` a head's k-th heaviest and
