@@ -59,7 +59,7 @@ def block_tiles(n_q: int, n_k: int, block_keys: int, block_m: int) -> tuple[int,
 def grouped_order(works: tuple, copies: int, rows: int) -> tuple:
     """Launch order of ``copies`` (row, batch) pairs of these key blocks'
     works, the blocks of ``rows`` pairs at a time interleaved (``rows``
-    divides ``copies``; as ``_grid_coords`` in ``kernels/bwd_hopper_common.py``
+    divides ``copies``; as ``_grid_coords`` in ``kernels/fwd_hopper_load.py``
     walks them); 1: one pair after another."""
     assert copies % rows == 0, (copies, rows)
     return tuple(w for _ in range(copies // rows) for w in works for _ in range(rows))
@@ -84,13 +84,21 @@ def rule_rows(n_blocks: int, copies: int, sms: int) -> int:
 
 
 def group_rows(causal: bool, n_blocks: int, copies: int, cfg: HopperBwdConfig | HopperFwdConfig, sms: int) -> int:
-    """The (row, batch) pairs a group of a backward kernel's grid:
+    """The (row, batch) pairs a group of a one-program-a-block grid:
     ``cfg.group_rows`` where set (the largest divisor of ``copies`` not
     above it), else :func:`rule_rows` for a causal call and 1 (the order
     does not matter) without causal, unless the grid's limit needs more."""
     if cfg.group_rows is not None:
         return _divisor(copies, cfg.group_rows)
     return rule_rows(n_blocks, copies, sms) if causal else _divisor(copies, 1)
+
+
+def compiled_grouped(causal: bool, cfg: HopperBwdConfig | HopperFwdConfig, other_grid: bool = False) -> bool:
+    """Whether a compile report builds the grouped variant (``GROUPED``): as
+    a causal launch of ``cfg`` takes it where the rule groups more than one
+    pair; not with ``group_rows=1``, nor where the call runs another grid
+    (``other_grid``: the persistent forward, the paired backward)."""
+    return bool(causal) and not other_grid and cfg.group_rows != 1
 
 
 def grid(n_blocks: int, n_rows: int, batch: int, rows: int) -> tuple[tuple[int, int, int], bool]:

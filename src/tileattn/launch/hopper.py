@@ -110,15 +110,15 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     extra = {} if o_lo is None else dict(olo_desc=_descriptor(o_lo, cfg.block_m), WRITE_REMAINDER=True,
                                          LO_STAGE=remainder_staged(d, dv, cfg))
     n_m_tiles = triton.cdiv(n_q, 2 * cfg.block_m)
-    # one program a query tile, heaviest first; causal: the tiles of G (head, batch) pairs at a time (grid_order)
-    grid, grouped = grid_order.grid(n_m_tiles, hq, b, grid_order.group_rows(causal, n_m_tiles, hq * b, cfg,
-                                                                            sm_count(q.device)))
-    if grouped:
-        extra.update(GROUPED=True, N_HEADS=hq)
     if cfg.persistent:   # one program an SM (or fewer) walks the work units: causal, two tiles each
         total = (triton.cdiv(n_m_tiles, 2) if causal else n_m_tiles) * hq * b
         grid = (max(1, min(total, sm_count(q.device))),)   # an empty call: one program, no item
-        extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total, GROUPED=False)
+        extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total)
+    else:   # one program a query tile, heaviest first; causal: the tiles of G (head, batch) pairs at a time
+        grid, grouped = grid_order.grid(n_m_tiles, hq, b, grid_order.group_rows(causal, n_m_tiles, hq * b, cfg,
+                                                                                sm_count(q.device)))
+        if grouped:
+            extra.update(GROUPED=True, N_HEADS=hq)
     runtime.run(_attn_fwd_hopper_kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg), dict(
         **_qk_descriptors(q, k, dv, cfg), v_desc=_descriptor(v, cfg.block_n), o_desc=_descriptor(o, cfg.block_m),
         LSE=lse, SINKS=lse if sinks is None else sinks.float().contiguous(),
@@ -166,7 +166,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
-    grouped = bool(causal) and not cfg.persistent and cfg.group_rows != 1   # as a causal launch's grid (grid_order)
+    grouped = grid_order.compiled_grouped(causal, cfg, other_grid=cfg.persistent)
     const.update(GROUPED=grouped)
     if cfg.persistent:
         sig.update(N_M_TILES="i32", N_HEADS="i32", TOTAL="i32")
@@ -416,7 +416,7 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
     if transposed_dq(head_dim, w):
         kernel, build = _transposed_kernel(head_dim, w)
         args = dict(build(tv, t, t, tv, dq_sum_transposed(t), t, tv, lse, lse, causal, 1.0, cfg), N_ROWS=16,
-                    GROUPED=bool(causal) and cfg.group_rows != 1)   # as a causal launch's grid (grid_order)
+                    GROUPED=grid_order.compiled_grouped(causal, cfg))
         const = {"BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "GROUPED"} | (
             {"HEAD_DIM"} if split_kernel(head_dim, w) else {"HEAD_DIM_V", "TAIL_DIM", "DQ_BUFS"})
     else:
@@ -424,8 +424,7 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
         f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
         args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, torch.empty(1, 2, 256) if sinks else None,
                          paired=bool(causal) and cfg.pair_blocks is True)
-        # as a causal launch's grid: grouped unless paired or one pair after another (grid_order)
-        args.update(N_ROWS=16, GROUPED=bool(causal) and cfg.pair_blocks is not True and cfg.group_rows != 1)
+        args.update(N_ROWS=16, GROUPED=grid_order.compiled_grouped(causal, cfg, other_grid=cfg.pair_blocks is True))
         if (cfg.head_slices or 1) > 1:   # the float32 dK/dV sums (the group's size is a run-time argument)
             args.update(DK=f, DV=f, ADD_DKDV=True)
         const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "PAIRED",

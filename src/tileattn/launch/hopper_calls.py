@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..sinks import kernel_sink_grad
-from . import grid_order, bwd_memory, bwd_steps, hopper, runtime
+from . import bwd_memory, bwd_steps, grid_order, hopper, runtime
 from .runtime import aligned, output_f32, output_like
 
 
