@@ -13,6 +13,8 @@ out of shared memory) is reported as refused with its error, not dropped.
 turned off: the two beside each other say where the dispatch should switch.
 ``tileattn-one-by-one`` (on request only): the Hopper kernels' causal grids
 one (row, batch) pair after another (``group_rows=1``, before v34).
+``tileattn-dq-pairs`` (on request only): the 192/128 backward forming dQᵀ
+for two query tiles at once (``HopperBwdConfig.dq_pairs``, perf-notes v36).
 
 TFLOP/s by ``tileattn.cost.attention_flops`` (with ``head_dim_v``); ratios
 are against FlexAttention measured in the same run: its default tiles, or
@@ -68,20 +70,30 @@ def providers() -> dict:
             "tileattn": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
             "tileattn-portable": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
             "tileattn-one-by-one": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
+            "tileattn-dq-pairs": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
             "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
             "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
             "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
 
 
+# providers on request only that run the default call on changed tables: (dims, config) -> config
+TABLE_VARIANTS = {
+    # the Hopper kernels' causal grids one (row, batch) pair's blocks after another (before perf-notes v34)
+    "tileattn-one-by-one": lambda dims, c: dataclasses.replace(c, group_rows=1),
+    # the 192/128 backward's dQᵀ for two query tiles at once (perf-notes v36)
+    "tileattn-dq-pairs": lambda dims, c: (dataclasses.replace(c, dq_pairs=True)
+                                          if dims == (192, 128) and isinstance(c, configs.HopperBwdConfig) else c),
+}
+
+
 @contextlib.contextmanager
-def _one_by_one(on: bool):
-    """With ``on``: the Hopper kernels' causal grids one (row, batch) pair's
-    blocks after another (``group_rows=1``, the order before perf-notes v34)
-    instead of the tables' grouped rows."""
+def _tables(name: str):
+    """The Hopper forward and backward tables as ``TABLE_VARIANTS[name]``
+    makes them while the block runs (unchanged for any other provider)."""
     saved = [(table, dict(table)) for table in (configs.HOPPER_FWD, configs.HOPPER_BWD)]
-    if on:
+    if name in TABLE_VARIANTS:
         for table, entries in saved:
-            table.update({dims: dataclasses.replace(c, group_rows=1) for dims, c in entries.items()})
+            table.update({dims: TABLE_VARIANTS[name](dims, c) for dims, c in entries.items()})
     try:
         yield
     finally:
@@ -105,10 +117,10 @@ def _portable(on: bool):
 
 
 def _step(name, fn, q, k, v, do, causal, mode):
-    portable, one_by_one = name == "tileattn-portable", name == "tileattn-one-by-one"
+    portable = name == "tileattn-portable"
     if mode == "fwd":
         def fwd():
-            with _portable(portable), _one_by_one(one_by_one):
+            with _portable(portable), _tables(name):
                 return fn(q, k, v, causal)
         return fwd
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
@@ -116,7 +128,7 @@ def _step(name, fn, q, k, v, do, causal, mode):
         out = fn(*leaves, causal)
 
     def bwd():
-        with _portable(portable), _one_by_one(one_by_one):
+        with _portable(portable), _tables(name):
             return torch.autograd.grad(out, leaves, do, retain_graph=True)
     return bwd
 
@@ -137,7 +149,7 @@ def main():
     args = ap.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     provs = providers()
-    wanted = args.providers or [name for name in provs if name not in ("tileattn-portable", "tileattn-one-by-one")]
+    wanted = args.providers or [name for name in provs if name != "tileattn-portable" and name not in TABLE_VARIANTS]
     unknown = sorted(set(wanted) - set(provs))
     if unknown:
         ap.error(f"--providers: unknown {unknown}; known: {sorted(provs)}")

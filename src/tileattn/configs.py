@@ -351,6 +351,7 @@ class HopperBwdConfig:
     pair_blocks: bool | None = None  # causal, d = 64/128: key blocks j, n-1-j a program (None: pairs_pay)
     stats_tma: bool = False     # d = 64/128: lse₂ and Δ by the copy engine into shared memory (else loads)
     dq_turns: bool = False      # d = 64/128: the warpgroups take turns forming a tile's whole dQ (else half each)
+    dq_pairs: bool = False      # QK 192 / V 128: dQᵀ of two query tiles at once (64 queries wide, else one tile)
     head_slices: int | None = None  # GQA, d = 64/128: grid rows a kv head (None: launch.hopper.head_slices)
     group_rows: int | None = None   # causal: grid rows whose key blocks go out together (None: launch.grid_order)
     num_warps: int = 4          # per compute warpgroup (the default partition)
@@ -360,6 +361,7 @@ class HopperBwdConfig:
     @property
     def name(self) -> str:
         on = (("-dks", self.dk_from_smem), ("-ds", self.defer_sums), ("-st", self.stats_tma), ("-dqt", self.dq_turns),
+              ("-dqp", self.dq_pairs),
               ("-paired", self.pair_blocks is True), ("-unpaired", self.pair_blocks is False),
               (f"-hs{self.head_slices}", self.head_slices is not None), (f"-g{self.group_rows}", self.group_rows))
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}" + "".join(f for f, x in on if x)
@@ -398,9 +400,7 @@ HOPPER_BWD = {
 }
 
 
-# ---------------------------------------------------------------------------
-# KV-cache decoding (kernels/decode.py, launched by launch/decode.py)
-# ---------------------------------------------------------------------------
+# ---- KV-cache decoding (kernels/decode.py, launched by launch/decode.py) ----
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
     """Key tile, warps and pipeline depth of the partial kernel (BLOCK_M, the

@@ -252,6 +252,9 @@ def check_slices(cfg: HopperBwdConfig, head_dim: int, head_dim_v: int) -> None:
                                         or (transposed_dq(head_dim, head_dim_v) and cfg.head_slices > 1)):
         raise ValueError(f"config: head_slices must be None or an int >= 1 (1 when V's head dim differs from "
                          f"QK's or exceeds 128: those kernels walk whole groups), got {cfg.head_slices!r}")
+    if cfg.dq_pairs and (split_kernel(head_dim, head_dim_v) or not transposed_dq(head_dim, head_dim_v)):
+        raise ValueError("config: dq_pairs is the wide kernel's (V's head dim narrower than QK's), got head dims "
+                         f"{head_dim}/{head_dim_v}")
 
 
 def head_slices(q: torch.Tensor, k: torch.Tensor, causal: bool, cfg: HopperBwdConfig) -> int:
@@ -335,11 +338,14 @@ def _transposed_dq_args(q, k, v, do, dq_acc, dk, dv, lse2, delta, causal, scale,
 def _wide_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg):
     """The wide kernel's arguments: Q and K in two pieces (V's width and the tail)."""
     d, w = q.shape[-1], v.shape[-1]
+    args = _transposed_dq_args(q, k, v, do, dq_acc, dk, dv, lse2, delta, causal, scale, cfg)
+    if cfg.dq_pairs:   # a pair of query tiles' dQᵀ chunks at once
+        args["dq_desc"] = _dq_descriptor(dq_acc.transpose(2, 3), 64, 2 * cfg.block_m)
     return dict(
-        _transposed_dq_args(q, k, v, do, dq_acc, dk, dv, lse2, delta, causal, scale, cfg),
-        q_desc=_descriptor(q[..., :w], cfg.block_m), qt_desc=_descriptor(q[..., w:], cfg.block_m),
+        args, q_desc=_descriptor(q[..., :w], cfg.block_m), qt_desc=_descriptor(q[..., w:], cfg.block_m),
         k_desc=_descriptor(k[..., :w], 2 * cfg.block_n), kt_desc=_descriptor(k[..., w:], 2 * cfg.block_n),
-        HEAD_DIM_V=w, TAIL_DIM=d - w, DQ_BUFS=2 if cfg.block_m <= 32 else 1)   # 64 rows: 16 KB a buffer
+        HEAD_DIM_V=w, TAIL_DIM=d - w, DQ_PAIRS=cfg.dq_pairs,
+        DQ_BUFS=2 if cfg.block_m <= 32 else 1)   # a staging buffer 64 x (32 or 64 queries) x 4 B
 
 
 def _split_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg):
@@ -418,7 +424,7 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
         args = dict(build(tv, t, t, tv, dq_sum_transposed(t), t, tv, lse, lse, causal, 1.0, cfg), N_ROWS=16,
                     GROUPED=grid_order.compiled_grouped(causal, cfg))
         const = {"BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "GROUPED"} | (
-            {"HEAD_DIM"} if split_kernel(head_dim, w) else {"HEAD_DIM_V", "TAIL_DIM", "DQ_BUFS"})
+            {"HEAD_DIM"} if split_kernel(head_dim, w) else {"HEAD_DIM_V", "TAIL_DIM", "DQ_BUFS", "DQ_PAIRS"})
     else:
         from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel as kernel
         f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
