@@ -73,8 +73,10 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
            "sdpa-flash": sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION),
            "portable": portable}
     variants = {64: [dict(num_stages=2, pingpong=False), dict(num_stages=2, pingpong=False, persistent=True),
+                     dict(num_stages=2, pingpong=False, persistent=True, defer_o=True),
                      dict(num_stages=2), dict(num_stages=2, persistent=True)],
-                128: [dict(num_stages=2), dict(num_stages=2, persistent=True), dict(num_stages=3),
+                128: [dict(num_stages=2), dict(num_stages=2, persistent=True),
+                      dict(num_stages=2, persistent=True, defer_o=True), dict(num_stages=3),
                       dict(num_stages=2, pingpong=False)]}
     if per_config == "order":   # the table's one-program-a-tile config, causal tiles grouped or not, and the default
         table = configs.HOPPER_FWD[(head_dim, head_dim)]

@@ -44,6 +44,10 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, persistent=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, persistent=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, overlap=False, persistent=True)),
+    # persistent, O's copy waited on under the next item's first tile (both loop forms)
+    ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, persistent=True, defer_o=True)),
+    ((128, 128), HopperFwdConfig(num_stages=2, persistent=True, defer_o=True)),
+    ((128, 128), HopperFwdConfig(num_stages=2, overlap=False, persistent=True, defer_o=True)),
     # causal: the query tiles of 2, 4 and all 8 of the test's (head, batch) pairs at a time
     ((128, 128), HopperFwdConfig(num_stages=2, group_rows=2)),
     ((192, 128), HopperFwdConfig(num_stages=2, group_rows=4)),

@@ -27,7 +27,11 @@ k-th lightest query tiles, so that units cost alike (``fwd_hopper_load.py``).
 Q has two pairs of buffers, the loader copies the next item's Q into the
 other pair once both softmax warpgroups released it (``q_empty``, after O's
 copy out of it), and the ring's and the turns' counts run on across items,
-so the next item's first tiles land while this one's epilogue runs.
+so the next item's first tiles land while this one's epilogue runs.  With
+``DEFER_O`` (``HopperFwdConfig.defer_o``; not with the remainder) a softmax
+warpgroup does not wait for O's copy out of its Q buffer at the end of an
+item: the next item's first tile does, and hands the buffer back then (the
+loader needs it only for the item after next).
 
 The math is the portable kernel's (``fwd.py``): log2-unit scores
 (``qk_scale = scale * log2 e``), the same masked/unmasked split of the key
@@ -141,6 +145,16 @@ def _your_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
+def _release_q(q_empty, prev_qi, DEFER_O: gl.constexpr):
+    """``DEFER_O``: once O's copy out of Q buffer ``prev_qi`` (the previous
+    work item's, -1 for none) has read it, hand the buffer back to the loader."""
+    if DEFER_O:
+        if prev_qi >= 0:
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty.index(prev_qi), count=1)
+
+
+@gluon.jit
 def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready,
                   k_empty, v_empty, turns,
                   o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
@@ -148,7 +162,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                   HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
-                  LO_STAGE: gl.constexpr, qi, q_phase, kc, tc):
+                  LO_STAGE: gl.constexpr, qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
     is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
     the ring's ``kc``-th and whose first turn is the ``tc``-th.  Both
@@ -156,7 +170,10 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     shared), each with its own mask boundary ``n_full``.  With
     ``WRITE_REMAINDER`` the output's rounding remainder O - round(O) goes
     through ``olo_desc`` too (in O's dtype), staged in ``lo_smem`` with
-    ``LO_STAGE``, else in the Q tile after O's copy has read it."""
+    ``LO_STAGE``, else in the Q tile after O's copy has read it.  With
+    ``DEFER_O`` (persistent, no remainder) the copy of O out of the Q tile is
+    not waited on here: the next item's first tile waits for it and releases
+    the buffer (``prev_qi``: the buffer this item releases so)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -194,6 +211,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             _your_turn(turns, WG, PINGPONG)
             qk = warpgroup_mma_wait(0, deps=[qk])
             mbarrier.arrive(k_empty.index(kc % NUM_STAGES), count=1)
+            _release_q(q_empty, prev_qi, DEFER_O)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, 0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
                                                BLOCK_N, IS_CAUSAL)
             for j in range(1, n_tiles):
@@ -222,6 +240,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             _your_turn(turns, WG, PINGPONG)
             qk = warpgroup_mma_wait(0, deps=[qk])
             mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
+            if j == 0:
+                _release_q(q_empty, prev_qi, DEFER_O)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
                                                BLOCK_N, IS_CAUSAL)
             acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
@@ -231,6 +251,9 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             acc = warpgroup_mma_wait(0, deps=[acc])
             mbarrier.arrive(v_empty.index((kc + j) % NUM_STAGES), count=1)
 
+    if DEFER_O:
+        if n_tiles == 0:   # no tile released the previous item's buffer
+            _release_q(q_empty, prev_qi, DEFER_O)
     # rows that saw no key: output 0, lse -inf (never 0/0)
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
@@ -253,7 +276,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             q2.store(lo)
         fence_async_shared()
         tma.async_copy_shared_to_global(olo_desc, [off_b, off_h, row0, 0], lo_tile)
-    tma.store_wait(0)
+    if not DEFER_O:
+        tma.store_wait(0)
 
 
 @gluon.jit
@@ -265,15 +289,17 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                        HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                        LO_STAGE: gl.constexpr, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
-                       PERSISTENT: gl.constexpr):
+                       PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr):
     """Softmax warpgroup ``WG``: its rows of the program's query tile, or
     with ``PERSISTENT`` of each of the program's work items in turn (Q
     buffers alternate between two pairs, released on ``q_empty`` once O's
-    copy has read the buffer; the ring's and the turns' counts run on)."""
+    copy has read the buffer; the ring's and the turns' counts run on;
+    ``DEFER_O``: the next item's first tile waits for that copy)."""
     if PERSISTENT:
         kc = gl.program_id(0) * 0
         tc = kc
         it = kc
+        prev_qi = kc - 1   # DEFER_O: the Q buffer whose O copy is still to be waited on
         for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
             bh, k, n_half = _unit_size(unit, N_M_TILES, IS_CAUSAL)
             for half in range(n_half):
@@ -284,19 +310,25 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                               v_empty, turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, qi, (it // 2) & 1,
-                              kc, tc)
-                mbarrier.arrive(q_empty.index(qi), count=1)   # O's copy has read the buffer (store_wait)
+                              kc, tc, q_empty, prev_qi, DEFER_O)
+                if DEFER_O:
+                    prev_qi = qi
+                else:
+                    mbarrier.arrive(q_empty.index(qi), count=1)   # O's copy has read the buffer (store_wait)
                 kc += t_n
                 if OVERLAP:   # a turn for each product pair of the pipeline: n + 1 where there is a tile
                     tc += gl.where(t_n > 0, t_n + 1, 0)
                 else:
                     tc += 2 * t_n
                 it += 1
+        if DEFER_O:   # the last item's O copy
+            tma.store_wait(0)
     else:
         _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                       turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                      PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, WG, 0, 0, 0)
+                      PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, WG, 0, 0, 0, q_empty, -1,
+                      False)
 
 
 @gluon.jit
@@ -308,7 +340,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             TAIL_DIM: gl.constexpr = 0, qt_desc=None, kt_desc=None, olo_desc=None,
                             WRITE_REMAINDER: gl.constexpr = False, LO_STAGE: gl.constexpr = False,
                             PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1,
-                            GROUPED: gl.constexpr = False):
+                            GROUPED: gl.constexpr = False, DEFER_O: gl.constexpr = False):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
@@ -323,6 +355,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     shared memory)."""
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
+    gl.static_assert(not DEFER_O or (PERSISTENT and not WRITE_REMAINDER), "DEFER_O: persistent, without remainder")
     # heaviest causal tiles (last rows) first: better tail balance
     block, off_h, off_b, n_blocks = _grid_coords(N_HEADS, GROUPED)
     pid_m = n_blocks - 1 - block
@@ -378,13 +411,13 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, q_empty,
-                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT)),
+                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, q_empty,
-                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT)),
+                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O)),
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                            BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES,

@@ -113,7 +113,8 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     if cfg.persistent:   # one program an SM (or fewer) walks the work units: causal, two tiles each
         total = (triton.cdiv(n_m_tiles, 2) if causal else n_m_tiles) * hq * b
         grid = (max(1, min(total, sm_count(q.device))),)   # an empty call: one program, no item
-        extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total)
+        extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total,
+                     DEFER_O=cfg.defer_o and not remainder)
     else:   # one program a query tile, heaviest first; causal: the tiles of G (head, batch) pairs at a time
         grid, grouped = grid_order.grid(n_m_tiles, hq, b, grid_order.group_rows(causal, n_m_tiles, hq * b, cfg,
                                                                                 sm_count(q.device)))
@@ -162,7 +163,8 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     const = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
-                 LO_STAGE=remainder and remainder_staged(head_dim, dv, cfg), PERSISTENT=cfg.persistent)
+                 LO_STAGE=remainder and remainder_staged(head_dim, dv, cfg), PERSISTENT=cfg.persistent,
+                 DEFER_O=cfg.persistent and cfg.defer_o and not remainder)
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
