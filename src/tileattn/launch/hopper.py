@@ -247,7 +247,7 @@ SLICE_MIN_KEYS = 4096   # the fewest keys at which slices were timed and won
 
 
 def check_slices(cfg: HopperBwdConfig, head_dim: int, head_dim_v: int) -> None:
-    """A ValueError for a ``head_slices`` (or ``group_rows``) the launcher cannot run."""
+    """A ValueError for a ``head_slices``, ``group_rows`` or ``dq_pairs`` the launcher cannot run."""
     if cfg.group_rows is not None and (type(cfg.group_rows) is not int or cfg.group_rows < 1):
         raise ValueError(f"config: group_rows must be None or an int >= 1, got {cfg.group_rows!r}")
     if cfg.head_slices is not None and (type(cfg.head_slices) is not int or cfg.head_slices < 1
