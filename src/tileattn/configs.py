@@ -114,11 +114,10 @@ _C = "sm_90 compile report, triton 3.6: no register spills (docs/perf-notes.md)"
 _S = "H200 config sweep, triton 3.6 (benchmarks/config_sweep.py; docs/perf-notes.md v2)"
 # Head dims 257..512: sized for shared memory, not swept (v14 timed the first).  Each note gives the estimate
 # and the compile report (triton 3.6, bf16 unless float32 is named, compiled on a CPU for sm_90a with tensor
-# descriptors or for sm_89 by pointers; benchmarks/compile_report.py): registers, spill
-# stores non-causal/causal, the compiler's shared memory (docs/perf-notes.md
-# v13).  Without timings the order is the atomic table's rule: few spills
-# first, then wider tiles; each table has a tile that fits 227 KB (sm_90),
-# one that fits 99 KB (sm_86/sm_89) and float32's.
+# descriptors or for sm_89 by pointers; benchmarks/compile_report.py): registers, spill stores non-causal/causal,
+# the compiler's shared memory (perf-notes v13).  Without timings the order is the atomic table's rule: few spills
+# first, then wider tiles; each table has a tile that fits 227 KB (sm_90), one that fits 99 KB (sm_86/sm_89)
+# and float32's.
 _W = "d > 256, sized for shared memory; first configs timed on the H200 (perf-notes v14), not swept"
 
 # Candidates for autotuning on a GPU, by head-dim bucket; the first one that
@@ -329,6 +328,7 @@ class HopperFwdConfig:
     pingpong: bool = True       # the two warpgroups take turns issuing their products
     persistent: bool = False    # d <= 128: one program an SM walks query tiles; the next tile's Q lands under this one
     defer_o: bool = False       # persistent, no remainder: O's copy out of its Q buffer waited on under the next tile
+    rowsum_mma: bool = False    # the softmax's row sums as P x ones on the tensor cores (else FP32 adds)
     group_rows: int | None = None   # causal, not persistent: as HopperBwdConfig's (query tiles of G (head, batch))
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
@@ -337,7 +337,7 @@ class HopperFwdConfig:
     @property
     def name(self) -> str:
         flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent), ("-dfo", self.defer_o),
-                 (f"-g{self.group_rows}", self.group_rows))
+                 ("-rsm", self.rowsum_mma), (f"-g{self.group_rows}", self.group_rows))
         return f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}" + "".join(f for f, on in flags if on)
 
 
