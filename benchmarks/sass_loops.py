@@ -67,12 +67,8 @@ def classify(opcode: str) -> str:
 def disassemble(cubin: bytes) -> str:
     """nvdisasm's listing (with line info) of a cubin; nvdisasm is the one
     Triton bundles beside its ptxas."""
-    from triton.backends.nvidia.compiler import get_ptxas
-    try:
-        ptxas = get_ptxas(90)
-    except TypeError:   # a triton whose get_ptxas takes no architecture
-        ptxas = get_ptxas()
-    tool = Path(ptxas.path).with_name("nvdisasm")
+    from tileattn.launch.runtime import bundled_ptxas
+    tool = Path(bundled_ptxas()).with_name("nvdisasm")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)

@@ -61,7 +61,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
 
 from .fwd_hopper_load import _grid_coords, _key_tiles, _load_partition, _unit_size, _unit_tile
-from .fwd_hopper_mma import _fill_ones, _issue_pv, _issue_pv_rowsum, _issue_qk
+from .fwd_hopper_mma import _fill_ones, _issue_pv, _issue_qk, _wait_pv
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
@@ -177,9 +177,13 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
         l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
     acc = gl.zeros([BLOCK_M, HEAD_DIM_V], gl.float32, o_layout)
-    if ROWSUM_MMA:   # every column a row's sum, from the sink's 1 (or 0)
-        lacc = gl.zeros([BLOCK_M, 8], gl.float32, l_layout) + gl.convert_layout(l_i, l_row_layout)[:, None]
+    # ROWSUM_MMA: every column a row's sum, from the sink's 1 (or 0); unused without
+    lacc = gl.zeros([BLOCK_M, 8], gl.float32, l_layout)
+    if ROWSUM_MMA:
+        lacc += gl.convert_layout(l_i, l_row_layout)[:, None]
         ones_t = ones_smem.index(WG).permute([1, 0])
+    else:   # unused
+        ones_t = ones_smem
 
     q_tile = q_smem.index(qi)
     mbarrier.wait(q_bars.index(qi), q_phase)
@@ -209,35 +213,23 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                 _my_turn(turns, tc + j, WG, PINGPONG)
                 qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc + j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                                TAIL_DIM, NUM_STAGES)
-                if ROWSUM_MMA:
-                    acc, lacc = _issue_pv_rowsum(p, acc, lacc, v_smem, v_ready, ones_t, kc + j - 1, o_layout,
-                                                 l_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
-                else:
-                    acc = _issue_pv(p, acc, v_smem, v_ready, kc + j - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
+                acc, lacc = _issue_pv(p, acc, lacc, v_smem, v_ready, ones_t, kc + j - 1, o_layout, l_layout, BLOCK_N,
+                                      HEAD_DIM_V, NUM_STAGES, ROWSUM_MMA)
                 _your_turn(turns, WG, PINGPONG)
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
                 p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
                                                    BLOCK_N, IS_CAUSAL, SUM)
+                acc, lacc = _wait_pv(acc, lacc, ROWSUM_MMA)
                 if ROWSUM_MMA:
-                    acc, lacc = warpgroup_mma_wait(0, deps=[acc, lacc])
                     lacc = lacc * gl.convert_layout(alpha, l_row_layout)[:, None]
-                else:
-                    acc = warpgroup_mma_wait(0, deps=[acc])
                 mbarrier.arrive(v_empty.index((kc + j - 1) % NUM_STAGES), count=1)
                 acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, tc + n_tiles, WG, PINGPONG)
-            if ROWSUM_MMA:
-                acc, lacc = _issue_pv_rowsum(p, acc, lacc, v_smem, v_ready, ones_t, kc + n_tiles - 1, o_layout,
-                                             l_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
-            else:
-                acc = _issue_pv(p, acc, v_smem, v_ready, kc + n_tiles - 1, o_layout, BLOCK_N, HEAD_DIM_V,
-                                NUM_STAGES)
+            acc, lacc = _issue_pv(p, acc, lacc, v_smem, v_ready, ones_t, kc + n_tiles - 1, o_layout, l_layout,
+                                  BLOCK_N, HEAD_DIM_V, NUM_STAGES, ROWSUM_MMA)
             _your_turn(turns, WG, PINGPONG)
-            if ROWSUM_MMA:
-                acc, lacc = warpgroup_mma_wait(0, deps=[acc, lacc])
-            else:
-                acc = warpgroup_mma_wait(0, deps=[acc])
+            acc, lacc = _wait_pv(acc, lacc, ROWSUM_MMA)
             mbarrier.arrive(v_empty.index((kc + n_tiles - 1) % NUM_STAGES), count=1)
     else:
         for j in range(n_tiles):
@@ -255,15 +247,10 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             _my_turn(turns, tc + 2 * j + 1, WG, PINGPONG)
             if ROWSUM_MMA:
                 lacc = lacc * gl.convert_layout(alpha, l_row_layout)[:, None]
-                acc, lacc = _issue_pv_rowsum(p, acc, lacc, v_smem, v_ready, ones_t, kc + j, o_layout, l_layout,
-                                             BLOCK_N, HEAD_DIM_V, NUM_STAGES)
-            else:
-                acc = _issue_pv(p, acc, v_smem, v_ready, kc + j, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
+            acc, lacc = _issue_pv(p, acc, lacc, v_smem, v_ready, ones_t, kc + j, o_layout, l_layout, BLOCK_N,
+                                  HEAD_DIM_V, NUM_STAGES, ROWSUM_MMA)
             _your_turn(turns, WG, PINGPONG)
-            if ROWSUM_MMA:
-                acc, lacc = warpgroup_mma_wait(0, deps=[acc, lacc])
-            else:
-                acc = warpgroup_mma_wait(0, deps=[acc])
+            acc, lacc = _wait_pv(acc, lacc, ROWSUM_MMA)
             mbarrier.arrive(v_empty.index((kc + j) % NUM_STAGES), count=1)
 
     if DEFER_O:

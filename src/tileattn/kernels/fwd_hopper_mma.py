@@ -7,7 +7,8 @@ This module imports Gluon at load time: only the Hopper kernels import it.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
 
 @gluon.jit
@@ -26,30 +27,32 @@ def _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, j, s_layout: gl.constexpr, BLOC
 
 
 @gluon.jit
-def _issue_pv(p, acc, v_smem, v_ready, j, o_layout: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-              NUM_STAGES: gl.constexpr):
+def _issue_pv(p, acc, lacc, v_smem, v_ready, ones_t, j, o_layout: gl.constexpr, l_layout: gl.constexpr,
+              BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr, ROWSUM_MMA: gl.constexpr):
     """Wait for value tile ``j`` and issue O += P V asynchronously (P from
-    registers)."""
-    s = j % NUM_STAGES
-    p16 = gl.convert_layout(p.to(v_smem.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-    mbarrier.wait(v_ready.index(s), (j // NUM_STAGES) & 1)
-    return warpgroup_mma(p16, v_smem.index(s).reshape([BLOCK_N, HEAD_DIM_V]), acc, is_async=True)
-
-
-@gluon.jit
-def _issue_pv_rowsum(p, acc, lacc, v_smem, v_ready, ones_t, j, o_layout: gl.constexpr, l_layout: gl.constexpr,
-                     BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """``ROWSUM_MMA``: :func:`_issue_pv` after the row sums of P as a product
-    P · ones (``ones_t``: BLOCK_N x 8 ones in shared memory) into ``lacc``
-    (every column a row's sum), issued first so that a wait leaving one group
-    outstanding still returns once Sᵀ's product and this one are done."""
+    registers): (acc, lacc).  With ``ROWSUM_MMA`` first the row sums of P as a
+    product P · ones (``ones_t``: BLOCK_N x 8 ones in shared memory) into
+    ``lacc`` (every column a row's sum), so that a wait leaving one group
+    outstanding still returns once Sᵀ's product and this one are done;
+    without it ``lacc`` and ``ones_t`` are unused."""
     p16 = p.to(v_smem.dtype)
-    lacc = warpgroup_mma(gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2)),
-                         ones_t, lacc, is_async=True)
+    if ROWSUM_MMA:
+        lacc = warpgroup_mma(gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=l_layout,
+                                                                        k_width=2)), ones_t, lacc, is_async=True)
     s = j % NUM_STAGES
     p16 = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
     mbarrier.wait(v_ready.index(s), (j // NUM_STAGES) & 1)
     return warpgroup_mma(p16, v_smem.index(s).reshape([BLOCK_N, HEAD_DIM_V]), acc, is_async=True), lacc
+
+
+@gluon.jit
+def _wait_pv(acc, lacc, ROWSUM_MMA: gl.constexpr):
+    """Wait for :func:`_issue_pv`'s products (both with ``ROWSUM_MMA``)."""
+    if ROWSUM_MMA:
+        acc, lacc = warpgroup_mma_wait(0, deps=[acc, lacc])
+    else:
+        acc = warpgroup_mma_wait(0, deps=[acc])
+    return acc, lacc
 
 
 @gluon.jit

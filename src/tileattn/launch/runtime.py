@@ -410,6 +410,15 @@ def shared_layout(block: tuple, dtype: str):
     return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, dtype))
 
 
+def bundled_ptxas(arch: int = 90) -> str:
+    """The path of the ptxas Triton bundles (its nvdisasm sits beside it)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+    try:
+        return get_ptxas(arch).path
+    except TypeError:   # a triton whose get_ptxas takes no architecture
+        return get_ptxas().path
+
+
 def ptxas_report(ptx: str, arch: int = 90) -> dict:
     """What the assembler Triton bundles says of a kernel's PTX (``ptxas -v``
     for ``sm_<arch>a`` from 90 on, else ``sm_<arch>``): whether it serialized
@@ -422,17 +431,13 @@ def ptxas_report(ptx: str, arch: int = 90) -> dict:
     import re
     import subprocess
     import tempfile
-    from triton.backends.nvidia.compiler import get_ptxas
-    try:
-        tool = get_ptxas(arch)
-    except TypeError:   # a triton whose get_ptxas takes no architecture
-        tool = get_ptxas()
+    tool = bundled_ptxas(arch)
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "kernel.ptx")
         with open(src, "w") as f:
             f.write(ptx)
         gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
-        done = subprocess.run([tool.path, f"-arch={gpu}", "-v", src, "-o", os.path.join(tmp, "kernel.cubin")],
+        done = subprocess.run([tool, f"-arch={gpu}", "-v", src, "-o", os.path.join(tmp, "kernel.cubin")],
                               capture_output=True, text=True, check=True)
     log = done.stdout + done.stderr
     spills = re.search(r"(\d+) bytes spill stores", log)
