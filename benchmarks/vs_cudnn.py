@@ -22,6 +22,9 @@ call with sinks kept off the persistent kernel; backward: also the sinks'
 gradient from the kernels' dS row sums, the forward keeping no remainder).
 ``--memory`` (backward): each provider's forward+backward peak over the
 tensors a training step must hold.
+``--plot DIR``: TFLOP/s and ratio-to-cuDNN figures of the rows (``tflops.png``,
+``vs_cudnn.png``, by ``tileattn.bench.plots``); ``--replot JSON ...`` draws them
+from earlier ``--json`` files instead of timing (no GPU needed).
 ``--order``: the grid orders of ``launch/grid_order.py`` beside the default
 call and cuDNN (no deterministic provider): the table's config forced, the
 same with ``group_rows=1`` (one (head, batch) pair's blocks after another)
@@ -30,7 +33,8 @@ one-program-a-tile config, whatever the persistent bound says).
 
     python benchmarks/vs_cudnn.py [--mode fwd|bwd] [--head-dim 64 128] [--seqlen 2048 ...]
                                   [--dtype bf16] [--group 1] [--rounds 3] [--configs | --order | --sinks] [--memory]
-                                  [--json out.json]
+                                  [--json out.json] [--plot DIR]
+    python benchmarks/vs_cudnn.py --replot a.json [b.json ...] --plot DIR [--tree REV]
 """
 from __future__ import annotations
 
@@ -210,10 +214,37 @@ def time_interleaved(steps: dict, rounds: int) -> dict:
     return times
 
 
+def _payload(rows: list) -> dict:
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": triton.__version__, "rows": rows}
+
+
 def write_json(path: str, rows: list) -> None:
     with open(path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                   "triton": triton.__version__, "rows": rows}, f, indent=1)
+        json.dump(_payload(rows), f, indent=1)
+
+
+def plot_rows(sources: list[dict], out_dir: str, tree: str | None = None) -> list:
+    """TFLOP/s and ratio-to-cuDNN figures of ``--json`` payloads (dicts with
+    ``device``, ``torch``, ``triton``, ``rows``), in the schema of
+    ``tileattn.bench.plots`` (the backward's atomic-dQ provider drawn as
+    ``tileattn``, the default call's backward)."""
+    from pathlib import Path
+
+    from tileattn.bench import plots
+    rows = []
+    for src in sources:
+        for r in src["rows"]:
+            name = "tileattn" if r["provider"] == "tileattn-atomic" else r["provider"]
+            rows.append(dict(head_dim=r["d"], causal=r["causal"], mode=r["mode"], provider=name,
+                             seqlen_q=r["n"], tflops=r["tflops"], ms=r["ms"], status="ok",
+                             gpu=src["device"], dtype=r["dtype"], torch=src["torch"], triton=src["triton"],
+                             git_commit=tree or "?"))
+    if not rows:
+        raise ValueError("no rows to plot")
+    out = Path(out_dir)
+    return [plots.plot_tflops(rows, out / "tflops.png"),
+            plots.plot_speedup(rows, out / "vs_cudnn.png", baseline="sdpa-cudnn")]
 
 
 def _bwd_step(fn, q, k, v, do, causal, sums: bool = False):
@@ -242,7 +273,21 @@ def main():
                     help="time each Hopper config (forward: instead of the default; backward: beside it)")
     ap.add_argument("--order", action="store_true",
                     help="the table's config beside its causal grid in the order before v34 (and backward: in pairs)")
+    ap.add_argument("--plot", default=None, metavar="DIR", help="draw tflops.png and vs_cudnn.png into DIR")
+    ap.add_argument("--replot", nargs="+", default=None, metavar="JSON",
+                    help="draw --plot's figures from earlier --json files instead of timing")
+    ap.add_argument("--tree", default=None, help="the commit the rows were measured on (figure titles)")
     args = ap.parse_args()
+    if args.replot:
+        if not args.plot:
+            ap.error("--replot needs --plot DIR")
+        sources = []
+        for path in args.replot:
+            with open(path) as f:
+                sources.append(json.load(f))
+        for path in plot_rows(sources, args.plot, args.tree):
+            print(path)
+        return
     if args.group < 1 or any((2048 // d) % args.group for d in args.head_dim):
         ap.error(f"--group {args.group} must divide the query heads (2048 // head dim)")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -294,6 +339,9 @@ def main():
                 print(f"{args.mode} {args.dtype} d={d}{gqa} causal={int(causal)} N={n}: {line}", flush=True)
     if args.json:
         write_json(args.json, rows)
+    if args.plot:
+        for path in plot_rows([_payload(rows)], args.plot, args.tree):
+            print(path)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,48 @@ def test_load_rows_picks_latest_run(tmp_path):
         assert len(results.load_rows(tmp_path / name, run_id=None)) == 3
 
 
+def _vs_cudnn_payload():
+    rows = []
+    for mode, provs in (("fwd", ("sdpa-cudnn", "tileattn")), ("bwd", ("sdpa-cudnn", "tileattn-atomic"))):
+        for n in (2048, 4096):
+            for prov in provs:
+                ms = 1.0 if prov == "sdpa-cudnn" else 0.8
+                rows.append(dict(mode=mode, dtype="bf16", d=128, group=1, causal=True, n=n, provider=prov, ms=ms,
+                                 tflops=400 / ms, vs_cudnn=1.0 / ms, max_diff_vs_cudnn=0.0, rounds=[ms]))
+    return {"device": "test gpu", "torch": "x", "triton": "y", "rows": rows}
+
+
+def test_vs_cudnn_replot_from_json_files(tmp_path, monkeypatch):
+    """benchmarks/vs_cudnn.py --replot: its --json rows in the plots' schema, the
+    backward's atomic-dQ provider drawn as tileattn, the ratio panel to cuDNN."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import vs_cudnn
+    seen = {}
+    real_speedup = plots.plot_speedup
+
+    def spy(rows, path, baseline="standard"):
+        seen["rows"], seen["baseline"] = rows, baseline
+        return real_speedup(rows, path, baseline=baseline)
+    monkeypatch.setattr(plots, "plot_speedup", spy)
+    src = tmp_path / "a.json"
+    src.write_text(json.dumps(_vs_cudnn_payload()))
+    monkeypatch.setattr(sys, "argv", ["vs_cudnn.py", "--replot", str(src), "--plot", str(tmp_path / "fig"),
+                                      "--tree", "abc1234"])
+    vs_cudnn.main()
+    assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == ["tflops.png", "vs_cudnn.png"]
+    assert all(p.stat().st_size > 1000 for p in (tmp_path / "fig").iterdir())
+    assert seen["baseline"] == "sdpa-cudnn"
+    assert {(r["mode"], r["provider"]) for r in seen["rows"]} == {
+        ("fwd", "sdpa-cudnn"), ("fwd", "tileattn"), ("bwd", "sdpa-cudnn"), ("bwd", "tileattn")}
+    assert {r["git_commit"] for r in seen["rows"]} == {"abc1234"}
+    assert {r["seqlen_q"] for r in seen["rows"]} == {2048, 4096}
+    monkeypatch.setattr(sys, "argv", ["vs_cudnn.py", "--replot", str(src)])
+    with pytest.raises(SystemExit):     # --replot without --plot: an argument error, nothing drawn
+        vs_cudnn.main()
+
+
 # ---------------------------------------------------------------------------
 # ratio rows and the baseline
 # ---------------------------------------------------------------------------
