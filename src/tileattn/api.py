@@ -39,12 +39,13 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
 
     Args:
         q: (B, Hq, Nq, D) queries.
-        k, v: (B, Hkv, Nk, D) keys and values; Hq must be a multiple of Hkv
+        k, v: (B, Hkv, Nk, D) keys and (B, Hkv, Nk, Dv) values (V's head dim
+            Dv may differ from D, each 1..512); Hq must be a multiple of Hkv
             (grouped-query / multi-query attention, no copies of k and v).
             Any strides; no copies are made.
         causal: bottom-right aligned causal mask: query i sees key j iff
             j <= i + Nk - Nq (as FlashAttention >= 2.1).  A row that sees no
-            key returns 0 and lse -inf.
+            key returns 0 and lse -inf (with sinks: lse = sinks[h]).
         scale: softmax scale, default 1/sqrt(D).
         return_lse: also return the natural-log log-sum-exp of the scaled
             scores, float32 (B, Hq, Nq).  It is differentiable.
@@ -85,7 +86,7 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
             path ignores it (it is deterministic).
 
     Returns:
-        out (B, Hq, Nq, D) in the input dtype, or (out, lse).
+        out (B, Hq, Nq, Dv) in the input dtype, or (out, lse).
 
     fp16, bf16 and fp32 run the Triton kernels on GPUs; on other devices (and
     for float64 on CPU) a pure-PyTorch tiled implementation of the same
@@ -133,10 +134,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     rows ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]``; each attends only within
     itself, with ``causal`` and ``window`` aligned bottom-right per sequence
     (as in :func:`attention`).  Lengths 0 and 1 are allowed; a query row whose
-    sequence has no keys returns 0 (lse -inf).
+    sequence has no keys returns 0 (lse -inf; with sinks lse = sinks[h]).
 
     Args:
-        q: (total_q, Hq, D); k, v: (total_k, Hkv, D), Hq a multiple of Hkv.
+        q: (total_q, Hq, D); k: (total_k, Hkv, D); v: (total_k, Hkv, Dv),
+            Dv V's own head dim (as in :func:`attention`); Hq a multiple of Hkv.
         cu_seqlens_q, cu_seqlens_k: int32 (B + 1,) cumulative lengths,
             starting at 0, non-decreasing, ending at total_q / total_k.
         max_seqlen_q, max_seqlen_k: ints >= the longest sequence (they size
@@ -148,7 +150,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         deterministic: the backward, as in :func:`attention`.
 
     Returns:
-        out (total_q, Hq, D), or (out, lse).
+        out (total_q, Hq, Dv), or (out, lse).
 
     The cumulative lengths are checked before anything is launched (one
     small device-to-host copy the first time a ``cu_seqlens`` tensor is seen,

@@ -117,6 +117,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
         sinks: float32 (Hq,) attention sinks, as in :func:`tileattn.attention`:
             counted once per row, whatever ``num_splits``; the lse includes
             them, and a row that sees no key gives 0 and lse = sinks[h].
+            Forward-only like the other tensors: sinks that require grad
+            raise (pass ``sinks.detach()``).
         num_splits: how many programs share one (batch, kv head)'s cache
             (flash-decoding), each an equal part; 0 picks from the shape and
             the GPU's SM count (``tileattn.launch.decode.choose_splits``:
@@ -135,7 +137,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     Returns:
         out (B, Hq, Nq, Dv) in q's dtype, or (out, lse).  Rows that see no key
         (an empty cache, or a window/causal mask that hides every key) give 0
-        and lse -inf.
+        and lse -inf (with sinks: lse = sinks[h]).
 
     fp16, bf16 and fp32 run Triton kernels on GPUs; elsewhere (and for
     float64 on CPU) the same split-KV algorithm runs in PyTorch.
@@ -151,6 +153,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
                 _VALIDATED.clear()
             _VALIDATED[key] = plan
     sinks = val.check_sinks(sinks, q, q.shape[1])   # on every call (cheap), before the cache is written
+    if sinks is not None and sinks.requires_grad and torch.is_grad_enabled():
+        raise ValueError("sinks requires grad, but attention_with_kvcache is forward-only (inference); use "
+                         "tileattn.attention for training, pass sinks.detach() or call under torch.no_grad()")
     paged = block_table is not None
     slopes = val.cast_alibi(alibi_slopes, q)
     if check_indices:

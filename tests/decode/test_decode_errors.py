@@ -122,6 +122,10 @@ BAD = {
     "num_splits-float": (lambda: _base(num_splits=2.0), TypeError, "num_splits must be an int"),
     "num_splits-bool": (lambda: _base(num_splits=True), TypeError, "num_splits must be an int"),
     "requires-grad": (lambda: _base(q=_t(2, 4, 1, 16).requires_grad_()), ValueError, "forward-only"),
+    # the sinks too (after a valid append's arguments: nothing may be written)
+    "sinks-requires-grad": (lambda: _base(k_new=_t(2, 2, 1, 16), v_new=_t(2, 2, 1, 16),
+                                          sinks=torch.zeros(4, device=DEVICE, requires_grad=True)),
+                            ValueError, "sinks requires grad, but attention_with_kvcache is forward-only"),
 }
 
 

@@ -143,18 +143,24 @@ def single_rank_group():
     dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("sinks", [False, True], ids=["plain", "sinks"])
 @pytest.mark.parametrize("dv", [8, 6], ids=["Dv8", "Dv6"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_world_size_one_is_plain_attention(layout, causal, dv, single_rank_group):
+def test_world_size_one_is_plain_attention(layout, causal, dv, sinks, single_rank_group):
+    """float64 in, float64 out: exact against tileattn.attention, the sinks
+    folded into the float64 lse (the public lse float32 for every dtype)."""
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 4 // h, 10, d, generator=g, dtype=torch.float64).requires_grad_()
                for h, d in ((1, 8), (2, 8), (2, dv)))
-    out, lse = ring_attention(q, k, v, causal=causal, layout=layout, return_lse=True)
-    ref_out, ref_lse = tileattn.attention(q, k, v, causal=causal, return_lse=True)
+    s = torch.randn(4, generator=g).requires_grad_() if sinks else None
+    leaves = (q, k, v) + ((s,) if sinks else ())
+    out, lse = ring_attention(q, k, v, causal=causal, layout=layout, return_lse=True, sinks=s)
+    ref_out, ref_lse = tileattn.attention(q, k, v, causal=causal, return_lse=True, sinks=s)
+    assert lse.dtype == ref_lse.dtype == torch.float32
     assert max_error(out, ref_out) <= FLOOR[torch.float64] and max_error(lse, ref_lse) == 0
-    grads = torch.autograd.grad((out.sum() + lse.sum()), (q, k, v))
-    ref_grads = torch.autograd.grad((ref_out.sum() + ref_lse.sum()), (q, k, v))
+    grads = torch.autograd.grad((out.sum() + lse.sum()), leaves)
+    ref_grads = torch.autograd.grad((ref_out.sum() + ref_lse.sum()), leaves)
     for a, b in zip(grads, ref_grads):
         assert max_error(a, b) <= FLOOR[torch.float64]
 

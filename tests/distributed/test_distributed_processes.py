@@ -92,6 +92,7 @@ def _cases(w: int) -> list[Case]:
         Case(w, "zigzag", False, "fp32", 2, 2, 2, 6, 64, dv=32, lse="value"),
         Case(w, "contiguous", True, "fp64", 1, 3, 1, 5, 40, dv=56),
         Case(w, "contiguous", False, "fp32", 1, 4, 2, 7, 40, dv=56, sinks=True, strided=True),
+        Case(w, "zigzag", True, "fp64", 1, 4, 2, 6, 16, dv=8, lse="value", sinks=True),   # folded in float64
     ]
 
 
@@ -205,6 +206,9 @@ def _case_worker(rank: int, world: int, port: int, outdir: str) -> None:
         "causal-mismatch": lambda: ring_attention(x, x, x, causal=rank == 0),
         "scale-mismatch": lambda: ring_attention(x, x, x, scale=0.5 if rank == 0 else 0.25),
         "dv-mismatch": lambda: ring_attention(x, x, x[..., :6] if rank == 0 else x),
+        # rank 0 passes sinks, the others none; then every rank sinks, rank 0's different
+        "sinks-missing": lambda: ring_attention(x, x, x, sinks=torch.zeros(x.shape[1]) if rank == 0 else None),
+        "sinks-values": lambda: ring_attention(x, x, x, sinks=torch.full((x.shape[1],), float(rank == 0))),
     }
     for name, call in bad.items():
         try:
@@ -288,7 +292,8 @@ def test_ring_matches_single_process(case, ring_results):
         want_dtype = torch.float32 if name in ("lse", "dsinks") else dtype
         assert got is not None, name
         assert got.shape == ref64[i].shape and got.dtype == want_dtype, name
-        floor = 1e-6 if name == "lse" and dtype == torch.float64 else None
+        # float32 results of float64 inputs (dsinks: each rank's float32 share, summed here)
+        floor = 1e-6 if name in ("lse", "dsinks") and dtype == torch.float64 else None
         _, allowed = check_accuracy(f"{case.id} {name}", got, ref64[i], lowp[i], dtype, floor=floor)
         err = max_error(got, single[i])
         assert err <= allowed, f"{case.id} {name}: {err:.3e} from single-process tileattn.attention (> {allowed:.3e})"
@@ -334,9 +339,12 @@ def test_profile_records_every_step(case, ring_results):
     ("causal-mismatch", "all", "causal: the ranks' calls disagree on the causal flag"),
     ("scale-mismatch", "all", r"scale: .*softmax scale \(rank 0: 0\.5, rank 1: 0\.25"),
     ("dv-mismatch", "all", r"v: the ranks' calls disagree on the value head_dim \(rank 0: 6, rank 1: 8"),
+    ("sinks-missing", "all", r"sinks: the ranks' calls disagree on the sinks \(rank 0: given .*rank 1: none"),
+    ("sinks-values", "all", r"sinks: the ranks' calls disagree on the sinks \(rank 0: given \(check"),
     ("one-rank-rejects", "last", "layout must be one of"),
     ("one-rank-rejects", "others", r"rank\(s\) \[\d\] rejected their arguments"),
-], ids=["length-all", "causal-all", "scale-all", "dv-all", "rejects-last", "rejects-others"])
+], ids=["length-all", "causal-all", "scale-all", "dv-all", "sinks-none-all", "sinks-values-all", "rejects-last",
+        "rejects-others"])
 @pytest.mark.parametrize("world", [2, 4])
 def test_disagreeing_calls_fail_on_every_rank(world, name, who, match, ring_results):
     d = ring_results(world)

@@ -11,6 +11,8 @@ Tiny randomly initialised configs, no downloads:
   dim (so the scale is not 1/sqrt(D)), final logit softcapping.
 * Gemma 3 (text): head dim 256, sliding-window and global layers with their
   own rope bases, q/k norms, ``query_pre_attn_scalar`` != head dim.
+* Gemma 4 (text): head dim 256 on its sliding layers, 512 on its global
+  ones (scale 1, q/k norms).
 
 The weights are drawn at a larger ``initializer_range`` than the default
 (0.1): the scores then reach the softcap (Gemma 2's logits move by ~0.2
@@ -77,6 +79,16 @@ def _gemma2():
                         pad_token_id=0)
 
 
+def _gemma4():
+    from transformers import Gemma4TextConfig
+    return Gemma4TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=256, global_head_dim=512,
+                            sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"],
+                            hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB,
+                            max_position_embeddings=64, initializer_range=INIT, bos_token_id=1, eos_token_id=2,
+                            pad_token_id=0)
+
+
 def _gemma3():
     from transformers import Gemma3TextConfig
     return Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -90,17 +102,18 @@ def _gemma3():
 class Model:
     config: Callable
     ref: str                   # the float64 reference implementation
-    d: int                     # q/k head dim
-    dv: int                    # v head dim
+    dims: tuple                # (q/k head dim, v head dim) of each kind of layer, every one run on tileattn
     softcap: float | None
     sliding: bool              # whether layer 0 slides
     extra: tuple = ()          # from_config keywords
 
 
 MODELS = {
-    "deepseek-v3": Model(_deepseek_v3, "sdpa", 96, 64, None, False, (("experts_implementation", "eager"),)),
-    "gemma2": Model(_gemma2, REF64, 256, 256, 5.0, True),
-    "gemma3": Model(_gemma3, "sdpa", 256, 256, None, True),
+    "deepseek-v3": Model(_deepseek_v3, "sdpa", ((96, 64),), None, False, (("experts_implementation", "eager"),)),
+    "gemma2": Model(_gemma2, REF64, ((256, 256),), 5.0, True),
+    "gemma3": Model(_gemma3, "sdpa", ((256, 256),), None, True),
+    # Gemma 4: head dim 256 on the sliding layers, 512 on the global ones
+    "gemma4": Model(_gemma4, "sdpa", ((256, 256), (512, 512)), None, True),
 }
 ARCHS = sorted(MODELS)
 
@@ -184,14 +197,16 @@ def _check_calls(arch, calls, n):
     scales = {layer.self_attn.scaling for layer in m.model.layers}
     assert len(scales) == 1
     scale = scales.pop()
-    assert abs(scale - spec.d ** -0.5) > 1e-3 * scale   # not the default: the model's own
-    windows = set()
+    assert all(abs(scale - d ** -0.5) > 1e-3 * scale for d, _ in spec.dims)   # not the default: the model's own
+    windows, dims = set(), set()
     for q, k, v, kw in calls:
-        assert q[-1] == k[-1] == spec.d and v[-1] == spec.dv
+        assert q[-1] == k[-1] and (q[-1], v[-1]) in spec.dims
+        dims.add((q[-1], v[-1]))
         assert kw["causal"] is True and kw["scale"] == scale and kw.get("softcap") == spec.softcap
         if q[2] == n:
             windows.add(kw.get("window"))
     assert windows == ({(WINDOW - 1, 0), None} if spec.sliding else {None})
+    assert dims == set(spec.dims)
 
 
 # ---------------------------------------------------------------------------

@@ -139,16 +139,31 @@ def test_varlen_against_float64(path):
         check_accuracy(f"varlen {part}", got, r64, rlp, torch.float16)
 
 
+def _paged(cache, page, perm):
+    """(B, H, cap, D) as pages of ``page`` tokens in the order ``perm``, and its block table."""
+    b, h, cap, d = cache.shape
+    blocks = cache.reshape(b, h, cap // page, page, d).permute(0, 2, 1, 3, 4).reshape(-1, h, page, d)
+    pages = torch.empty_like(blocks)
+    pages[perm] = blocks
+    return pages, perm.reshape(b, cap // page).to(torch.int32)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("num_splits", [1, 3], ids=["one-split", "three-splits"])
-def test_kvcache_counts_the_sink_once(num_splits, path):
+def test_kvcache_counts_the_sink_once(num_splits, paged, path):
     g = torch.Generator().manual_seed(9 + SEED_OFFSET)
-    b, hq, hkv, d, cap = 2, 8, 2, 64, 300
+    b, hq, hkv, d, cap = 2, 8, 2, 64, 320
     lens = torch.tensor([0, 257], dtype=torch.int32, device=DEVICE)   # an empty cache: 0 and lse = sink
     k_cache, v_cache = (torch.randn(b, hkv, cap, d, generator=g).to(DEVICE, torch.float16) for _ in range(2))
     q = torch.randn(b, hq, 1, d, generator=g).to(DEVICE, torch.float16)
     sinks = torch.randn(hq, generator=g).to(DEVICE)
-    out, lse = tileattn.attention_with_kvcache(q, k_cache, v_cache, lens, sinks=sinks, num_splits=num_splits,
-                                               return_lse=True)
+    caches, table = (k_cache, v_cache), None
+    if paged:   # 32-token pages in shuffled order
+        perm = torch.randperm(b * cap // 32, generator=g).to(DEVICE)
+        (kp, table), (vp, _) = _paged(k_cache, 32, perm), _paged(v_cache, 32, perm)
+        caches = (kp, vp)
+    out, lse = tileattn.attention_with_kvcache(q, *caches, lens, sinks=sinks, num_splits=num_splits,
+                                               block_table=table, return_lse=True)
     for i, n in enumerate(lens.tolist()):
         kk, vv = k_cache[i:i + 1, :, :n], v_cache[i:i + 1, :, :n]
         ref, ref_lse = standard_attention(q[i:i + 1].double(), kk.double(), vv.double(), causal=True,

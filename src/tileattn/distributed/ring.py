@@ -48,10 +48,11 @@ _DKV_TAG = 1
 # ---------------------------------------------------------------------------
 _DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
 _FIELDS = ("status", "batch", "query heads", "key/value heads", "local sequence length", "head_dim",
-           "value head_dim", "dtype", "causal flag", "layout", "softmax scale", "gradient requirement")
+           "value head_dim", "dtype", "causal flag", "layout", "softmax scale", "gradient requirement", "sinks")
 _FIELD_ARGS = {"batch": "q", "query heads": "q", "key/value heads": "k, v", "local sequence length": "q, k, v",
                "head_dim": "q, k", "value head_dim": "v", "dtype": "q, k, v", "causal flag": "causal",
-               "layout": "layout", "softmax scale": "scale", "gradient requirement": "q, k, v"}
+               "layout": "layout", "softmax scale": "scale", "gradient requirement": "q, k, v",
+               "sinks": "sinks"}
 
 
 def _validate_local(q, k, v, causal, scale, layout, group, check_shards, profile) -> float:
@@ -81,13 +82,25 @@ def _validate_local(q, k, v, causal, scale, layout, group, check_shards, profile
     return scale
 
 
-def _meta_row(ok: bool, q, k, v, causal, scale, layout) -> list[int]:
+def _bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+def _sinks_check(sinks) -> int:
+    """-1 without sinks, else the bits of a position-weighted float64 sum of
+    their values (the ranks must pass the same sinks)."""
+    if sinks is None:
+        return -1
+    weights = torch.arange(1, sinks.numel() + 1, dtype=torch.float64, device=sinks.device)
+    return _bits((sinks.detach().double() * weights).sum())
+
+
+def _meta_row(ok: bool, q, k, v, causal, scale, layout, sinks=None) -> list[int]:
     if not ok:
         return [1] + [-1] * (len(_FIELDS) - 1)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    scale_bits = struct.unpack("<q", struct.pack("<d", float(scale)))[0]
     return [0, q.shape[0], q.shape[1], k.shape[1], q.shape[2], q.shape[3], v.shape[3], _DTYPE_CODES[q.dtype],
-            int(causal), LAYOUTS.index(layout), scale_bits, int(needs_grad)]
+            int(causal), LAYOUTS.index(layout), _bits(scale), int(needs_grad), _sinks_check(sinks)]
 
 
 def _shown(field: str, value: int):
@@ -99,6 +112,8 @@ def _shown(field: str, value: int):
         return LAYOUTS[value]
     if field in ("causal flag", "gradient requirement"):
         return bool(value)
+    if field == "sinks":
+        return "none" if value == -1 else f"given (check {value & 0xFFFFFFFF:08x})"
     return value
 
 
@@ -286,7 +301,7 @@ class _RingAttention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (causal, scale, layout, ring, profile)
         ctx.set_materialize_grads(False)
-        return out, lse.float()
+        return out, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -331,7 +346,7 @@ def ring_attention(q, k, v, *, group=None, causal=False, scale=None, layout="zig
         return_lse: also return the log-sum-exp over the whole sequence,
             float32 (B, Hq, N_local); differentiable.
         check_shards: first check, with one small all_gather, that all ranks
-            pass the same shapes, dtype and arguments (a mismatch raises the
+            pass the same shapes, dtype, arguments and sinks (a mismatch raises the
             same ValueError on every rank instead of a hang).  Costs a
             host synchronization; turn it off in a tuned training loop.
         profile: a :class:`RingProfile` that receives per-step compute and
@@ -359,7 +374,7 @@ def ring_attention(q, k, v, *, group=None, causal=False, scale=None, layout="zig
             _agree(ring, _meta_row(False, q, k, v, causal, scale, layout), _comm_device(group, q))
         raise
     if check_shards:
-        _agree(ring, _meta_row(True, q, k, v, causal, scale, layout), q.device)
+        _agree(ring, _meta_row(True, q, k, v, causal, scale, layout, sinks), q.device)
     out, lse = _RingAttention.apply(q, k, v, causal, scale, layout, ring, profile)
-    out, lse = with_sinks(out, lse, sinks)
-    return (out, lse) if return_lse else out
+    out, lse = with_sinks(out, lse, sinks)   # on float64 lse for float64 inputs
+    return (out, lse.float()) if return_lse else out
