@@ -13,15 +13,17 @@ floor.  Paths:
 Functions: ``attention`` (plain, causal with Nq != Nk, GQA), its variants
 (sliding window, softcap, ALiBi, block-sparse layouts), a V head dim below
 the Q/K one (DeepSeek's 192 / 128), head dim 512 (float32 where its tiles
-fit the GPU's shared memory, else skipped with the reason),
-``attention_varlen`` (also with a V head dim of its own),
-``attention_with_kvcache`` (also with a V head dim of its own, and the
-absorbed MLA layout: D = 576, one kv head, ``v_cache = k_cache[..., :512]``),
+fit the GPU's shared memory, else skipped with the reason; also as V's head
+dim beside Q/K's 128), ``attention_varlen`` (also with a V head dim of its
+own, and with sinks), ``attention_with_kvcache`` (also with a V head dim of
+its own, with sinks over three splits, and the absorbed MLA layout: D = 576,
+one kv head, ``v_cache = k_cache[..., :512]``),
 ``scaled_dot_product_attention`` (against torch's SDPA), attention sinks
-(gradients of the sinks included) and, when transformers is installed, a
+(gradients of the sinks included; also with a V head dim of its own) and, when transformers is installed, a
 tiny Llama, a tiny gpt-oss (sinks, sliding windows), a tiny DeepSeek-V3 (a V
 head dim below the Q/K one) and a tiny Gemma 2 (head dim 256, softcap,
-sliding windows) with ``attn_implementation="tileattn"``.  The entries and
+sliding windows) and a tiny Gemma 4 (head dim 256 sliding, 512 global) with
+``attn_implementation="tileattn"``.  The entries and
 their shapes: ``tileattn.check_cases``.
 
 The kernels run the first config of their tables that fits

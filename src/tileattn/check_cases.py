@@ -105,22 +105,26 @@ def _dense_check(b, hq, hkv, nq, nk, d, causal, dv=None, **variant):
     return run
 
 
-def _sinks_check(b, hq, hkv, nq, nk, d, causal):
-    """Attention sinks: out and the gradients of q, k, v and the sinks."""
+def _sinks_check(b, hq, hkv, nq, nk, d, causal, dv=None):
+    """Attention sinks: out and the gradients of q, k, v and the sinks; ``dv``:
+    V's head dim (default d)."""
+    dv = d if dv is None else dv
+
     def run(dtype, device, gen):
         import tileattn
         from .reference import standard_attention
-        q, k, v, do = _qkv_do(b, hq, hkv, nq, nk, d, d, dtype, device, gen)
+        q, k, v, do = _qkv_do(b, hq, hkv, nq, nk, d, dv, dtype, device, gen)
         sinks = _randn((hq,), torch.float32, device, gen, scale=2.0)
         pairs = _fwd_bwd_pairs(lambda q, k, v, s: tileattn.attention(q, k, v, causal=causal, sinks=s),
                                lambda q, k, v, s: standard_attention(q, k, v, causal=causal, sinks=s),
                                (q, k, v, sinks), do, dtype, names=("out", "dq", "dk", "dv", "dsinks"))
-        return _dense_shape(b, hq, hkv, nq, nk, d, d, causal), pairs
+        return _dense_shape(b, hq, hkv, nq, nk, d, dv, causal), pairs
     return run
 
 
-def _varlen_check(lengths, hq, hkv, d, causal, dv=None):
-    """``attention_varlen`` forward and backward; ``dv``: V's head dim (default d)."""
+def _varlen_check(lengths, hq, hkv, d, causal, dv=None, sinks=False):
+    """``attention_varlen`` forward and backward; ``dv``: V's head dim (default
+    d); ``sinks``: with attention sinks (and their gradient)."""
     dv = d if dv is None else dv
 
     def run(dtype, device, gen):
@@ -132,19 +136,22 @@ def _varlen_check(lengths, hq, hkv, d, causal, dv=None):
         k = _randn((total, hkv, d), dtype, device, gen)
         v = _randn((total, hkv, dv), dtype, device, gen)
         do = _randn((total, hq, dv), dtype, device, gen)
+        extra = (_randn((hq,), torch.float32, device, gen, scale=2.0),) if sinks else ()
         pairs = _fwd_bwd_pairs(
-            lambda q, k, v: tileattn.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal),
-            lambda q, k, v: standard_attention_varlen(q, k, v, cu, cu, causal=causal),
-            (q, k, v), do, dtype)
+            lambda q, k, v, *s: tileattn.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal,
+                                                          sinks=s[0] if s else None),
+            lambda q, k, v, *s: standard_attention_varlen(q, k, v, cu, cu, causal=causal, sinks=s[0] if s else None),
+            (q, k, v) + extra, do, dtype, names=("out", "dq", "dk", "dv", "dsinks")[:4 + len(extra)])
         return f"{'+'.join(map(str, lengths))} H{hq}:{hkv} {_dims(d, dv)}{' causal' if causal else ''}", pairs
     return run
 
 
-def _kvcache_check(seqlens, n_new, hq, hkv, d, capacity, dv=None, shared=False):
+def _kvcache_check(seqlens, n_new, hq, hkv, d, capacity, dv=None, shared=False, sinks=False, num_splits=0):
     """``attention_with_kvcache`` after appending ``n_new`` tokens to each
     sequence; ``dv``: V's head dim (default d); ``shared``: v_cache is
     k_cache[..., :dv] (the absorbed MLA layout: each key's first dv channels
-    are its value, and only k_new is appended)."""
+    are its value, and only k_new is appended); ``sinks``: with attention
+    sinks (counted once whatever ``num_splits``)."""
     dv = d if dv is None else dv
 
     def run(dtype, device, gen):
@@ -157,17 +164,21 @@ def _kvcache_check(seqlens, n_new, hq, hkv, d, capacity, dv=None, shared=False):
         k_new = _randn((b, hkv, n_new, d), dtype, device, gen)
         v_new = None if shared else _randn((b, hkv, n_new, dv), dtype, device, gen)
         lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
+        s = _randn((hq,), torch.float32, device, gen, scale=2.0) if sinks else None
         with torch.no_grad():
-            out = tileattn.attention_with_kvcache(q, k_cache, v_cache, lens, k_new=k_new, v_new=v_new, causal=True)
+            out = tileattn.attention_with_kvcache(q, k_cache, v_cache, lens, k_new=k_new, v_new=v_new, causal=True,
+                                                  sinks=s, num_splits=num_splits)
         pairs = []
         for i, n in enumerate(seqlens):  # the reference: each sequence after the append, bottom-right causal
             kk = torch.cat((k_cache[i:i + 1, :, :n], k_new[i:i + 1]), dim=2)
             vv = kk[..., :dv] if shared else torch.cat((v_cache[i:i + 1, :, :n], v_new[i:i + 1]), dim=2)
-            low = standard_attention(q[i:i + 1], kk, vv, causal=True)
-            ref = standard_attention(q[i:i + 1].double(), kk.double(), vv.double(), causal=True)
+            low = standard_attention(q[i:i + 1], kk, vv, causal=True, sinks=s)
+            ref = standard_attention(q[i:i + 1].double(), kk.double(), vv.double(), causal=True,
+                                     sinks=None if s is None else s.double())
             pairs.append((f"out[{i}]", out[i:i + 1], ref, low))
         layout = f" v = k[..., :{dv}]" if shared else ""
-        return f"cache {'/'.join(map(str, seqlens))}+{n_new} H{hq}:{hkv} {_dims(d, dv)}{layout}", pairs
+        splits = f" {num_splits} splits" if num_splits else ""
+        return f"cache {'/'.join(map(str, seqlens))}+{n_new} H{hq}:{hkv} {_dims(d, dv)}{layout}{splits}", pairs
     return run
 
 
@@ -243,6 +254,16 @@ def _gemma2_config():
     return cfg, {}, "eager"
 
 
+def _gemma4_config():
+    """Head dim 256 on the sliding layers, 512 on the global ones (Gemma 4)."""
+    from transformers import Gemma4TextConfig
+    cfg = Gemma4TextConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=256, global_head_dim=512,
+                           sliding_window=5, layer_types=["sliding_attention", "full_attention"],
+                           hidden_size_per_layer_input=16, vocab_size_per_layer_input=97, max_position_embeddings=64)
+    return cfg, {}, "sdpa"
+
+
 def _transformers_check(make_config):
     def run(dtype, device, gen):
         try:
@@ -288,14 +309,19 @@ CHECKS = (
     Check("attention blocks", _dense_check(1, 2, 2, 160, 300, 32, causal=False, block_mask="make"),
           interpreter=False),
     Check("attention sinks", _sinks_check(1, 4, 2, 70, 30, 32, causal=True)),
+    Check("attention sinks head dim v", _sinks_check(1, 4, 1, 45, 45, 64, causal=False, dv=40)),
     # DeepSeek's MLA training and prefill: V narrower than Q/K (its head dims)
     Check("attention head dim v", _dense_check(1, 4, 2, 40, 56, 192, causal=True, dv=128)),
     # the widest training head dim (float32 only where its tiles fit the GPU's shared memory)
     Check("attention head dim 512", _dense_check(1, 2, 1, 33, 70, 512, causal=True)),
+    Check("attention head dim 512 v", _dense_check(1, 2, 1, 35, 20, 128, causal=False, dv=512)),
     Check("varlen", _varlen_check((17, 1, 40, 0, 23), 4, 2, 32, causal=True)),
     Check("varlen head dim v", _varlen_check((9, 0, 30), 4, 2, 32, causal=True, dv=48)),  # V wider, padded
+    Check("varlen sinks", _varlen_check((12, 0, 25), 4, 2, 32, causal=True, sinks=True)),
     Check("kvcache", _kvcache_check((0, 13, 70), 3, 4, 2, 32, capacity=96)),
     Check("kvcache head dim v", _kvcache_check((13, 40), 2, 4, 2, 64, capacity=48, dv=32)),
+    # the split combine must count each row's sink once (an empty cache's row: lse = its sink)
+    Check("kvcache sinks", _kvcache_check((0, 29, 60), 1, 4, 2, 32, capacity=64, sinks=True, num_splits=3)),
     # DeepSeek-V3's absorbed MLA decoding: one kv head, D = 576, V the keys' first 512 channels
     Check("kvcache absorbed mla", _kvcache_check((0, 37, 70), 1, 16, 1, 576, capacity=80, dv=512, shared=True)),
     Check("sdpa drop-in", _sdpa_check(1, 4, 2, 50, 20, 32)),
@@ -304,4 +330,5 @@ CHECKS = (
     Check("transformers deepseek-v3", _transformers_check(_deepseek_v3_config), paths=("auto",),
           interpreter=False),
     Check("transformers gemma2", _transformers_check(_gemma2_config), paths=("auto",), interpreter=False),
+    Check("transformers gemma4", _transformers_check(_gemma4_config), paths=("auto",), interpreter=False),
 )
