@@ -70,6 +70,8 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
             raw logit (not scaled) and carries no value.  The returned lse is
             the log of that whole denominator, so a row that sees no key
             returns 0 and lse = sinks[h].  Combines with every variant.
+            A sink of -inf is no sink for its head; the values are not
+            checked for being finite (that would wait for the device).
         deterministic: which backward the kernels run.  True: dK/dV and
             dQ by separate kernels, bitwise reproducible.  False: one kernel
             computes dK/dV and adds dQ into a float32 sum with atomics
