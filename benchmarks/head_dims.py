@@ -13,8 +13,6 @@ out of shared memory) is reported as refused with its error, not dropped.
 turned off: the two beside each other say where the dispatch should switch.
 ``tileattn-one-by-one`` (on request only): the Hopper kernels' causal grids
 one (row, batch) pair after another (``group_rows=1``, before v34).
-``tileattn-dq-pairs`` (on request only): the 192/128 backward forming dQᵀ
-for two query tiles at once (``HopperBwdConfig.dq_pairs``, perf-notes v36).
 
 TFLOP/s by ``tileattn.cost.attention_flops`` (with ``head_dim_v``); ratios
 are against FlexAttention measured in the same run: its default tiles, or
@@ -70,7 +68,6 @@ def providers() -> dict:
             "tileattn": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
             "tileattn-portable": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
             "tileattn-one-by-one": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
-            "tileattn-dq-pairs": lambda q, k, v, causal: tileattn.attention(q, k, v, causal=causal),
             "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
             "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
             "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
@@ -80,9 +77,6 @@ def providers() -> dict:
 TABLE_VARIANTS = {
     # the Hopper kernels' causal grids one (row, batch) pair's blocks after another (before perf-notes v34)
     "tileattn-one-by-one": lambda dims, c: dataclasses.replace(c, group_rows=1),
-    # the 192/128 backward's dQᵀ for two query tiles at once (perf-notes v36)
-    "tileattn-dq-pairs": lambda dims, c: (dataclasses.replace(c, dq_pairs=True)
-                                          if dims == (192, 128) and isinstance(c, configs.HopperBwdConfig) else c),
 }
 
 

@@ -33,7 +33,7 @@ one-program-a-tile config, whatever the persistent bound says).
 
     python benchmarks/vs_cudnn.py [--mode fwd|bwd] [--head-dim 64 128] [--seqlen 2048 ...]
                                   [--dtype bf16] [--group 1] [--rounds 3] [--configs | --order | --sinks] [--memory]
-                                  [--json out.json] [--plot DIR]
+                                  [--only REGEX] [--json out.json] [--plot DIR]
     python benchmarks/vs_cudnn.py --replot a.json [b.json ...] --plot DIR [--tree REV]
 """
 from __future__ import annotations
@@ -43,6 +43,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import re
 import statistics
 
 import torch
@@ -77,9 +78,7 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
            "sdpa-flash": sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION),
            "portable": portable}
     d64 = dict(num_stages=2, pingpong=False)   # the table's (ping-pong turns on: v26, lost)
-    variants = {64: [d64, dict(d64, persistent=True), dict(d64, persistent=True, defer_o=True),
-                     dict(d64, rowsum_mma=True), dict(d64, persistent=True, rowsum_mma=True),
-                     dict(d64, persistent=True, defer_o=True, rowsum_mma=True)],
+    variants = {64: [d64, dict(d64, persistent=True), dict(d64, persistent=True, defer_o=True)],
                 128: [dict(num_stages=2), dict(num_stages=2, persistent=True),
                       dict(num_stages=2, persistent=True, defer_o=True), dict(num_stages=3),
                       dict(num_stages=2, pingpong=False)]}
@@ -257,6 +256,11 @@ def _bwd_step(fn, q, k, v, do, causal, sums: bool = False):
     return step
 
 
+def _only(named: dict, pattern: str | None) -> dict:
+    """The entries whose name matches ``pattern`` (all without one), and always sdpa-cudnn (the baseline)."""
+    return {name: x for name, x in named.items() if pattern is None or name == "sdpa-cudnn" or re.search(pattern, name)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
@@ -277,6 +281,8 @@ def main():
     ap.add_argument("--replot", nargs="+", default=None, metavar="JSON",
                     help="draw --plot's figures from earlier --json files instead of timing")
     ap.add_argument("--tree", default=None, help="the commit the rows were measured on (figure titles)")
+    ap.add_argument("--only", default=None, metavar="REGEX",
+                    help="time only the providers whose name matches (sdpa-cudnn, the baseline, always)")
     args = ap.parse_args()
     if args.replot:
         if not args.plot:
@@ -299,6 +305,7 @@ def main():
             provs = providers(d, "order" if args.order else args.configs) if args.mode == "fwd" else bwd_providers()
             if args.order:   # the grid orders beside the default call and cuDNN only
                 provs.pop("tileattn-deterministic", None)
+        provs = _only(provs, args.only)
         for causal in map(bool, args.causal):
             for n in args.seqlen:
                 b, h = max(1, 16384 // n), 2048 // d
@@ -315,7 +322,7 @@ def main():
                     steps = {name: _bwd_step(fn, q, k, v, do, causal, sums=name.endswith("-dS-sums"))
                              for name, fn in provs.items()}
                     if args.configs or args.order:
-                        steps.update(bwd_config_steps(q, k, v, do, causal, order=args.order))
+                        steps.update(_only(bwd_config_steps(q, k, v, do, causal, order=args.order), args.only))
                     ref = [g.float() for g in steps["sdpa-cudnn"]()]
                     for name, step in steps.items():
                         errs[name] = max(float((g.float() - r).abs().max()) for g, r in zip(step(), ref))

@@ -328,7 +328,6 @@ class HopperFwdConfig:
     pingpong: bool = True       # the two warpgroups take turns issuing their products
     persistent: bool = False    # d <= 128: one program an SM walks query tiles; the next tile's Q lands under this one
     defer_o: bool = False       # persistent, no remainder: O's copy out of its Q buffer waited on under the next tile
-    rowsum_mma: bool = False    # the softmax's row sums as P x ones on the tensor cores (else FP32 adds)
     group_rows: int | None = None   # causal, not persistent: as HopperBwdConfig's (query tiles of G (head, batch))
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
@@ -337,7 +336,7 @@ class HopperFwdConfig:
     @property
     def name(self) -> str:
         flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent), ("-dfo", self.defer_o),
-                 ("-rsm", self.rowsum_mma), (f"-g{self.group_rows}", self.group_rows))
+                 (f"-g{self.group_rows}", self.group_rows))
         return f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}" + "".join(f for f, on in flags if on)
 
 
@@ -351,7 +350,6 @@ class HopperBwdConfig:
     pair_blocks: bool | None = None  # causal, d = 64/128: key blocks j, n-1-j a program (None: pairs_pay)
     stats_tma: bool = False     # d = 64/128: lse₂ and Δ by the copy engine into shared memory (else loads)
     dq_turns: bool = False      # d = 64/128: the warpgroups take turns forming a tile's whole dQ (else half each)
-    dq_pairs: bool = False      # QK 192 / V 128: dQᵀ of two query tiles at once (64 queries wide, else one tile)
     head_slices: int | None = None  # GQA, d = 64/128: grid rows a kv head (None: launch.hopper.head_slices)
     group_rows: int | None = None   # causal: grid rows whose key blocks go out together (None: launch.grid_order)
     num_warps: int = 4          # per compute warpgroup (the default partition)
@@ -361,7 +359,6 @@ class HopperBwdConfig:
     @property
     def name(self) -> str:
         on = (("-dks", self.dk_from_smem), ("-ds", self.defer_sums), ("-st", self.stats_tma), ("-dqt", self.dq_turns),
-              ("-dqp", self.dq_pairs),
               ("-paired", self.pair_blocks is True), ("-unpaired", self.pair_blocks is False),
               (f"-hs{self.head_slices}", self.head_slices is not None), (f"-g{self.group_rows}", self.group_rows))
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}" + "".join(f for f, x in on if x)

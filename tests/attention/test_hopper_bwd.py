@@ -61,9 +61,6 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((128, 128), HopperBwdConfig(stats_tma=True, head_slices=2, group_rows=4)),
     ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True, group_rows=2)),
     ((192, 128), HopperBwdConfig(block_m=32, num_stages=2, group_rows=4)),
-    # 192/128: dQᵀ of a pair of query tiles at once (64 queries wide), one pair after another and grouped
-    ((192, 128), HopperBwdConfig(block_m=32, num_stages=2, dq_pairs=True)),
-    ((192, 128), HopperBwdConfig(block_m=32, num_stages=2, dq_pairs=True, group_rows=4)),
     ((256, 256), HopperBwdConfig(block_m=64, block_n=32, num_stages=1, group_rows=4))]
 # the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D <= 128)
 SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1] <= 128]
@@ -87,19 +84,17 @@ def _expected_shared(dims, cfg, sinks=False):
     program's K and V, the Q and dO slots, two dSᵀ buffers and the float32
     dQ staging (two column halves, or two whole tiles with ``dq_turns``
     unless the kernel sums dS; the wide kernel: two 64-row chunks a
-    warpgroup at 32-query tiles, one at 64, and with ``dq_pairs`` dS and
-    the chunks of two tiles at once; the split kernel, d = 256: two
+    warpgroup at 32-query tiles, one at 64; the split kernel, d = 256: two
     chunks a warpgroup, and two Pᵀ buffers beside dSᵀ's); with ``stats_tma``
     each slot's lse₂ and Δ rows."""
     d, dv = dims
     split = d == dv and d > 128
     kv = 2 * cfg.block_n * (d + dv) * 2
     ring = cfg.num_stages * cfg.block_m * (d + dv) * 2
-    tiles = 2 if cfg.dq_pairs else 1   # query tiles a dS buffer and a staging buffer hold
-    ds = (2 if split else 1) * 2 * (2 * cfg.block_n * tiles * cfg.block_m * 2)
+    ds = (2 if split else 1) * 2 * (2 * cfg.block_n * cfg.block_m * 2)
     dq_width = d if cfg.dq_turns and not sinks else d // 2
     chunks = 4 if cfg.block_m <= 32 or split else 2
-    dq = chunks * 64 * tiles * cfg.block_m * 4 if dv != d or split else 2 * cfg.block_m * dq_width * 4
+    dq = chunks * 64 * cfg.block_m * 4 if dv != d or split else 2 * cfg.block_m * dq_width * 4
     stats = 2 * cfg.num_stages * cfg.block_m * 4 if cfg.stats_tma else 0
     return kv + ring + ds + dq + stats
 
@@ -227,31 +222,6 @@ def test_dq_turns_box(sums):
     args = launch_hopper._bwd_args(t, t, t, t, f, t, t, lse, lse, False, 1.0, cfg,
                                    torch.empty(1, 2, 256) if sums else None)
     assert list(args["dq_desc"].block_shape) == [1, 1, cfg.block_m, 32 if sums else 64]
-
-
-@pytest.mark.parametrize("pairs", [False, True], ids=["one-tile", "pairs"])
-def test_dq_pairs_box(pairs):
-    """``dq_pairs`` reaches the wide kernel as a constexpr and as the dQ
-    sum's box: 64 rows of the head dim by one query tile, or by two."""
-    cfg = HopperBwdConfig(block_m=32, num_stages=2, dq_pairs=pairs)
-    q, k = torch.empty(1, 2, 256, 192, dtype=torch.bfloat16), torch.empty(1, 2, 256, 192, dtype=torch.bfloat16)
-    v, lse = torch.empty(1, 2, 256, 128, dtype=torch.bfloat16), torch.empty(1, 2, 256)
-    args = launch_hopper._wide_bwd_args(v, q, k, v, launch_hopper.dq_sum_transposed(q), k, v, lse, lse, True,
-                                        1.0, cfg)
-    assert args["DQ_PAIRS"] is pairs
-    assert list(args["dq_desc"].block_shape) == [1, 1, 64, 64 if pairs else 32]
-
-
-@pytest.mark.parametrize("dims", [(64, 64), (128, 128), (256, 256)], ids=["d64", "d128", "d256"])
-def test_dq_pairs_refused_off_the_wide_kernel(dims):
-    """``dq_pairs`` on a kernel other than the wide one: a ValueError naming
-    the config before any launch (CPU tensors: nothing reaches a kernel)."""
-    d, dv = dims
-    q = torch.zeros(1, 2, 256, d, dtype=torch.bfloat16)
-    rows = torch.zeros(1, 2, 256)
-    with pytest.raises(ValueError, match="config: dq_pairs"):
-        launch_hopper.attn_bwd_dkdv(q, q, q, q, torch.zeros(1, 2, 256, d), torch.empty_like(q), torch.empty_like(q),
-                                    rows, rows, True, 0.125, HopperBwdConfig(dq_pairs=True))
 
 
 @needs_hopper

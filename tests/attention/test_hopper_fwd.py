@@ -48,11 +48,6 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, persistent=True, defer_o=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, persistent=True, defer_o=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, overlap=False, persistent=True, defer_o=True)),
-    # the row sums as P x ones on the tensor cores (both loop forms, ping-pong, persistent)
-    ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, rowsum_mma=True)),
-    ((64, 64), HopperFwdConfig(num_stages=2, overlap=False, rowsum_mma=True)),
-    ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, persistent=True, defer_o=True, rowsum_mma=True)),
-    ((128, 128), HopperFwdConfig(num_stages=2, rowsum_mma=True)),
     # causal: the query tiles of 2, 4 and all 8 of the test's (head, batch) pairs at a time
     ((128, 128), HopperFwdConfig(num_stages=2, group_rows=2)),
     ((192, 128), HopperFwdConfig(num_stages=2, group_rows=4)),
@@ -115,8 +110,6 @@ def test_compiles_for_sm90(reports, dims, cfg, causal, name):
     assert not rep["wgmma_serialized"], "ptxas serialized the warpgroup MMAs (C7512: too few registers)"
     q_tiles = 4 if cfg.persistent else 2   # persistent: the next work item's Q lands in a second pair
     expect = q_tiles * cfg.block_m * head_dim * 2 + cfg.num_stages * cfg.block_n * (head_dim + head_dim_v) * 2
-    if cfg.rowsum_mma:
-        expect += 2 * 8 * cfg.block_n * 2   # each softmax warpgroup's tile of ones
     if name.endswith("-remainder") and launch_hopper.remainder_staged(head_dim, head_dim_v, cfg):
         expect += 2 * cfg.block_m * head_dim_v * 2   # the remainder's two staging tiles
     assert expect <= rep["shared"] <= expect + 1024, \

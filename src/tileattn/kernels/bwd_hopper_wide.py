@@ -17,15 +17,6 @@ A copy box is a power of two wide, so Q and K come as two pieces (V's width,
 ``HEAD_DIM_V``, and ``TAIL_DIM``), each with its own descriptor and buffers;
 Sᵀ = K Qᵀ is two products into one accumulator and dK two accumulators.
 
-With ``DQ_PAIRS`` (``HopperBwdConfig.dq_pairs``) the walk takes query tiles
-in pairs: each stores its dS (queries x keys) into the pair's buffer, and
-after the second the warpgroups form dQᵀ for both tiles at once, 64
-queries wide, with both operands in shared memory (a 32-wide product of two
-shared operands runs at about 2/3 of the tensor cores' rate: shared memory
-cannot feed it faster).  The tail's chunk then waits for the first to be
-staged (both 64-wide accumulators at once serialized the MMAs and spilled
-836 B).
-
 Partitions, barriers, masking and edges are those of ``bwd_hopper.py``
 (the shared pieces are in ``bwd_hopper_common.py``): a
 program owns ``2 * BLOCK_N`` keys (``BLOCK_N`` per compute warpgroup), a load
@@ -64,42 +55,13 @@ def _stage_dqt(dqt, dq_stage, dq_desc, off_b, hq, m, row0, BLOCK_M: gl.constexpr
 
 
 @gluon.jit
-def _pair_dqt(WG: gl.constexpr, p, k_cols, kt_all, pair_buf, ds_bars, dq_smem, dq_desc, off_b, hq, m0,
-              BLOCK_M: gl.constexpr, HEAD_DIM_V: gl.constexpr, DQ_BUFS: gl.constexpr):
-    """``DQ_PAIRS``: once both warpgroups stored their halves of both tiles of
-    pair ``p`` (queries [m0, m0 + 2 * BLOCK_M) x the program's keys, in
-    ``pair_buf``), this warpgroup's chunk of dQᵀ over the pair's queries and,
-    on every other pair, the tail's (64 queries wide: both operands come from
-    shared memory at the tensor cores' full rate, where a 32-wide product
-    runs at about 2/3 of it)."""
-    QW: gl.constexpr = 2 * BLOCK_M
-    q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, QW, 16])
-    gl.thread_barrier()
-    mbarrier.arrive(ds_bars.index(p % 2), count=1)
-    mbarrier.wait(ds_bars.index(p % 2), (p // 2) & 1)
-    ds_t = pair_buf.permute([1, 0])   # keys x queries
-    zero_q = gl.zeros([CHUNK, QW], gl.float32, q_layout)
-    dqt = warpgroup_mma(k_cols.permute([1, 0]), ds_t, zero_q, use_acc=False, is_async=True)
-    dqt = warpgroup_mma_wait(0, deps=[dqt])
-    tma.store_wait(0)   # the previous pair's reduces have read the staging buffers
-    _stage_dqt(dqt, dq_smem.index(DQ_BUFS * WG), dq_desc, off_b, hq, m0, WG * CHUNK, QW)
-    if p % 2 == WG:
-        dqt2 = warpgroup_mma(kt_all.permute([1, 0]), ds_t, zero_q, use_acc=False, is_async=True)
-        dqt2 = warpgroup_mma_wait(0, deps=[dqt2])
-        if DQ_BUFS == 1:   # one staging buffer: the first chunk's reduce must have read it
-            tma.store_wait(0)
-        _stage_dqt(dqt2, dq_smem.index(DQ_BUFS * WG + DQ_BUFS - 1), dq_desc, off_b, hq, m0, HEAD_DIM_V, QW)
-
-
-@gluon.jit
 def _compute_partition(WG: gl.constexpr, k_smem, kt_smem, v_smem, q_smem, qt_smem, do_smem, ds_smem, dq_smem,
                        kv_bar, q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                        stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                        off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr,
                        TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                       DQ_BUFS: gl.constexpr, DQ_PAIRS: gl.constexpr):
+                       DQ_BUFS: gl.constexpr):
     dtype: gl.constexpr = q_smem.dtype
     gl.static_assert(HEAD_DIM_V == 2 * CHUNK, "the first piece is two dQ chunks wide")
     gl.static_assert(TAIL_DIM == CHUNK, "the tail is one dQ chunk wide")
@@ -154,49 +116,32 @@ def _compute_partition(WG: gl.constexpr, k_smem, kt_smem, v_smem, q_smem, qt_sme
         ds16 = (pt * (dpt - delta[None, :])).to(dtype)
         dk = warpgroup_mma(gl.convert_layout(ds16, a_layout), q2, dk, is_async=True)
         dkt = warpgroup_mma(gl.convert_layout(ds16, at_layout), qt2, dkt, is_async=True)
-        if DQ_PAIRS:
-            # this tile's dS (queries x this warpgroup's keys) into its pair's buffer; the pair's dQᵀ
-            # chunks once its second tile is in
-            pair_buf = ds_smem.index((t // 2) % 2)
-            mine = pair_buf.slice(WG * BLOCK_N, BLOCK_N, dim=1)
-            if t % 2 == 0:   # (a slice's start is a constant)
-                mine.slice(0, BLOCK_M, dim=0).permute([1, 0]).store(ds16)
-            else:
-                mine.slice(BLOCK_M, BLOCK_M, dim=0).permute([1, 0]).store(ds16)
-            fence_async_shared()
-            dv, dk, dkt = warpgroup_mma_wait(0, deps=[dv, dk, dkt])
-            mbarrier.arrive(q_empty.index(s), count=1)
-            mbarrier.arrive(do_empty.index(s), count=1)
-            if t % 2 == 1:
-                _pair_dqt(WG, t // 2, k_cols, kt_all, pair_buf, ds_bars, dq_smem, dq_desc, off_b, hq, m - BLOCK_M,
-                          BLOCK_M, HEAD_DIM_V, DQ_BUFS)
+        # both halves of dSᵀ in shared memory, then the dQᵀ chunks from all the program's keys
+        ds_buf = ds_smem.index(t % 2)
+        ds_buf.slice(WG * BLOCK_N, BLOCK_N, dim=0).store(ds16)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(ds_bars.index(t % 2), count=1)
+        mbarrier.wait(ds_bars.index(t % 2), (t // 2) & 1)
+        # dQᵀ = Kᵀ dSᵀ: this warpgroup's chunk and, every other tile, the tail's
+        zero_q = gl.zeros([CHUNK, BLOCK_M], gl.float32, s_layout)
+        dqt = warpgroup_mma(k_cols.permute([1, 0]), ds_buf, zero_q, use_acc=False, is_async=True)
+        dv, dk, dkt, dqt = warpgroup_mma_wait(0, deps=[dv, dk, dkt, dqt])
+        mbarrier.arrive(q_empty.index(s), count=1)
+        mbarrier.arrive(do_empty.index(s), count=1)
+        # the previous tiles' reduces have read the staging buffers by now
+        tma.store_wait(0)
+        if t % 2 == WG:
+            # the tail's chunk runs on the tensor cores while this warpgroup's is staged
+            dqt2 = warpgroup_mma(kt_all.permute([1, 0]), ds_buf, zero_q, use_acc=False, is_async=True)
+            _stage_dqt(dqt, dq_smem.index(DQ_BUFS * WG), dq_desc, off_b, hq, m, WG * CHUNK, BLOCK_M)
+            dqt2 = warpgroup_mma_wait(0, deps=[dqt2])
+            if DQ_BUFS == 1:   # one staging buffer: the first chunk's reduce must have read it
+                tma.store_wait(0)
+            _stage_dqt(dqt2, dq_smem.index(DQ_BUFS * WG + DQ_BUFS - 1), dq_desc, off_b, hq, m, HEAD_DIM_V,
+                       BLOCK_M)
         else:
-            # both halves of dSᵀ in shared memory, then the dQᵀ chunks from all the program's keys
-            ds_buf = ds_smem.index(t % 2)
-            ds_buf.slice(WG * BLOCK_N, BLOCK_N, dim=0).store(ds16)
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(ds_bars.index(t % 2), count=1)
-            mbarrier.wait(ds_bars.index(t % 2), (t // 2) & 1)
-            # dQᵀ = Kᵀ dSᵀ: this warpgroup's chunk and, every other tile, the tail's
-            zero_q = gl.zeros([CHUNK, BLOCK_M], gl.float32, s_layout)
-            dqt = warpgroup_mma(k_cols.permute([1, 0]), ds_buf, zero_q, use_acc=False, is_async=True)
-            dv, dk, dkt, dqt = warpgroup_mma_wait(0, deps=[dv, dk, dkt, dqt])
-            mbarrier.arrive(q_empty.index(s), count=1)
-            mbarrier.arrive(do_empty.index(s), count=1)
-            # the previous tiles' reduces have read the staging buffers by now
-            tma.store_wait(0)
-            if t % 2 == WG:
-                # the tail's chunk runs on the tensor cores while this warpgroup's is staged
-                dqt2 = warpgroup_mma(kt_all.permute([1, 0]), ds_buf, zero_q, use_acc=False, is_async=True)
-                _stage_dqt(dqt, dq_smem.index(DQ_BUFS * WG), dq_desc, off_b, hq, m, WG * CHUNK, BLOCK_M)
-                dqt2 = warpgroup_mma_wait(0, deps=[dqt2])
-                if DQ_BUFS == 1:   # one staging buffer: the first chunk's reduce must have read it
-                    tma.store_wait(0)
-                _stage_dqt(dqt2, dq_smem.index(DQ_BUFS * WG + DQ_BUFS - 1), dq_desc, off_b, hq, m, HEAD_DIM_V,
-                           BLOCK_M)
-            else:
-                _stage_dqt(dqt, dq_smem.index(DQ_BUFS * WG), dq_desc, off_b, hq, m, WG * CHUNK, BLOCK_M)
+            _stage_dqt(dqt, dq_smem.index(DQ_BUFS * WG), dq_desc, off_b, hq, m, WG * CHUNK, BLOCK_M)
     tma.store_wait(0)
 
     # dK (both pieces) and dV of this warpgroup's keys (rows past N_K dropped)
@@ -221,18 +166,11 @@ def _attn_bwd_hopper_wide_kernel(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_de
                                  GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                                  HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
-                                 DQ_BUFS: gl.constexpr, N_ROWS=1, GROUPED: gl.constexpr = False,
-                                 DQ_PAIRS: gl.constexpr = False):
-    """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup.  With
-    ``DQ_PAIRS`` the query tiles come in pairs (the walk starts at a multiple
-    of 2 * BLOCK_M; a pair's rows past N_Q read as zeros and add nothing)."""
+                                 DQ_BUFS: gl.constexpr, N_ROWS=1, GROUPED: gl.constexpr = False):
+    """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup."""
     pid_n, off_hk, off_b, _ = _grid_coords(N_ROWS, GROUPED)
     start_n = pid_n * (2 * BLOCK_N)
-    if DQ_PAIRS:
-        m_lo, n_pairs = _query_tiles(start_n, N_Q, N_K, 2 * BLOCK_M, IS_CAUSAL)
-        n_m = 2 * n_pairs
-    else:
-        m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL)
+    m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL)
 
     dtype: gl.constexpr = q_desc.dtype
     k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
@@ -241,15 +179,11 @@ def _attn_bwd_hopper_wide_kernel(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_de
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
     qt_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + qt_desc.block_type.shape, qt_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
-    # dSᵀ of a tile (all the program's keys x BLOCK_M queries), or with DQ_PAIRS dS of a pair of tiles
-    # (2 * BLOCK_M queries x the keys, keys contiguous: dQᵀ's K-major operand), two buffers either way
-    DS_SHAPE: gl.constexpr = [2 * BLOCK_M, 2 * BLOCK_N] if DQ_PAIRS else [2 * BLOCK_N, BLOCK_M]
-    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(DS_SHAPE, dtype)
-    ds_smem = gl.allocate_shared_memory(dtype, [2] + DS_SHAPE, ds_layout)
-    # DQ_BUFS staging buffers per warpgroup (its own chunk and, every other tile or pair, the tail's)
-    QW: gl.constexpr = 2 * BLOCK_M if DQ_PAIRS else BLOCK_M
-    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CHUNK, QW], gl.float32)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS, CHUNK, QW], dq_layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BLOCK_N, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_N, BLOCK_M], ds_layout)
+    # DQ_BUFS staging buffers per warpgroup (its own chunk and, every other tile, the tail's)
+    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CHUNK, BLOCK_M], gl.float32)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS, CHUNK, BLOCK_M], dq_layout)
     kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty = _barriers(NUM_STAGES)
 
     # written out per partition: a tuple built by concatenation in the kernel loses its constexprs (triton 3.6)
@@ -258,12 +192,12 @@ def _attn_bwd_hopper_wide_kernel(q_desc, qt_desc, k_desc, kt_desc, v_desc, do_de
                               q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, DQ_BUFS, DQ_PAIRS)),
+                              BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, DQ_BUFS)),
         (_compute_partition, (1, k_smem, kt_smem, v_smem, q_smem, qt_smem, do_smem, ds_smem, dq_smem, kv_bar,
                               q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               off_b, off_hk, start_n, m_lo, n_m, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, DQ_BUFS, DQ_PAIRS)),
+                              BLOCK_M, BLOCK_N, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, DQ_BUFS)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                            q_empty, do_ready, do_empty, off_b, off_hk, off_hk * GROUP_SIZE, start_n, m_lo, n_m,
                            GROUP_SIZE, BLOCK_M, NUM_STAGES, qt_desc, kt_desc, qt_smem, kt_smem, TAIL_DIM, 0, kv_bar,

@@ -31,10 +31,7 @@ so the next item's first tiles land while this one's epilogue runs.  With
 ``DEFER_O`` (``HopperFwdConfig.defer_o``; not with the remainder) a softmax
 warpgroup does not wait for O's copy out of its Q buffer at the end of an
 item: the next item's first tile does, and hands the buffer back then (the
-loader needs it only for the item after next).  With ``ROWSUM_MMA``
-(``HopperFwdConfig.rowsum_mma``) the running row sums are a product P · ones
-on the tensor cores (``fwd_hopper_mma.py``) instead of FP32 adds and
-shuffles: the sums of the rounded P that multiplies V.
+loader needs it only for the item after next).
 
 The math is the portable kernel's (``fwd.py``): log2-unit scores
 (``qk_scale = scale * log2 e``), the same masked/unmasked split of the key
@@ -61,7 +58,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
 
 from .fwd_hopper_load import _grid_coords, _key_tiles, _load_partition, _unit_size, _unit_tile
-from .fwd_hopper_mma import _fill_ones, _issue_pv, _issue_qk, _wait_pv
+from .fwd_hopper_mma import _issue_pv, _issue_qk, _wait_pv
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
@@ -69,9 +66,8 @@ LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
 @gluon.jit
 def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, SUM: gl.constexpr = True):
-    """The running softmax of key tile ``j``: (p, alpha, m_new, l_new); the
-    row sum only with ``SUM`` (else the tensor cores form it).
+                  IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+    """The running softmax of key tile ``j``: (p, alpha, m_new, l_new).
 
     The max runs over the raw scores and is scaled once per row, so each
     score costs one fused multiply-add before its exp2: exp2(s * c - m * c)
@@ -91,21 +87,20 @@ def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.cons
         m_ref = m_new
     p = gl.exp2(qk * qk_scale - m_ref[:, None])
     alpha = gl.exp2(m_i - m_ref)
-    if SUM:
-        l_i = l_i * alpha + gl.sum(p, 1)
+    l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
 
 
 @gluon.jit
 def _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr,
-                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, SUM: gl.constexpr = True):
+                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """:func:`_softmax_step` with the mask where tile ``j`` needs one."""
     if j < n_full:
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
-                                           IS_CAUSAL, False, SUM)
+                                           IS_CAUSAL, False)
     else:
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
-                                           IS_CAUSAL, True, SUM)
+                                           IS_CAUSAL, True)
     return p, alpha, m_i, l_i
 
 
@@ -141,8 +136,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                   HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
-                  LO_STAGE: gl.constexpr, qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr,
-                  ones_smem, ROWSUM_MMA: gl.constexpr):
+                  LO_STAGE: gl.constexpr, qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
     is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
     the ring's ``kc``-th and whose first turn is the ``tc``-th.  Both
@@ -153,19 +147,13 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     ``LO_STAGE``, else in the Q tile after O's copy has read it.  With
     ``DEFER_O`` (persistent, no remainder) the copy of O out of the Q tile is
     not waited on here: the next item's first tile waits for it and releases
-    the buffer (``prev_qi``: the buffer this item releases so).  With
-    ``ROWSUM_MMA`` the row sums are a product with ``ones_smem``'s tile (the
-    tensor cores add the rounded P that multiplies V; the FP32 pipe and the
-    issue slots are spared ~70 instructions a tile)."""
+    the buffer (``prev_qi``: the buffer this item releases so)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM_V, 16])
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
-    l_row_layout: gl.constexpr = gl.SliceLayout(1, l_layout)
-    SUM: gl.constexpr = not ROWSUM_MMA
     row0 = start_m + WG * BLOCK_M
     n_full, _ = _key_tiles(row0, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
     offs_m = row0 + gl.arange(0, BLOCK_M, layout=row_layout)
@@ -177,13 +165,6 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
         l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
     acc = gl.zeros([BLOCK_M, HEAD_DIM_V], gl.float32, o_layout)
-    # ROWSUM_MMA: every column a row's sum, from the sink's 1 (or 0); unused without
-    lacc = gl.zeros([BLOCK_M, 8], gl.float32, l_layout)
-    if ROWSUM_MMA:
-        lacc += gl.convert_layout(l_i, l_row_layout)[:, None]
-        ones_t = ones_smem.index(WG).permute([1, 0])
-    else:   # unused
-        ones_t = ones_smem
 
     q_tile = q_smem.index(qi)
     mbarrier.wait(q_bars.index(qi), q_phase)
@@ -206,30 +187,24 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             mbarrier.arrive(k_empty.index(kc % NUM_STAGES), count=1)
             _release_q(q_empty, prev_qi, DEFER_O)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, 0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                               BLOCK_N, IS_CAUSAL, SUM)
-            if ROWSUM_MMA:   # the first tile's alpha rescales the start (the sink's 1; 0 without)
-                lacc = lacc * gl.convert_layout(alpha, l_row_layout)[:, None]
+                                               BLOCK_N, IS_CAUSAL)
             for j in range(1, n_tiles):
                 _my_turn(turns, tc + j, WG, PINGPONG)
                 qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc + j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                                TAIL_DIM, NUM_STAGES)
-                acc, lacc = _issue_pv(p, acc, lacc, v_smem, v_ready, ones_t, kc + j - 1, o_layout, l_layout, BLOCK_N,
-                                      HEAD_DIM_V, NUM_STAGES, ROWSUM_MMA)
+                acc = _issue_pv(p, acc, v_smem, v_ready, kc + j - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
                 _your_turn(turns, WG, PINGPONG)
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
                 p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                                   BLOCK_N, IS_CAUSAL, SUM)
-                acc, lacc = _wait_pv(acc, lacc, ROWSUM_MMA)
-                if ROWSUM_MMA:
-                    lacc = lacc * gl.convert_layout(alpha, l_row_layout)[:, None]
+                                                   BLOCK_N, IS_CAUSAL)
+                acc = _wait_pv(acc)
                 mbarrier.arrive(v_empty.index((kc + j - 1) % NUM_STAGES), count=1)
                 acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, tc + n_tiles, WG, PINGPONG)
-            acc, lacc = _issue_pv(p, acc, lacc, v_smem, v_ready, ones_t, kc + n_tiles - 1, o_layout, l_layout,
-                                  BLOCK_N, HEAD_DIM_V, NUM_STAGES, ROWSUM_MMA)
+            acc = _issue_pv(p, acc, v_smem, v_ready, kc + n_tiles - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
             _your_turn(turns, WG, PINGPONG)
-            acc, lacc = _wait_pv(acc, lacc, ROWSUM_MMA)
+            acc = _wait_pv(acc)
             mbarrier.arrive(v_empty.index((kc + n_tiles - 1) % NUM_STAGES), count=1)
     else:
         for j in range(n_tiles):
@@ -242,22 +217,17 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             if j == 0:
                 _release_q(q_empty, prev_qi, DEFER_O)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                               BLOCK_N, IS_CAUSAL, SUM)
+                                               BLOCK_N, IS_CAUSAL)
             acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, tc + 2 * j + 1, WG, PINGPONG)
-            if ROWSUM_MMA:
-                lacc = lacc * gl.convert_layout(alpha, l_row_layout)[:, None]
-            acc, lacc = _issue_pv(p, acc, lacc, v_smem, v_ready, ones_t, kc + j, o_layout, l_layout, BLOCK_N,
-                                  HEAD_DIM_V, NUM_STAGES, ROWSUM_MMA)
+            acc = _issue_pv(p, acc, v_smem, v_ready, kc + j, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
             _your_turn(turns, WG, PINGPONG)
-            acc, lacc = _wait_pv(acc, lacc, ROWSUM_MMA)
+            acc = _wait_pv(acc)
             mbarrier.arrive(v_empty.index((kc + j) % NUM_STAGES), count=1)
 
     if DEFER_O:
         if n_tiles == 0:   # no tile released the previous item's buffer
             _release_q(q_empty, prev_qi, DEFER_O)
-    if ROWSUM_MMA:   # the columns are equal: their max is the sum
-        l_i = gl.convert_layout(gl.max(lacc, 1), row_layout)
     # rows that saw no key: output 0, lse -inf (never 0/0)
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
@@ -293,14 +263,12 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                        HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                        LO_STAGE: gl.constexpr, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
-                       PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr, ones_smem, ROWSUM_MMA: gl.constexpr):
+                       PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr):
     """Softmax warpgroup ``WG``: its rows of the program's query tile, or
     with ``PERSISTENT`` of each of the program's work items in turn (Q
     buffers alternate between two pairs, released on ``q_empty`` once O's
     copy has read the buffer; the ring's and the turns' counts run on;
     ``DEFER_O``: the next item's first tile waits for that copy)."""
-    if ROWSUM_MMA:
-        _fill_ones(ones_smem.index(WG), BLOCK_N)
     if PERSISTENT:
         kc = gl.program_id(0) * 0
         tc = kc
@@ -316,7 +284,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                               v_empty, turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, qi, (it // 2) & 1,
-                              kc, tc, q_empty, prev_qi, DEFER_O, ones_smem, ROWSUM_MMA)
+                              kc, tc, q_empty, prev_qi, DEFER_O)
                 if DEFER_O:
                     prev_qi = qi
                 else:
@@ -334,7 +302,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                       turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                       PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, WG, 0, 0, 0, q_empty, -1,
-                      False, ones_smem, ROWSUM_MMA)
+                      False)
 
 
 @gluon.jit
@@ -346,8 +314,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             TAIL_DIM: gl.constexpr = 0, qt_desc=None, kt_desc=None, olo_desc=None,
                             WRITE_REMAINDER: gl.constexpr = False, LO_STAGE: gl.constexpr = False,
                             PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1,
-                            GROUPED: gl.constexpr = False, DEFER_O: gl.constexpr = False,
-                            ROWSUM_MMA: gl.constexpr = False):
+                            GROUPED: gl.constexpr = False, DEFER_O: gl.constexpr = False):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
@@ -378,11 +345,6 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
         lo_smem = gl.allocate_shared_memory(dtype, [2] + o_desc.block_type.shape, o_desc.layout)
     else:   # unused
         lo_smem = q_smem
-    if ROWSUM_MMA:   # each softmax warpgroup's BLOCK_N x 8 ones, stored K-major
-        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype)
-        ones_smem = gl.allocate_shared_memory(dtype, [2, 8, BLOCK_N], ones_layout)
-    else:   # unused
-        ones_smem = q_smem
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
     if TAIL_DIM > 0:
@@ -423,15 +385,13 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, q_empty,
-                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, ones_smem,
-                              ROWSUM_MMA)),
+                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, q_empty,
-                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, ones_smem,
-                              ROWSUM_MMA)),
+                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O)),
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                            BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES,

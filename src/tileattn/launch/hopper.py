@@ -127,7 +127,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
         NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks is not None,
-        ROWSUM_MMA=cfg.rowsum_mma, **extra))
+        **extra))
     return (o, lse) if o_lo is None else (o, lse, o_lo)
 
 
@@ -164,7 +164,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
                  LO_STAGE=remainder and remainder_staged(head_dim, dv, cfg), PERSISTENT=cfg.persistent,
-                 DEFER_O=cfg.persistent and cfg.defer_o and not remainder, ROWSUM_MMA=cfg.rowsum_mma)
+                 DEFER_O=cfg.persistent and cfg.defer_o and not remainder)
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
@@ -247,16 +247,13 @@ SLICE_MIN_KEYS = 4096   # the fewest keys at which slices were timed and won
 
 
 def check_slices(cfg: HopperBwdConfig, head_dim: int, head_dim_v: int) -> None:
-    """A ValueError for a ``head_slices``, ``group_rows`` or ``dq_pairs`` the launcher cannot run."""
+    """A ValueError for a ``head_slices`` or ``group_rows`` the launcher cannot run."""
     if cfg.group_rows is not None and (type(cfg.group_rows) is not int or cfg.group_rows < 1):
         raise ValueError(f"config: group_rows must be None or an int >= 1, got {cfg.group_rows!r}")
     if cfg.head_slices is not None and (type(cfg.head_slices) is not int or cfg.head_slices < 1
                                         or (transposed_dq(head_dim, head_dim_v) and cfg.head_slices > 1)):
         raise ValueError(f"config: head_slices must be None or an int >= 1 (1 when V's head dim differs from "
                          f"QK's or exceeds 128: those kernels walk whole groups), got {cfg.head_slices!r}")
-    if cfg.dq_pairs and (split_kernel(head_dim, head_dim_v) or not transposed_dq(head_dim, head_dim_v)):
-        raise ValueError("config: dq_pairs is the wide kernel's (V's head dim narrower than QK's), got head dims "
-                         f"{head_dim}/{head_dim_v}")
 
 
 def head_slices(q: torch.Tensor, k: torch.Tensor, causal: bool, cfg: HopperBwdConfig) -> int:
@@ -340,14 +337,11 @@ def _transposed_dq_args(q, k, v, do, dq_acc, dk, dv, lse2, delta, causal, scale,
 def _wide_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg):
     """The wide kernel's arguments: Q and K in two pieces (V's width and the tail)."""
     d, w = q.shape[-1], v.shape[-1]
-    args = _transposed_dq_args(q, k, v, do, dq_acc, dk, dv, lse2, delta, causal, scale, cfg)
-    if cfg.dq_pairs:   # a pair of query tiles' dQᵀ chunks at once
-        args["dq_desc"] = _dq_descriptor(dq_acc.transpose(2, 3), 64, 2 * cfg.block_m)
     return dict(
-        args, q_desc=_descriptor(q[..., :w], cfg.block_m), qt_desc=_descriptor(q[..., w:], cfg.block_m),
+        _transposed_dq_args(q, k, v, do, dq_acc, dk, dv, lse2, delta, causal, scale, cfg),
+        q_desc=_descriptor(q[..., :w], cfg.block_m), qt_desc=_descriptor(q[..., w:], cfg.block_m),
         k_desc=_descriptor(k[..., :w], 2 * cfg.block_n), kt_desc=_descriptor(k[..., w:], 2 * cfg.block_n),
-        HEAD_DIM_V=w, TAIL_DIM=d - w, DQ_PAIRS=cfg.dq_pairs,
-        DQ_BUFS=2 if cfg.block_m <= 32 else 1)   # a staging buffer 64 x (32 or 64 queries) x 4 B
+        HEAD_DIM_V=w, TAIL_DIM=d - w, DQ_BUFS=2 if cfg.block_m <= 32 else 1)   # a staging buffer 64 x 32/64 x 4 B
 
 
 def _split_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg):
@@ -426,7 +420,7 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
         args = dict(build(tv, t, t, tv, dq_sum_transposed(t), t, tv, lse, lse, causal, 1.0, cfg), N_ROWS=16,
                     GROUPED=grid_order.compiled_grouped(causal, cfg))
         const = {"BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "GROUPED"} | (
-            {"HEAD_DIM"} if split_kernel(head_dim, w) else {"HEAD_DIM_V", "TAIL_DIM", "DQ_BUFS", "DQ_PAIRS"})
+            {"HEAD_DIM"} if split_kernel(head_dim, w) else {"HEAD_DIM_V", "TAIL_DIM", "DQ_BUFS"})
     else:
         from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel as kernel
         f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
