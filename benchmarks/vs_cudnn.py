@@ -18,7 +18,9 @@ and 3 ring slots).
 ``--sinks``: tileattn's default call with and without attention sinks, beside cuDNN
 (forward: also a call whose sinks need a gradient, which stores the output's
 rounding remainder, from staging tiles of its own and from O's buffer, and the
-call with sinks kept off the persistent kernel; backward: also the sinks'
+call with sinks kept off the persistent kernel, and with and without a gradient the
+sinks folded in after the key tiles (``HopperFwdConfig.sinks_last``) on the
+persistent kernel wherever the plain call runs it; backward: also the sinks'
 gradient from the kernels' dS row sums, the forward keeping no remainder).
 ``--memory`` (backward): each provider's forward+backward peak over the
 tensors a training step must hold.
@@ -131,6 +133,19 @@ def with_sinks_providers(mode: str) -> dict:
             finally:
                 configs.HOPPER_FWD_PERSISTENT_WITH_SINKS = saved
         provs["tileattn-sinks-tile"] = one_per_tile
+
+        def last(q, k, v, causal, grad=False):   # sinks folded in after the key tiles, persistent where plain is
+            from tileattn import configs
+            dims = (q.shape[-1], v.shape[-1])
+            saved = configs.HOPPER_FWD[dims], configs.HOPPER_FWD_PERSISTENT_WITH_SINKS
+            configs.HOPPER_FWD[dims] = dataclasses.replace(saved[0], sinks_last=True)
+            configs.HOPPER_FWD_PERSISTENT_WITH_SINKS = saved[1] | {(dims[0], False), (dims[0], True)}
+            try:
+                return sinks(q, k, v, causal, grad=grad)
+            finally:
+                configs.HOPPER_FWD[dims], configs.HOPPER_FWD_PERSISTENT_WITH_SINKS = saved
+        provs["tileattn-sinks-last"] = last
+        provs["tileattn-sinks-train-last"] = functools.partial(last, grad=True)
     else:   # the forward keeps no remainder: the kernels sum dS for the sinks' gradient
         provs["tileattn-sinks-dS-sums"] = sinks
     return provs

@@ -48,6 +48,9 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, persistent=True, defer_o=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, persistent=True, defer_o=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, overlap=False, persistent=True, defer_o=True)),
+    # the sinks folded in after the key tiles (persistent: the many-items test runs them with sinks)
+    ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, persistent=True, sinks_last=True)),
+    ((128, 128), HopperFwdConfig(num_stages=2, persistent=True, sinks_last=True)),
     # causal: the query tiles of 2, 4 and all 8 of the test's (head, batch) pairs at a time
     ((128, 128), HopperFwdConfig(num_stages=2, group_rows=2)),
     ((192, 128), HopperFwdConfig(num_stages=2, group_rows=4)),
@@ -141,10 +144,10 @@ def test_table_config_persistent_by_keys(dims, causal, n_k, want):
     cfg = launch_hopper.config_for(*dims, causal=causal, n_k=n_k)
     assert cfg.persistent is want
     assert dataclasses.replace(cfg, persistent=False) == configs.HOPPER_FWD[dims]
-    # with sinks: persistent under the same bound only where it measured no slower (d = 64), else one
-    # program a query tile
+    # with sinks: persistent under the same bound only where it measured no slower (d = 64, d = 128
+    # non-causal), else one program a query tile
     with_sinks = launch_hopper.config_for(*dims, causal=causal, n_k=n_k, sinks=True)
-    assert with_sinks.persistent is (want and dims[0] in configs.HOPPER_FWD_PERSISTENT_WITH_SINKS)
+    assert with_sinks.persistent is (want and (dims[0], causal) in configs.HOPPER_FWD_PERSISTENT_WITH_SINKS)
     assert dataclasses.replace(with_sinks, persistent=False) == configs.HOPPER_FWD[dims]
 
 
@@ -265,17 +268,23 @@ def test_backward_after_hopper_forward(d, dv):
 
 
 @needs_hopper
-@pytest.mark.parametrize("case", ["causal-rows-see-nothing", "gqa-full"])
-def test_sinks_in_the_kernel(case):
-    """Each row starts from its head's sink: out and lse against the float64
-    reference with an explicit sink column (rows that see no key: 0, lse = sink)."""
+@pytest.mark.parametrize("last", [False, True], ids=["sinks-first", "sinks-last"])
+@pytest.mark.parametrize("case", ["causal-rows-see-nothing", "gqa-full", "gqa-full-a-sink-of-minus-inf"])
+def test_sinks_in_the_kernel(case, last):
+    """Each row's denominator takes its head's sink, whether the row starts
+    from it or it is folded in after the key tiles (``sinks_last``): out and
+    lse against the float64 reference with an explicit sink column (rows that
+    see no key: 0, lse = sink; a sink of -inf is no sink)."""
     b, hq, hkv, n_q, n_k, causal = {"causal-rows-see-nothing": (1, 4, 4, 700, 300, True),
-                                    "gqa-full": (2, 8, 2, 777, 1000, False)}[case]
+                                    "gqa-full": (2, 8, 2, 777, 1000, False),
+                                    "gqa-full-a-sink-of-minus-inf": (2, 8, 2, 777, 1000, False)}[case]
     q, k, v = _inputs(b, hq, hkv, n_q, n_k, 128, torch.bfloat16, seed=13)
     sinks = torch.linspace(-4.0, 4.0, hq, device="cuda")
+    if case.endswith("minus-inf"):
+        sinks[1] = float("-inf")
     runtime.POISON_OUTPUTS = True
-    out, lse = launch_hopper.attn_fwd(q, k, v, causal, 128 ** -0.5, launch_hopper.config_for(128), poison=True,
-                                      sinks=sinks)
+    cfg = dataclasses.replace(launch_hopper.config_for(128), sinks_last=last)
+    out, lse = launch_hopper.attn_fwd(q, k, v, causal, 128 ** -0.5, cfg, poison=True, sinks=sinks)
     _check_sinks(case, q, k, v, causal, sinks, out, lse)
 
 

@@ -72,11 +72,11 @@ def config_for(head_dim: int, head_dim_v: int | None = None, causal: bool = Fals
     """The table's config for Q/K head dim ``head_dim`` and V head dim
     ``head_dim_v`` (default: the same); persistent for calls of at most
     ``configs.HOPPER_FWD_PERSISTENT_MAX_KEYS`` keys (``n_k``) where the table
-    has that bound, with ``sinks`` only at the head dims of
+    has that bound, with ``sinks`` only at the (head dim, causal) pairs of
     ``configs.HOPPER_FWD_PERSISTENT_WITH_SINKS``."""
     dv = head_dim if head_dim_v is None else head_dim_v
     cfg = configs.HOPPER_FWD[(head_dim, dv)]
-    refused = dv != head_dim or (sinks and head_dim not in configs.HOPPER_FWD_PERSISTENT_WITH_SINKS)
+    refused = dv != head_dim or (sinks and (head_dim, bool(causal)) not in configs.HOPPER_FWD_PERSISTENT_WITH_SINKS)
     most = None if refused else configs.HOPPER_FWD_PERSISTENT_MAX_KEYS.get((head_dim, bool(causal)))
     if most is not None and n_k is not None and n_k <= most:
         return _persistent(cfg)
@@ -127,7 +127,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
         NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks is not None,
-        **extra))
+        SINKS_LAST=cfg.sinks_last and sinks is not None, **extra))
     return (o, lse) if o_lo is None else (o, lse, o_lo)
 
 
@@ -164,7 +164,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
                  LO_STAGE=remainder and remainder_staged(head_dim, dv, cfg), PERSISTENT=cfg.persistent,
-                 DEFER_O=cfg.persistent and cfg.defer_o and not remainder)
+                 DEFER_O=cfg.persistent and cfg.defer_o and not remainder, SINKS_LAST=cfg.sinks_last and sinks)
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
