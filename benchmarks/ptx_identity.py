@@ -83,13 +83,14 @@ def hopper_cases():
         for causal in (False, True):
             cases[f"hopper-fwd-d{d}-{dv}-{'causal' if causal else 'full'}"] = ("hopper", "fwd", d, dv, causal, False,
                                                                                 False)
-    # the persistent forward (d <= 128): plain, with sinks (also folded in last), with sinks and the output's
-    # remainder, with defer_o
+    # the forward at d <= 128 with opt-in flags: persistent plain, with sinks (also folded in last), with sinks
+    # and the output's remainder, with defer_o
     for d in (64, 128):
         for causal in (False, True):
-            for extra in ("", "-sinks", "-sinks-remainder", "-dfo", "-sinks-last", "-sinks-remainder-last"):
-                cases[f"hopper-fwd-d{d}-{d}-{'causal' if causal else 'full'}-pers{extra}"] = (
-                    "hopper", "fwd-pers", d, d, causal, extra, False)
+            for extra in ("-pers", "-pers-sinks", "-pers-sinks-remainder", "-pers-dfo", "-pers-sinks-last",
+                          "-pers-sinks-remainder-last"):
+                cases[f"hopper-fwd-d{d}-{d}-{'causal' if causal else 'full'}{extra}"] = (
+                    "hopper", "fwd-flags", d, d, causal, extra, False)
     for (d, dv) in configs.HOPPER_BWD:
         for causal in (False, True):
             for sinks in ((False, True) if d == dv else (False,)):
@@ -118,11 +119,11 @@ def _compile_hopper(case):
     _, kind, d, dv, causal, flag, paired = case
     if kind == "fwd":
         return hopper.compile_sm90(d, configs.HOPPER_FWD[(d, dv)], causal, "bf16", False, head_dim_v=dv)
-    if kind == "fwd-pers":   # flag: "", "-dfo" or "-sinks" with "-remainder" and / or "-last"
-        cfg = dataclasses.replace(configs.HOPPER_FWD[(d, dv)], persistent=True, defer_o=flag == "-dfo",
-                                  sinks_last=flag.endswith("-last"))
-        return hopper.compile_sm90(d, cfg, causal, "bf16", "sinks" in flag, head_dim_v=dv,
-                                   remainder="remainder" in flag)
+    if kind == "fwd-flags":   # flag: "-pers" with "-dfo" or "-sinks" (with "-remainder" and / or "-last")
+        on = set(flag.split("-"))
+        cfg = dataclasses.replace(configs.HOPPER_FWD[(d, dv)], persistent="pers" in on, defer_o="dfo" in on,
+                                  sinks_last="last" in on)
+        return hopper.compile_sm90(d, cfg, causal, "bf16", "sinks" in on, head_dim_v=dv, remainder="remainder" in on)
     if kind == "bwd":
         cfg = dataclasses.replace(configs.HOPPER_BWD[(d, dv)], pair_blocks=paired or None)
         return hopper.compile_bwd_sm90(d, cfg, causal, "bf16", flag, head_dim_v=dv)

@@ -127,7 +127,7 @@ def test_compiles_for_sm90(reports, dims, cfg, causal, sinks):
     assert rep["tma"] and rep["reduce"], "no TMA copy, or no bulk reduce for dQ, in the PTX"
     assert {"24", "240"} <= set(rep["setmaxnreg"]), f"register reallocation {rep['setmaxnreg']}"
     assert not rep["local"], "local memory in the PTX (a register array indexed at run time)"
-    assert not rep["wgmma_serialized"], "ptxas serialized the warpgroup MMAs (C7512: too few registers)"
+    assert not rep["wgmma_serialized"], "ptxas serialized the warpgroup MMAs (C7512: too few registers; C7514: accumulators read in flight)"
     expect = _expected_shared(dims, cfg, sinks)
     slack = 3072 if sinks else 1024   # barriers; with sinks also the scratch of the sum's reduction
     assert expect <= rep["shared"] <= expect + slack, f"shared memory {rep['shared']}, expected {expect} + barriers"
@@ -139,10 +139,15 @@ def test_compiles_for_sm90(reports, dims, cfg, causal, sinks):
      False, 0, 168),
     ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
      "insufficient register resources\n    24 bytes stack frame, 28 bytes spill stores, 28 bytes spill loads",
-     True, 28, None)], ids=["clean", "serialized-spilling"])
+     True, 28, None),
+    ("ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+     "non wgmma instructions reading accumulator registers of  a wgmma between start and end of the pipeline "
+     "stage in the function 'k'\nptxas info    : Used 168 registers", True, 0, 168)],
+    ids=["clean", "serialized-spilling", "serialized-accumulator-read"])
 def test_ptxas_report_reads_the_log(log, serialized, spills, regs, monkeypatch):
-    """runtime.ptxas_report's reading of ``ptxas -v``: the C7512 warning
-    (warpgroup MMAs serialized), the spilled bytes and the registers."""
+    """runtime.ptxas_report's reading of ``ptxas -v``: a warning that the
+    warpgroup MMAs were serialized (C7512 for registers, C7514 for an
+    accumulator read in flight), the spilled bytes and the registers."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     seen, real_run = [], subprocess.run
 

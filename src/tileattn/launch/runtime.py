@@ -422,8 +422,10 @@ def bundled_ptxas(arch: int = 90) -> str:
 def ptxas_report(ptx: str, arch: int = 90) -> dict:
     """What the assembler Triton bundles says of a kernel's PTX (``ptxas -v``
     for ``sm_<arch>a`` from 90 on, else ``sm_<arch>``): whether it serialized
-    the warpgroup MMAs for want of registers to keep them in flight (its
-    warning C7512; that cost an option 12-18 %, perf-notes v28), the bytes it
+    the warpgroup MMAs (any of its "wgmma.mma_async instructions are
+    serialized" warnings: C7512, too few registers to keep them in flight,
+    cost an option 12-18 %, perf-notes v28; C7514, other instructions reading
+    an MMA's accumulator registers while it is in flight, v40), the bytes it
     spilled and the registers a thread (None where the log has no count).  A
     compile check's tool: its imports stay out of the launch path's module
     load."""
@@ -442,5 +444,6 @@ def ptxas_report(ptx: str, arch: int = 90) -> dict:
     log = done.stdout + done.stderr
     spills = re.search(r"(\d+) bytes spill stores", log)
     regs = re.search(r"Used (\d+) registers", log)
-    return {"wgmma_serialized": "C7512" in log, "spill_stores": int(spills.group(1)) if spills else 0,
+    serialized = re.search(r"\(C\d+\)[^\n]*wgmma\.mma_async instructions are serialized", log)
+    return {"wgmma_serialized": serialized is not None, "spill_stores": int(spills.group(1)) if spills else 0,
             "registers": int(regs.group(1)) if regs else None}
