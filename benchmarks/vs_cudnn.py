@@ -115,35 +115,28 @@ def with_sinks_providers(mode: str) -> dict:
     if mode == "fwd":   # sinks that need a gradient: the forward also stores its output's rounding remainder
         provs["tileattn-sinks-train"] = functools.partial(sinks, grad=True)
 
+        from unittest import mock
+
+        from tileattn import configs
+        from tileattn.launch import hopper
+
         def serial(q, k, v, causal):   # the remainder staged in O's buffer after O's copy (no tiles of its own)
-            from tileattn.launch import hopper
-            hopper.REMAINDER_STAGING = False
-            try:
+            with mock.patch.object(hopper, "REMAINDER_STAGING", False):
                 return sinks(q, k, v, causal, grad=True)
-            finally:
-                hopper.REMAINDER_STAGING = True
         provs["tileattn-sinks-train-serial"] = serial
 
-        def one_per_tile(q, k, v, causal):   # sinks calls off the persistent kernel (the rule before v27)
-            from tileattn import configs
-            saved = configs.HOPPER_FWD_PERSISTENT_WITH_SINKS
-            configs.HOPPER_FWD_PERSISTENT_WITH_SINKS = frozenset()
-            try:
+        def one_per_tile(q, k, v, causal):   # sinks calls off the persistent kernel (the rule before v27 / v40)
+            with mock.patch.object(configs, "HOPPER_FWD_PERSISTENT_WITH_SINKS", frozenset()):
                 return sinks(q, k, v, causal)
-            finally:
-                configs.HOPPER_FWD_PERSISTENT_WITH_SINKS = saved
         provs["tileattn-sinks-tile"] = one_per_tile
 
         def last(q, k, v, causal, grad=False):   # sinks folded in after the key tiles, persistent where plain is
-            from tileattn import configs
             dims = (q.shape[-1], v.shape[-1])
-            saved = configs.HOPPER_FWD[dims], configs.HOPPER_FWD_PERSISTENT_WITH_SINKS
-            configs.HOPPER_FWD[dims] = dataclasses.replace(saved[0], sinks_last=True)
-            configs.HOPPER_FWD_PERSISTENT_WITH_SINKS = saved[1] | {(dims[0], False), (dims[0], True)}
-            try:
+            table = {dims: dataclasses.replace(configs.HOPPER_FWD[dims], sinks_last=True)}
+            pairs = configs.HOPPER_FWD_PERSISTENT_WITH_SINKS | {(dims[0], False), (dims[0], True)}
+            with mock.patch.dict(configs.HOPPER_FWD, table), \
+                    mock.patch.object(configs, "HOPPER_FWD_PERSISTENT_WITH_SINKS", pairs):
                 return sinks(q, k, v, causal, grad=grad)
-            finally:
-                configs.HOPPER_FWD[dims], configs.HOPPER_FWD_PERSISTENT_WITH_SINKS = saved
         provs["tileattn-sinks-last"] = last
         provs["tileattn-sinks-train-last"] = functools.partial(last, grad=True)
     else:   # the forward keeps no remainder: the kernels sum dS for the sinks' gradient

@@ -127,7 +127,8 @@ def test_compiles_for_sm90(reports, dims, cfg, causal, sinks):
     assert rep["tma"] and rep["reduce"], "no TMA copy, or no bulk reduce for dQ, in the PTX"
     assert {"24", "240"} <= set(rep["setmaxnreg"]), f"register reallocation {rep['setmaxnreg']}"
     assert not rep["local"], "local memory in the PTX (a register array indexed at run time)"
-    assert not rep["wgmma_serialized"], "ptxas serialized the warpgroup MMAs (C7512: too few registers; C7514: accumulators read in flight)"
+    assert not rep["wgmma_serialized"], \
+        "ptxas serialized the warpgroup MMAs (C7512: too few registers; C7514: accumulators read in flight)"
     expect = _expected_shared(dims, cfg, sinks)
     slack = 3072 if sinks else 1024   # barriers; with sinks also the scratch of the sum's reduction
     assert expect <= rep["shared"] <= expect + slack, f"shared memory {rep['shared']}, expected {expect} + barriers"

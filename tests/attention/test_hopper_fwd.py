@@ -110,7 +110,8 @@ def test_compiles_for_sm90(reports, dims, cfg, causal, name):
     assert {"24", "240"} <= set(rep["setmaxnreg"]), \
         f"register reallocation {rep['setmaxnreg']}: not 24 for the loader and 240 for the softmax warps"
     assert not rep["local"], "local memory in the PTX (a register array indexed at run time)"
-    assert not rep["wgmma_serialized"], "ptxas serialized the warpgroup MMAs (C7512: too few registers; C7514: accumulators read in flight)"
+    assert not rep["wgmma_serialized"], \
+        "ptxas serialized the warpgroup MMAs (C7512: too few registers; C7514: accumulators read in flight)"
     q_tiles = 4 if cfg.persistent else 2   # persistent: the next work item's Q lands in a second pair
     expect = q_tiles * cfg.block_m * head_dim * 2 + cfg.num_stages * cfg.block_n * (head_dim + head_dim_v) * 2
     if name.endswith("-remainder") and launch_hopper.remainder_staged(head_dim, head_dim_v, cfg):
