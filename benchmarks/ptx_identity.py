@@ -75,7 +75,7 @@ DECODE_CASES = {
 def hopper_cases():
     """name -> ("hopper", kernel, QK head dim, V head dim or rows, causal, sinks or paged, paired): the
     Gluon kernels at every table config (the backward's causal one also forced into key-block pairs; the
-    forward at d <= 128 also persistent, with sinks, the output's remainder, ``defer_o`` or ``sinks_last``), and the
+    forward at d <= 128 also persistent, with sinks, the output's remainder or ``defer_o``), and the
     absorbed decoding kernel at 16 and 32 rows, contiguous and paged."""
     from tileattn import configs
     cases = {}
@@ -83,12 +83,11 @@ def hopper_cases():
         for causal in (False, True):
             cases[f"hopper-fwd-d{d}-{dv}-{'causal' if causal else 'full'}"] = ("hopper", "fwd", d, dv, causal, False,
                                                                                 False)
-    # the forward at d <= 128 with opt-in flags: persistent plain, with sinks (also folded in last), with sinks
-    # and the output's remainder, with defer_o
+    # the forward at d <= 128 with opt-in flags: persistent plain, with sinks, with sinks and the output's
+    # remainder, with defer_o
     for d in (64, 128):
         for causal in (False, True):
-            for extra in ("-pers", "-pers-sinks", "-pers-sinks-remainder", "-pers-dfo", "-pers-sinks-last",
-                          "-pers-sinks-remainder-last"):
+            for extra in ("-pers", "-pers-sinks", "-pers-sinks-remainder", "-pers-dfo"):
                 cases[f"hopper-fwd-d{d}-{d}-{'causal' if causal else 'full'}{extra}"] = (
                     "hopper", "fwd-flags", d, d, causal, extra, False)
     for (d, dv) in configs.HOPPER_BWD:
@@ -119,10 +118,9 @@ def _compile_hopper(case):
     _, kind, d, dv, causal, flag, paired = case
     if kind == "fwd":
         return hopper.compile_sm90(d, configs.HOPPER_FWD[(d, dv)], causal, "bf16", False, head_dim_v=dv)
-    if kind == "fwd-flags":   # flag: "-pers" with "-dfo" or "-sinks" (with "-remainder" and / or "-last")
+    if kind == "fwd-flags":   # flag: "-pers" with "-dfo" or "-sinks" (and "-remainder")
         on = set(flag.split("-"))
-        cfg = dataclasses.replace(configs.HOPPER_FWD[(d, dv)], persistent="pers" in on, defer_o="dfo" in on,
-                                  sinks_last="last" in on)
+        cfg = dataclasses.replace(configs.HOPPER_FWD[(d, dv)], persistent="pers" in on, defer_o="dfo" in on)
         return hopper.compile_sm90(d, cfg, causal, "bf16", "sinks" in on, head_dim_v=dv, remainder="remainder" in on)
     if kind == "bwd":
         cfg = dataclasses.replace(configs.HOPPER_BWD[(d, dv)], pair_blocks=paired or None)

@@ -18,9 +18,7 @@ and 3 ring slots).
 ``--sinks``: tileattn's default call with and without attention sinks, beside cuDNN
 (forward: also a call whose sinks need a gradient, which stores the output's
 rounding remainder, from staging tiles of its own and from O's buffer, and the
-call with sinks kept off the persistent kernel, and with and without a gradient the
-sinks folded in after the key tiles (``HopperFwdConfig.sinks_last``) on the
-persistent kernel wherever the plain call runs it; backward: also the sinks'
+call with sinks kept off the persistent kernel; backward: also the sinks'
 gradient from the kernels' dS row sums, the forward keeping no remainder).
 ``--memory`` (backward): each provider's forward+backward peak over the
 tensors a training step must hold.
@@ -125,20 +123,10 @@ def with_sinks_providers(mode: str) -> dict:
                 return sinks(q, k, v, causal, grad=True)
         provs["tileattn-sinks-train-serial"] = serial
 
-        def one_per_tile(q, k, v, causal):   # sinks calls off the persistent kernel (the rule before v27 / v40)
-            with mock.patch.object(configs, "HOPPER_FWD_PERSISTENT_WITH_SINKS", frozenset()):
+        def one_per_tile(q, k, v, causal):   # sinks calls off the persistent kernel (one program a query tile)
+            with mock.patch.dict(configs.HOPPER_FWD_PERSISTENT_MAX_KEYS, clear=True):
                 return sinks(q, k, v, causal)
         provs["tileattn-sinks-tile"] = one_per_tile
-
-        def last(q, k, v, causal, grad=False):   # sinks folded in after the key tiles, persistent where plain is
-            dims = (q.shape[-1], v.shape[-1])
-            table = {dims: dataclasses.replace(configs.HOPPER_FWD[dims], sinks_last=True)}
-            pairs = configs.HOPPER_FWD_PERSISTENT_WITH_SINKS | {(dims[0], False), (dims[0], True)}
-            with mock.patch.dict(configs.HOPPER_FWD, table), \
-                    mock.patch.object(configs, "HOPPER_FWD_PERSISTENT_WITH_SINKS", pairs):
-                return sinks(q, k, v, causal, grad=grad)
-        provs["tileattn-sinks-last"] = last
-        provs["tileattn-sinks-train-last"] = functools.partial(last, grad=True)
     else:   # the forward keeps no remainder: the kernels sum dS for the sinks' gradient
         provs["tileattn-sinks-dS-sums"] = sinks
     return provs

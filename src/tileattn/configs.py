@@ -328,7 +328,6 @@ class HopperFwdConfig:
     pingpong: bool = True       # the two warpgroups take turns issuing their products
     persistent: bool = False    # d <= 128: one program an SM walks query tiles; the next tile's Q lands under this one
     defer_o: bool = False       # persistent, no remainder: O's copy out of its Q buffer waited on under the next tile
-    sinks_last: bool = False    # sinks folded in after the key tiles (else every row starts from its sink)
     group_rows: int | None = None   # causal, not persistent: as HopperBwdConfig's (query tiles of G (head, batch))
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
@@ -337,7 +336,7 @@ class HopperFwdConfig:
     @property
     def name(self) -> str:
         flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent), ("-dfo", self.defer_o),
-                 ("-skl", self.sinks_last), (f"-g{self.group_rows}", self.group_rows))
+                 (f"-g{self.group_rows}", self.group_rows))
         return f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}" + "".join(f for f, on in flags if on)
 
 
@@ -370,12 +369,10 @@ class HopperBwdConfig:
 # causal 2k 0.858x cuDNN portable, 0.914x Hopper persistent; v15: 192 and 256 level at 512-1k, 1.26-1.80x from 2k).
 HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 2048, (128, False): 2048, (128, True): 2048,
                        (192, False): 1024, (192, True): 2048, (256, False): 2048, (256, True): 2048}
-# (head dim, causal) -> the most keys at which the table's forward runs persistent, sinks aside (perf-notes v19:
-# +4-12 % at 2k, 0-9 % at 4k, -2..+2 % at 16k; with sinks 1-29 % slower; v26: d = 64 at 8k +1-4 % in two runs)
+# (head dim, causal) -> the most keys at which the table's forward runs persistent, with sinks or without
+# (perf-notes v19: +4-12 % at 2k, 0-9 % at 4k, -2..+2 % at 16k; v26: d = 64 at 8k +1-4 % in two runs; sinks: d = 64
+# v27; d = 128 once the sink is folded in after the key tiles, v41: the causal build's spills 180 -> 104 B)
 HOPPER_FWD_PERSISTENT_MAX_KEYS = {(64, False): 8192, (64, True): 8192, (128, False): 4096, (128, True): 4096}
-# (head dim, causal) whose persistent forward takes calls with sinks too (d = 128 lost 1-29 %, v19; d = 64 won,
-# v27; d = 128 non-causal: no spills with sinks, the causal build 180 B, v40)
-HOPPER_FWD_PERSISTENT_WITH_SINKS = frozenset({(64, False), (64, True), (128, False)})
 # (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA): 2 Q tiles of 64 x 192 + 2 stages of K (128 x 192)
 # and V (128 x 128) = 212,992 B; O (as wide as V) is staged in the Q tile's first piece.  256: 64-key tiles
 # (2 Q tiles of 64 KB + 2 stages of 2 x 32 KB = 196,608 B; O is 128 registers a thread of the 240).

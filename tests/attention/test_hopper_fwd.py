@@ -48,9 +48,6 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, persistent=True, defer_o=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, persistent=True, defer_o=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, overlap=False, persistent=True, defer_o=True)),
-    # the sinks folded in after the key tiles (persistent: the many-items test runs them with sinks)
-    ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, persistent=True, sinks_last=True)),
-    ((128, 128), HopperFwdConfig(num_stages=2, persistent=True, sinks_last=True)),
     # causal: the query tiles of 2, 4 and all 8 of the test's (head, batch) pairs at a time
     ((128, 128), HopperFwdConfig(num_stages=2, group_rows=2)),
     ((192, 128), HopperFwdConfig(num_stages=2, group_rows=4)),
@@ -145,11 +142,6 @@ def test_table_config_persistent_by_keys(dims, causal, n_k, want):
     cfg = launch_hopper.config_for(*dims, causal=causal, n_k=n_k)
     assert cfg.persistent is want
     assert dataclasses.replace(cfg, persistent=False) == configs.HOPPER_FWD[dims]
-    # with sinks: persistent under the same bound only where it measured no slower (d = 64, d = 128
-    # non-causal), else one program a query tile
-    with_sinks = launch_hopper.config_for(*dims, causal=causal, n_k=n_k, sinks=True)
-    assert with_sinks.persistent is (want and (dims[0], causal) in configs.HOPPER_FWD_PERSISTENT_WITH_SINKS)
-    assert dataclasses.replace(with_sinks, persistent=False) == configs.HOPPER_FWD[dims]
 
 
 def _inputs(*args, **kwargs):
@@ -269,11 +261,11 @@ def test_backward_after_hopper_forward(d, dv):
 
 
 @needs_hopper
-@pytest.mark.parametrize("last", [False, True], ids=["sinks-first", "sinks-last"])
+@pytest.mark.parametrize("persistent", [False, True], ids=["per-tile", "persistent"])
 @pytest.mark.parametrize("case", ["causal-rows-see-nothing", "gqa-full", "gqa-full-a-sink-of-minus-inf"])
-def test_sinks_in_the_kernel(case, last):
-    """Each row's denominator takes its head's sink, whether the row starts
-    from it or it is folded in after the key tiles (``sinks_last``): out and
+def test_sinks_in_the_kernel(case, persistent):
+    """Each row's denominator takes its head's sink, folded in after the key
+    tiles, on one program a query tile and on the persistent kernel: out and
     lse against the float64 reference with an explicit sink column (rows that
     see no key: 0, lse = sink; a sink of -inf is no sink)."""
     b, hq, hkv, n_q, n_k, causal = {"causal-rows-see-nothing": (1, 4, 4, 700, 300, True),
@@ -284,7 +276,7 @@ def test_sinks_in_the_kernel(case, last):
     if case.endswith("minus-inf"):
         sinks[1] = float("-inf")
     runtime.POISON_OUTPUTS = True
-    cfg = dataclasses.replace(launch_hopper.config_for(128), sinks_last=last)
+    cfg = dataclasses.replace(launch_hopper.config_for(128), persistent=persistent)
     out, lse = launch_hopper.attn_fwd(q, k, v, causal, 128 ** -0.5, cfg, poison=True, sinks=sinks)
     _check_sinks(case, q, k, v, causal, sinks, out, lse)
 

@@ -35,12 +35,10 @@ loader needs it only for the item after next).
 
 The math is the portable kernel's (``fwd.py``): log2-unit scores
 (``qk_scale = scale * log2 e``), the same masked/unmasked split of the key
-tiles, rows that see no key return 0 and lse -inf.  With ``HAS_SINKS`` each
-row starts from its head's sink logit (max = sink, sum = 1), so the lse
-includes it and a row that sees no key returns 0 and lse = sink (with
-``SINKS_LAST``, ``HopperFwdConfig.sinks_last``, the sink is folded in after
-the key tiles instead, as a second partial softmax: the loop is the one
-without sinks).  With
+tiles, rows that see no key return 0 and lse -inf.  With ``HAS_SINKS`` the
+head's sink logit is folded into each row after the key tiles, as a second
+partial softmax of one score (the loop is the one without sinks), so the lse
+includes it and a row that sees no key returns 0 and lse = sink.  With
 ``WRITE_REMAINDER`` (a sinks call that will be differentiated) the output's
 rounding remainder O - round(O) is stored too: the backward's rowsum(dO o O)
 from both is exact enough for the sinks' gradient.  Tensors are addressed
@@ -139,8 +137,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                   HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
-                  LO_STAGE: gl.constexpr, qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr,
-                  SINKS_LAST: gl.constexpr):
+                  LO_STAGE: gl.constexpr, qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
     is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
     the ring's ``kc``-th and whose first turn is the ``tc``-th.  Both
@@ -151,9 +148,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     ``LO_STAGE``, else in the Q tile after O's copy has read it.  With
     ``DEFER_O`` (persistent, no remainder) the copy of O out of the Q tile is
     not waited on here: the next item's first tile waits for it and releases
-    the buffer (``prev_qi``: the buffer this item releases so).  With
-    ``SINKS_LAST`` the sink enters after the key tiles (the loop is the one
-    without sinks), else every row starts from it."""
+    the buffer (``prev_qi``: the buffer this item releases so).  The sink
+    (``HAS_SINKS``) enters after the key tiles."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -163,13 +159,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     row0 = start_m + WG * BLOCK_M
     n_full, _ = _key_tiles(row0, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
     offs_m = row0 + gl.arange(0, BLOCK_M, layout=row_layout)
-    if HAS_SINKS and not SINKS_LAST:
-        # the head's sink is one more score every row starts with: max = sink, sum = 1
-        m_i = gl.full([BLOCK_M], 0.0, gl.float32, row_layout) + gl.load(SINKS + off_h) * LOG2E
-        l_i = gl.full([BLOCK_M], 1.0, gl.float32, row_layout)
-    else:
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
-        l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
+    l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
     acc = gl.zeros([BLOCK_M, HEAD_DIM_V], gl.float32, o_layout)
 
     q_tile = q_smem.index(qi)
@@ -234,7 +225,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     if DEFER_O:
         if n_tiles == 0:   # no tile released the previous item's buffer
             _release_q(q_empty, prev_qi, DEFER_O)
-    if HAS_SINKS and SINKS_LAST:
+    if HAS_SINKS:
         # the head's sink, one more score of every row, folded in as a second partial softmax of one score
         sink = gl.load(SINKS + off_h) * LOG2E
         m_f = gl.maximum(m_i, sink)
@@ -278,7 +269,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                        HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                        LO_STAGE: gl.constexpr, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
-                       PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr, SINKS_LAST: gl.constexpr):
+                       PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr):
     """Softmax warpgroup ``WG``: its rows of the program's query tile, or
     with ``PERSISTENT`` of each of the program's work items in turn (Q
     buffers alternate between two pairs, released on ``q_empty`` once O's
@@ -299,7 +290,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                               v_empty, turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, qi, (it // 2) & 1,
-                              kc, tc, q_empty, prev_qi, DEFER_O, SINKS_LAST)
+                              kc, tc, q_empty, prev_qi, DEFER_O)
                 if DEFER_O:
                     prev_qi = qi
                 else:
@@ -317,7 +308,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                       turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                       PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, WG, 0, 0, 0, q_empty, -1,
-                      False, SINKS_LAST)
+                      False)
 
 
 @gluon.jit
@@ -329,8 +320,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             TAIL_DIM: gl.constexpr = 0, qt_desc=None, kt_desc=None, olo_desc=None,
                             WRITE_REMAINDER: gl.constexpr = False, LO_STAGE: gl.constexpr = False,
                             PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1,
-                            GROUPED: gl.constexpr = False, DEFER_O: gl.constexpr = False,
-                            SINKS_LAST: gl.constexpr = False):
+                            GROUPED: gl.constexpr = False, DEFER_O: gl.constexpr = False):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
@@ -401,13 +391,13 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, q_empty,
-                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SINKS_LAST)),
+                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, q_empty,
-                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SINKS_LAST)),
+                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O)),
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                            BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES,

@@ -68,16 +68,14 @@ def remainder_staged(head_dim: int, head_dim_v: int, cfg: HopperFwdConfig, elem:
 
 
 def config_for(head_dim: int, head_dim_v: int | None = None, causal: bool = False,
-               n_k: int | None = None, sinks: bool = False) -> HopperFwdConfig:
+               n_k: int | None = None) -> HopperFwdConfig:
     """The table's config for Q/K head dim ``head_dim`` and V head dim
     ``head_dim_v`` (default: the same); persistent for calls of at most
     ``configs.HOPPER_FWD_PERSISTENT_MAX_KEYS`` keys (``n_k``) where the table
-    has that bound, with ``sinks`` only at the (head dim, causal) pairs of
-    ``configs.HOPPER_FWD_PERSISTENT_WITH_SINKS``."""
+    has that bound (with sinks or without)."""
     dv = head_dim if head_dim_v is None else head_dim_v
     cfg = configs.HOPPER_FWD[(head_dim, dv)]
-    refused = dv != head_dim or (sinks and (head_dim, bool(causal)) not in configs.HOPPER_FWD_PERSISTENT_WITH_SINKS)
-    most = None if refused else configs.HOPPER_FWD_PERSISTENT_MAX_KEYS.get((head_dim, bool(causal)))
+    most = None if dv != head_dim else configs.HOPPER_FWD_PERSISTENT_MAX_KEYS.get((head_dim, bool(causal)))
     if most is not None and n_k is not None and n_k <= most:
         return _persistent(cfg)
     return cfg
@@ -98,7 +96,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     layout)."""
     b, hq, n_q, d = q.shape
     hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
-    cfg = config or config_for(d, dv, causal, n_k, sinks is not None)
+    cfg = config or config_for(d, dv, causal, n_k)
     if cfg.persistent and (d != dv or d > 128):
         raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
     from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel
@@ -127,7 +125,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
         NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks is not None,
-        SINKS_LAST=cfg.sinks_last and sinks is not None, **extra))
+        **extra))
     return (o, lse) if o_lo is None else (o, lse, o_lo)
 
 
@@ -164,7 +162,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
                  LO_STAGE=remainder and remainder_staged(head_dim, dv, cfg), PERSISTENT=cfg.persistent,
-                 DEFER_O=cfg.persistent and cfg.defer_o and not remainder, SINKS_LAST=cfg.sinks_last and sinks)
+                 DEFER_O=cfg.persistent and cfg.defer_o and not remainder)
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")

@@ -44,7 +44,7 @@ def fwd(q, k, v, causal: bool, scale: float, config=None, sinks=None, remainder:
     if sinks is not None:   # as the launcher passes them, so that a plan can name the tensor
         sinks = sinks.float().contiguous()
     if config is None and not runtime.POISON_OUTPUTS:
-        cfg = hopper.config_for(q.shape[-1], v.shape[-1], causal, k.shape[2], sinks is not None)
+        cfg = hopper.config_for(q.shape[-1], v.shape[-1], causal, k.shape[2])
         key = runtime.plan_key("hopper_fwd", (q, k, v, sinks), bool(causal), float(scale), cfg, bool(remainder),
                                bool(remainder) and hopper.REMAINDER_STAGING)
         plan = runtime.PLANS.get(key) if key is not None else None
