@@ -284,12 +284,13 @@ def test_sinks_in_the_kernel(case, persistent):
 @needs_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("dims,layout,causal", [((64, 64), "bhnd", True), ((128, 128), "bnhd", False),
-                                                ((192, 128), "bnhd", True)],
-                         ids=["d64-causal", "d128-bnhd-full", "d192-dv128-bnhd-causal"])
+                                                ((192, 128), "bnhd", True), ((256, 256), "bhnd", True)],
+                         ids=["d64-causal", "d128-bnhd-full", "d192-dv128-bnhd-causal", "d256-causal"])
 def test_sinks_remainder_in_the_kernel(dims, layout, causal, dtype):
     """remainder=True (a sinks call that will be differentiated): the same out
     and lse bit for bit, and out_lo what rounding the float32 result to out
-    dropped (poisoned outputs; odd lengths, rows that see no key)."""
+    dropped (poisoned outputs; odd lengths, rows that see no key); out and lse
+    against the float64 reference with the sink column."""
     d, dv = dims
     q, k, v = _inputs(2, 4, 2, 701, 333, d, dtype, seed=19, layout=layout, dv=dv)
     sinks = torch.linspace(-4.0, 4.0, 4, device="cuda")
@@ -297,6 +298,7 @@ def test_sinks_remainder_in_the_kernel(dims, layout, causal, dtype):
     out, lse = launch_hopper.attn_fwd(q, k, v, causal, d ** -0.5, cfg, poison=True, sinks=sinks)
     out2, lse2, out_lo = launch_hopper.attn_fwd(q, k, v, causal, d ** -0.5, cfg, poison=True, sinks=sinks,
                                                 remainder=True)
+    _check_sinks(f"{_dims_id(dims)} sinks", q, k, v, causal, sinks, out, lse)
     assert torch.equal(out, out2) and torch.equal(lse, lse2)
     assert out_lo.stride() == out.stride()
     check_remainder(out, out_lo)
