@@ -84,10 +84,10 @@ def hopper_cases():
             cases[f"hopper-fwd-d{d}-{dv}-{'causal' if causal else 'full'}"] = ("hopper", "fwd", d, dv, causal, False,
                                                                                 False)
     # the forward at d <= 128 with opt-in flags: persistent plain, with sinks, with sinks and the output's
-    # remainder, with defer_o
+    # remainder, with defer_o (also with sinks and the remainder)
     for d in (64, 128):
         for causal in (False, True):
-            for extra in ("-pers", "-pers-sinks", "-pers-sinks-remainder", "-pers-dfo"):
+            for extra in ("-pers", "-pers-sinks", "-pers-sinks-remainder", "-pers-dfo", "-pers-dfo-sinks-remainder"):
                 cases[f"hopper-fwd-d{d}-{d}-{'causal' if causal else 'full'}{extra}"] = (
                     "hopper", "fwd-flags", d, d, causal, extra, False)
     for (d, dv) in configs.HOPPER_BWD:

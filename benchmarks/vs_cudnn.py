@@ -18,7 +18,9 @@ and 3 ring slots).
 ``--sinks``: tileattn's default call with and without attention sinks, beside cuDNN
 (forward: also a call whose sinks need a gradient, which stores the output's
 rounding remainder, from staging tiles of its own and from O's buffer, and the
-call with sinks kept off the persistent kernel; backward: also the sinks'
+call with sinks kept off the persistent kernel, and the one needing a gradient
+with ``HopperFwdConfig.defer_o`` (where persistent, the copies of O and of the
+remainder waited on under the next work item); backward: also the sinks'
 gradient from the kernels' dS row sums, the forward keeping no remainder).
 ``--memory`` (backward): each provider's forward+backward peak over the
 tensors a training step must hold.
@@ -127,6 +129,13 @@ def with_sinks_providers(mode: str) -> dict:
             with mock.patch.dict(configs.HOPPER_FWD_PERSISTENT_MAX_KEYS, clear=True):
                 return sinks(q, k, v, causal)
         provs["tileattn-sinks-tile"] = one_per_tile
+
+        def deferred(q, k, v, causal):   # persistent items leave O's and the remainder's copies in flight
+            dims = (q.shape[-1], v.shape[-1])
+            table = {dims: dataclasses.replace(configs.HOPPER_FWD[dims], defer_o=True)}
+            with mock.patch.dict(configs.HOPPER_FWD, table):
+                return sinks(q, k, v, causal, grad=True)
+        provs["tileattn-sinks-train-dfo"] = deferred
     else:   # the forward keeps no remainder: the kernels sum dS for the sinks' gradient
         provs["tileattn-sinks-dS-sums"] = sinks
     return provs

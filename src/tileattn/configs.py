@@ -327,7 +327,7 @@ class HopperFwdConfig:
     overlap: bool = True        # issue Q K_j^T with P_{j-1} V_{j-1}; softmax j under the latter
     pingpong: bool = True       # the two warpgroups take turns issuing their products
     persistent: bool = False    # d <= 128: one program an SM walks query tiles; the next tile's Q lands under this one
-    defer_o: bool = False       # persistent, no remainder: O's copy out of its Q buffer waited on under the next tile
+    defer_o: bool = False       # persistent: O's (and a staged remainder's) copy waited on under the next tile
     group_rows: int | None = None   # causal, not persistent: as HopperBwdConfig's (query tiles of G (head, batch))
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168

@@ -28,8 +28,9 @@ Q has two pairs of buffers, the loader copies the next item's Q into the
 other pair once both softmax warpgroups released it (``q_empty``, after O's
 copy out of it), and the ring's and the turns' counts run on across items,
 so the next item's first tiles land while this one's epilogue runs.  With
-``DEFER_O`` (``HopperFwdConfig.defer_o``; not with the remainder) a softmax
-warpgroup does not wait for O's copy out of its Q buffer at the end of an
+``DEFER_O`` (``HopperFwdConfig.defer_o``; with the remainder only where it
+has staging tiles of its own) a softmax warpgroup does not wait for O's copy
+out of its Q buffer (nor the remainder's out of its tile) at the end of an
 item: the next item's first tile does, and hands the buffer back then (the
 loader needs it only for the item after next).
 
@@ -146,9 +147,11 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     ``WRITE_REMAINDER`` the output's rounding remainder O - round(O) goes
     through ``olo_desc`` too (in O's dtype), staged in ``lo_smem`` with
     ``LO_STAGE``, else in the Q tile after O's copy has read it.  With
-    ``DEFER_O`` (persistent, no remainder) the copy of O out of the Q tile is
-    not waited on here: the next item's first tile waits for it and releases
-    the buffer (``prev_qi``: the buffer this item releases so).  The sink
+    ``DEFER_O`` (persistent; with the remainder only with ``LO_STAGE``) the
+    copies of O out of the Q tile and of the remainder out of its tile are
+    not waited on here: the next item's first tile waits for them and
+    releases the buffer (``prev_qi``: the buffer this item releases so), so
+    the remainder's tile is free again before this epilogue's next turn.  The sink
     (``HAS_SINKS``) enters after the key tiles."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -335,7 +338,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     shared memory)."""
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
-    gl.static_assert(not DEFER_O or (PERSISTENT and not WRITE_REMAINDER), "DEFER_O: persistent, without remainder")
+    gl.static_assert(not DEFER_O or (PERSISTENT and (LO_STAGE or not WRITE_REMAINDER)),
+                     "DEFER_O: persistent, the remainder (if any) in staging tiles of its own")
     # heaviest causal tiles (last rows) first: better tail balance
     block, off_h, off_b, n_blocks = _grid_coords(N_HEADS, GROUPED)
     pid_m = n_blocks - 1 - block

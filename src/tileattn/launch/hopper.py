@@ -112,7 +112,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         total = (triton.cdiv(n_m_tiles, 2) if causal else n_m_tiles) * hq * b
         grid = (max(1, min(total, sm_count(q.device))),)   # an empty call: one program, no item
         extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total,
-                     DEFER_O=cfg.defer_o and not remainder)
+                     DEFER_O=cfg.defer_o and (not remainder or extra["LO_STAGE"]))
     else:   # one program a query tile, heaviest first; causal: the tiles of G (head, batch) pairs at a time
         grid, grouped = grid_order.grid(n_m_tiles, hq, b, grid_order.group_rows(causal, n_m_tiles, hq * b, cfg,
                                                                                 sm_count(q.device)))
@@ -162,7 +162,8 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
                  LO_STAGE=remainder and remainder_staged(head_dim, dv, cfg), PERSISTENT=cfg.persistent,
-                 DEFER_O=cfg.persistent and cfg.defer_o and not remainder)
+                 DEFER_O=cfg.persistent and cfg.defer_o
+                 and (not remainder or remainder_staged(head_dim, dv, cfg)))
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
