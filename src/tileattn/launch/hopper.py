@@ -67,6 +67,13 @@ def remainder_staged(head_dim: int, head_dim_v: int, cfg: HopperFwdConfig, elem:
     return REMAINDER_STAGING and used + 2 * cfg.block_m * head_dim_v * elem <= SMEM_LIMIT
 
 
+def defers_o(cfg: HopperFwdConfig, remainder: bool, lo_stage: bool) -> bool:
+    """Whether a persistent forward leaves O's copy (and the remainder's) to
+    the next work item (``cfg.defer_o``): not where the remainder is staged in
+    the Q buffer after O's copy (``lo_stage`` False), which must wait for it."""
+    return cfg.persistent and cfg.defer_o and (lo_stage or not remainder)
+
+
 def config_for(head_dim: int, head_dim_v: int | None = None, causal: bool = False,
                n_k: int | None = None) -> HopperFwdConfig:
     """The table's config for Q/K head dim ``head_dim`` and V head dim
@@ -112,7 +119,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         total = (triton.cdiv(n_m_tiles, 2) if causal else n_m_tiles) * hq * b
         grid = (max(1, min(total, sm_count(q.device))),)   # an empty call: one program, no item
         extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total,
-                     DEFER_O=cfg.defer_o and (not remainder or extra["LO_STAGE"]))
+                     DEFER_O=defers_o(cfg, remainder, extra.get("LO_STAGE", False)))
     else:   # one program a query tile, heaviest first; causal: the tiles of G (head, batch) pairs at a time
         grid, grouped = grid_order.grid(n_m_tiles, hq, b, grid_order.group_rows(causal, n_m_tiles, hq * b, cfg,
                                                                                 sm_count(q.device)))
@@ -158,12 +165,11 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
                  o_desc=_descriptor(tv, cfg.block_m))
     if remainder:
         descs["olo_desc"] = _descriptor(tv, cfg.block_m)
+    lo_stage = remainder and remainder_staged(head_dim, dv, cfg)
     const = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
-                 LO_STAGE=remainder and remainder_staged(head_dim, dv, cfg), PERSISTENT=cfg.persistent,
-                 DEFER_O=cfg.persistent and cfg.defer_o
-                 and (not remainder or remainder_staged(head_dim, dv, cfg)))
+                 LO_STAGE=lo_stage, PERSISTENT=cfg.persistent, DEFER_O=defers_o(cfg, remainder, lo_stage))
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
