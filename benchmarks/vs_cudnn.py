@@ -118,12 +118,6 @@ def with_sinks_providers(mode: str) -> dict:
         from unittest import mock
 
         from tileattn import configs
-        from tileattn.launch import hopper
-
-        def serial(q, k, v, causal):   # the remainder staged in O's buffer after O's copy (no tiles of its own)
-            with mock.patch.object(hopper, "REMAINDER_STAGING", False):
-                return sinks(q, k, v, causal, grad=True)
-        provs["tileattn-sinks-train-serial"] = serial
 
         def one_per_tile(q, k, v, causal):   # sinks calls off the persistent kernel (one program a query tile)
             with mock.patch.dict(configs.HOPPER_FWD_PERSISTENT_MAX_KEYS, clear=True):

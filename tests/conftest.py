@@ -25,6 +25,7 @@ else:
 import tileattn  # noqa: E402  (after TRITON_INTERPRET)
 from tileattn import _env, configs, launch  # noqa: E402
 from tileattn.launch import decode as launch_decode, runtime  # noqa: E402  (the launch switches live there)
+from tileattn.sinks import decode_remainder, encode_remainder, remainder_like  # noqa: E402
 
 INTERPRETED = _env.interpreter_active()
 from tileattn.testing import DEVICE, DT_NAME, SEED_OFFSET, case_number  # noqa: E402,F401  (shared with cases)
@@ -37,13 +38,14 @@ def _bf16_shim(fn, n_tensor_args):
             return fn(*args, **kwargs)
         up = tuple(t.float() if isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 else t
                    for t in tensors)
-        if kwargs.get("o_lo") is not None:   # the forward's rounding remainder, for the backward
-            kwargs = dict(kwargs, o_lo=kwargs["o_lo"].float())
+        if kwargs.get("o_lo") is not None:   # the forward's remainder code: into the float32 output (code 0 left)
+            up = up[:4] + (decode_remainder(args[4], kwargs["o_lo"]),) + up[5:]
+            kwargs = dict(kwargs, o_lo=torch.zeros_like(kwargs["o_lo"]))
         outs = fn(*up, *args[n_tensor_args:], **kwargs)
         # 4-d results (out, dq, dk, dv) return in the caller's dtype; lse stays float32
         rounded = tuple(o.to(torch.bfloat16) if o.dim() == 4 else o for o in outs)
-        if kwargs.get("remainder"):   # (out, lse, out_lo): what rounding the float32 out to bf16 drops
-            rounded = rounded[:2] + ((outs[0] - rounded[0].float()).to(torch.bfloat16),)
+        if kwargs.get("remainder"):   # (out, lse, out_lo): the code of what rounding the float32 out to bf16 drops
+            rounded = rounded[:2] + (remainder_like(rounded[0]).copy_(encode_remainder(outs[0], rounded[0])),)
         return rounded
     return wrapped
 

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from . import cpu
-from .sinks import sink_grad, with_sinks
+from .sinks import decode_remainder, encode_remainder, remainder_like, sink_grad, with_sinks
 from .dispatch import uses_triton
 from .validation import check_cu_seqlens_values
 
@@ -126,9 +126,10 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, w
     out, lse = with_sinks(out, lse.to(_lse_dtype(q)), sinks)
     out = _in_layout(_out_like(q, v), out)
     out_lo = q.new_empty(0)
-    if keep:   # the output in float32, less the rounded one
+    if keep:   # the output from float32, rounded as the kernels round theirs, and its remainder's int8 code
         out32, _ = with_sinks(*_fwd_float32(q, k, v, causal, scale, kw), sinks)
-        out_lo = _like(out, out32 - out.float())
+        out.copy_(out32)
+        out_lo = remainder_like(out).copy_(encode_remainder(out32, out))
     return out, lse.contiguous(), out_lo
 
 
@@ -141,7 +142,7 @@ def _attention_fwd_fake(q, k, v, causal, scale, window_left=-1, window_right=-1,
                         block_mask=None, deterministic=True, sinks=None, remainder=False):
     b, h, n, _ = q.shape
     out = _out_like(q, v)
-    out_lo = torch.empty_like(out) if keeps_remainder(q, sinks, remainder) else q.new_empty(0)
+    out_lo = remainder_like(out) if keeps_remainder(q, sinks, remainder) else q.new_empty(0)
     return out, q.new_empty((b, h, n), dtype=_lse_dtype(q)), out_lo
 
 
@@ -167,7 +168,7 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     out_hi = out
     if sinks is not None:
         if out_lo is not None:
-            out_hi = out.float() + out_lo.float()
+            out_hi = decode_remainder(out, out_lo)
         elif out.dtype in (torch.float16, torch.bfloat16):
             # rowsum(dO o O) from the rounded output loses digits the sinks'
             # gradient needs (it sums them over every row): O again in float32

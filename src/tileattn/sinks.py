@@ -21,7 +21,55 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["with_sinks", "sink_grad", "kernel_sink_grad"]
+__all__ = ["with_sinks", "sink_grad", "kernel_sink_grad", "encode_remainder", "decode_remainder", "remainder_like"]
+
+# The output's rounding remainder O - round(O), which a forward whose sinks
+# will be differentiated keeps for the backward, is stored as one int8 a
+# value: the remainder in units of 2^-8 of the rounded value's last place,
+#     O ~ out + code * ulp(out) / 256,   |code| <= 127,
+# (|O - out| <= ulp / 2 rounding to nearest: 8 more bits of O for half the
+# bytes of a 16-bit remainder).  A value whose unit would not be a normal
+# float32 (|out| below ~2^-111 in bf16, ~2^-110 in fp16, zero) gets code 0.
+# The kernels compute the same bits (kernels/common.py, kernels/fwd_hopper.py).
+REMAINDER_DTYPE = torch.int8
+_ROUND = 12582912.0   # 1.5 * 2^23: (x + _ROUND) - _ROUND rounds |x| < 2^22 to the nearest integer, ties to even
+
+
+def _mantissa_bits(dtype: torch.dtype) -> int:
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"out: the remainder is kept for float16 or bfloat16 outputs, not {dtype}")
+    return 10 if dtype == torch.float16 else 7
+
+
+def _unit_exponent(out: Tensor) -> tuple[Tensor, Tensor]:
+    """(the float32 exponent field of each value's unit ulp(out) / 256, whether that unit is a normal float32)."""
+    e = (out.float().view(torch.int32) >> 23) & 0xFF
+    e_unit = e - (_mantissa_bits(out.dtype) + 8)
+    return e_unit, e_unit >= 1
+
+
+def encode_remainder(out32: Tensor, out: Tensor) -> Tensor:
+    """The int8 code of ``out32 - out`` (``out``: ``out32`` rounded to 16
+    bits), in units of ulp(out) / 256, rounded to nearest (ties to even) and
+    clamped to +-127."""
+    e_unit, ok = _unit_exponent(out)
+    inv_unit = torch.where(ok, (254 - e_unit) << 23, 127 << 23).view(torch.float32)
+    x = ((out32.float() - out.float()) * inv_unit).clamp(-127.0, 127.0)
+    x = (x + _ROUND) - _ROUND
+    return torch.where(ok, x, 0.0).to(REMAINDER_DTYPE)
+
+
+def remainder_like(out: Tensor) -> Tensor:
+    """An empty int8 remainder code for ``out``, in ``out``'s layout."""
+    return torch.empty_like(out, dtype=REMAINDER_DTYPE)
+
+
+def decode_remainder(out: Tensor, code: Tensor) -> Tensor:
+    """float32 ``out + code * ulp(out) / 256``: the forward's float32 output
+    to ~2^-16 relative (bf16), from ``out`` and its remainder's code."""
+    e_unit, ok = _unit_exponent(out)
+    unit = torch.where(ok, e_unit << 23, 0).view(torch.float32)
+    return out.float() + code.float() * unit
 
 
 def with_sinks(out: Tensor, lse: Tensor, sinks: Optional[Tensor], head_dim: int = 1) -> tuple[Tensor, Tensor]:

@@ -56,16 +56,19 @@ def max_error(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def check_remainder(out: torch.Tensor, out_lo: torch.Tensor) -> None:
-    """``out_lo`` is what rounding a float32 result to ``out`` dropped (the
-    forward's ``remainder=True`` output): finite, not all zero, and at most
-    half a unit in the last place of ``out`` at every element."""
-    assert out_lo.dtype == out.dtype and out_lo.shape == out.shape and out_lo.isfinite().all()
+    """``out_lo`` is the int8 code of what rounding a float32 result to
+    ``out`` dropped (the forward's ``remainder=True`` output,
+    ``tileattn.sinks``): in ``out``'s layout, every code in [-127, 127] (the
+    poison -128 is not), not all zero, and out plus the decoded remainder
+    rounds back to out at every element (|remainder| <= half a unit in
+    out's last place)."""
+    from .sinks import REMAINDER_DTYPE, decode_remainder
+    assert out_lo.dtype == REMAINDER_DTYPE and out_lo.shape == out.shape and out_lo.stride() == out.stride()
+    assert int(out_lo.min()) >= -127, "a remainder code of -128: an element the kernel did not write"
     assert out_lo.abs().max() > 0, "the remainder is all zero"
-    mant = {torch.float16: 10, torch.bfloat16: 7}[out.dtype]
-    _, exp = torch.frexp(out.float().abs().clamp_min(torch.finfo(out.dtype).tiny))   # |out| = m 2^exp, m in [0.5, 1)
-    half_ulp = torch.ldexp(torch.ones_like(out, dtype=torch.float32), exp - 2 - mant)
-    excess = (out_lo.float().abs() - half_ulp).max().item()
-    assert excess <= 0, f"the remainder exceeds half a unit in out's last place by {excess:.3g}"
+    full = decode_remainder(out, out_lo)
+    moved = (full.to(out.dtype) != out).sum().item()
+    assert moved == 0, f"{moved} elements whose remainder is more than half a unit in out's last place"
 
 
 def _worst_index(got, ref):

@@ -39,9 +39,9 @@ over it.
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, STAGE_MASKED, add_rows, alibi_slope_log2, head_base, key_stages, load_rows, load_tile,
-                     mask_keys, pair_visible, query_block_program, query_stages, scores, sequence_span, sparse_stages,
-                     stage_tile_start, stage_walk, store_rows, tile_source)
+from .common import (LOG2E, STAGE_MASKED, add_rows, alibi_slope_log2, decode_remainder, head_base, key_stages,
+                     load_rows, load_tile, mask_keys, pair_visible, query_block_program, query_stages, scores,
+                     sequence_span, sparse_stages, stage_tile_start, stage_walk, store_rows, tile_source)
 
 
 @triton.jit
@@ -56,7 +56,8 @@ def _attn_bwd_preprocess_kernel(
     SINKS=None, DSINK_PART=None, SINK_GRAD: tl.constexpr = False,
 ):
     # O and dO are (B, H, N_Q, Dv): HEAD_DIM / BLOCK_D here are V's head dim; with
-    # HAS_O_LO, O_LO holds O's rounding remainder (the forward's float32 O is O + O_LO).
+    # HAS_O_LO, O_LO holds the int8 code of O's rounding remainder (the forward's float32 O is
+    # O + O_LO * ulp(O) / 256, tileattn.sinks).
     # SINK_GRAD (with HAS_O_LO: delta is then exact): the block's share of the sink's
     # gradient, -sum_i exp(sink_h - lse_i) delta_i, into DSINK_PART[b, h, block]
     pid_m = tl.program_id(0)
@@ -75,7 +76,8 @@ def _attn_bwd_preprocess_kernel(
     if HAS_O_LO:
         lo_ptrs = (head_base(O_LO, off_b, off_h, stride_lob, stride_loh)
                    + offs_m[:, None].to(tl.int64) * stride_lon + offs_d[None, :] * stride_lod)
-        o += load_tile(lo_ptrs, m_ok, d_ok, True, HEAD_DIM != BLOCK_D).to(tl.float32)
+        code = load_tile(lo_ptrs, m_ok, d_ok, True, HEAD_DIM != BLOCK_D)
+        o = decode_remainder(o, code, O.dtype.element_ty.fp_mantissa_width)
     delta = tl.sum(o * do, axis=1)
     # LSE, DLSE are contiguous (B, H, N_Q); DELTA, LSE2 (B, H, N_Q) with rows stride_sh apart
     # (N_Q, or padded for the Hopper backward's copy engine)

@@ -22,14 +22,14 @@ plain one above (docs/variants.md):
                    query block's row (full blocks unmasked, partial ones
                    masked) instead of a range of key tiles.
 ``HAS_SINKS`` starts every row from its head's sink logit; ``HAS_O_LO`` also
-stores the output's rounding remainder O - round(O) (the sinks' gradient
-takes rowsum(dO o O) from both).
+stores the output's rounding remainder O - round(O) as its int8 code
+(``tileattn.sinks``; the sinks' gradient takes rowsum(dO o O) from both).
 """
 import triton
 import triton.language as tl
 
-from .common import (LN2, LOG2E, STAGE_MASKED, accumulate, alibi_slope_log2, head_base, key_stages, load_rows,
-                     mask_keys, online_softmax_step, query_block_program, scores, stage_tile_start, stage_walk,
+from .common import (LN2, LOG2E, STAGE_MASKED, accumulate, alibi_slope_log2, encode_remainder, head_base,
+                     key_stages, load_rows, mask_keys, online_softmax_step, query_block_program, scores, stage_tile_start, stage_walk,
                      store_rows, tile_source)
 
 
@@ -148,8 +148,8 @@ def _attn_fwd_kernel(
     out = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
     store_rows(o_head, q_row0 + start_m, out, q_row0 + n_q, BLOCK_M, HEAD_DIM_V, BLOCK_DV, O_TMA)
-    if HAS_O_LO:   # the rounding remainder O - round(O), in O's dtype (through pointers)
-        lo = out - out.to(O_LO.dtype.element_ty).to(tl.float32)
+    if HAS_O_LO:   # the rounding remainder O - round(O) as its int8 code (through pointers)
+        lo = encode_remainder(out, out.to(q.dtype))   # O is like Q
         lo_head = (head_base(O_LO, t_b, off_h, stride_lob, stride_loh), t_b, off_h, stride_lon, stride_lod)
         store_rows(lo_head, q_row0 + start_m, lo, q_row0 + n_q, BLOCK_M, HEAD_DIM_V, BLOCK_DV, False)
     lse_ptrs = head_base(LSE, t_b, off_h, stride_lb, stride_lh) + q_row0 + offs_m

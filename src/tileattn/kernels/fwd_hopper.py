@@ -28,8 +28,7 @@ Q has two pairs of buffers, the loader copies the next item's Q into the
 other pair once both softmax warpgroups released it (``q_empty``, after O's
 copy out of it), and the ring's and the turns' counts run on across items,
 so the next item's first tiles land while this one's epilogue runs.  With
-``DEFER_O`` (``HopperFwdConfig.defer_o``; with the remainder only where it
-has staging tiles of its own) a softmax warpgroup does not wait for O's copy
+``DEFER_O`` (``HopperFwdConfig.defer_o``) a softmax warpgroup does not wait for O's copy
 out of its Q buffer (nor the remainder's out of its tile) at the end of an
 item: the next item's first tile does, and hands the buffer back then (the
 loader needs it only for the item after next).
@@ -41,8 +40,9 @@ head's sink logit is folded into each row after the key tiles, as a second
 partial softmax of one score (the loop is the one without sinks), so the lse
 includes it and a row that sees no key returns 0 and lse = sink.  With
 ``WRITE_REMAINDER`` (a sinks call that will be differentiated) the output's
-rounding remainder O - round(O) is stored too: the backward's rowsum(dO o O)
-from both is exact enough for the sinks' gradient.  Tensors are addressed
+rounding remainder O - round(O) is stored too, as one int8 a value in units
+of 2^-8 of the rounded value's last place (``tileattn.sinks``): the
+backward's rowsum(dO o O) from both is exact enough for the sinks' gradient.  Tensors are addressed
 through rank-4 (B, H, N, D) TMA descriptors, so rows past N read as zeros and
 stores past N are clipped by the copy engine; masking handles the key edge
 and the causal diagonal.  Q and K are ``HEAD_DIM`` wide, V and O
@@ -131,6 +131,22 @@ def _release_q(q_empty, prev_qi, DEFER_O: gl.constexpr):
 
 
 @gluon.jit
+def _remainder_code(out, out16):
+    """The int8 code of ``out - out16`` (float32 O and it rounded to 16
+    bits): units of ulp(out16) / 256, to the nearest integer, clamped to
+    +-127, 0 where that unit is not a normal float32 -- the bits of
+    ``tileattn.sinks.encode_remainder`` and ``kernels/common.py``'s."""
+    MANT: gl.constexpr = out16.dtype.fp_mantissa_width
+    hi = out16.to(gl.float32)
+    e_unit = ((hi.to(gl.int32, bitcast=True) >> 23) & 0xFF) - (MANT + 8)
+    ok = e_unit >= 1
+    inv_unit = gl.where(ok, (254 - e_unit) << 23, 127 << 23).to(gl.float32, bitcast=True)
+    x = gl.minimum(gl.maximum((out - hi) * inv_unit, -127.0), 127.0)
+    x = (x + 12582912.0) - 12582912.0   # 1.5 * 2^23: to the nearest integer, ties to even
+    return gl.where(ok, x, 0.0).to(gl.int8)
+
+
+@gluon.jit
 def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready,
                   k_empty, v_empty, turns,
                   o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
@@ -138,17 +154,16 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                   HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
-                  LO_STAGE: gl.constexpr, qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr):
+                  qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
     is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
     the ring's ``kc``-th and whose first turn is the ``tc``-th.  Both
     warpgroups run every key tile of the query tile (the loader's ring is
     shared), each with its own mask boundary ``n_full``.  With
     ``WRITE_REMAINDER`` the output's rounding remainder O - round(O) goes
-    through ``olo_desc`` too (in O's dtype), staged in ``lo_smem`` with
-    ``LO_STAGE``, else in the Q tile after O's copy has read it.  With
-    ``DEFER_O`` (persistent; with the remainder only with ``LO_STAGE``) the
-    copies of O out of the Q tile and of the remainder out of its tile are
+    through ``olo_desc`` too, as its int8 code (``_remainder_code``), staged
+    in this warpgroup's tile of ``lo_smem``.  With ``DEFER_O`` (persistent)
+    the copies of O out of the Q tile and of the remainder out of its tile are
     not waited on here: the next item's first tile waits for them and
     releases the buffer (``prev_qi``: the buffer this item releases so), so
     the remainder's tile is free again before this epilogue's next turn.  The sink
@@ -248,15 +263,9 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     q2.store(out16)
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], q_tile)
-    if WRITE_REMAINDER:   # O - O rounded: from a buffer of its own, or the Q tile's once O has left it
-        lo = (out - out16.to(gl.float32)).to(q_smem.dtype)
-        if LO_STAGE:
-            lo_tile = lo_smem.index(WG)
-            lo_tile.reshape([BLOCK_M, HEAD_DIM_V]).store(lo)
-        else:
-            lo_tile = q_tile
-            tma.store_wait(0)
-            q2.store(lo)
+    if WRITE_REMAINDER:   # O - O rounded as its int8 code, staged in a tile of its own
+        lo_tile = lo_smem.index(WG)
+        lo_tile.reshape([BLOCK_M, HEAD_DIM_V]).store(_remainder_code(out, out16))
         fence_async_shared()
         tma.async_copy_shared_to_global(olo_desc, [off_b, off_h, row0, 0], lo_tile)
     if not DEFER_O:
@@ -271,7 +280,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                        IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                        HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
-                       LO_STAGE: gl.constexpr, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
+                       q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
                        PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr):
     """Softmax warpgroup ``WG``: its rows of the program's query tile, or
     with ``PERSISTENT`` of each of the program's work items in turn (Q
@@ -292,7 +301,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                 _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, qi, (it // 2) & 1,
+                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, qi, (it // 2) & 1,
                               kc, tc, q_empty, prev_qi, DEFER_O)
                 if DEFER_O:
                     prev_qi = qi
@@ -310,7 +319,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
         _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                       turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                      PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, WG, 0, 0, 0, q_empty, -1,
+                      PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, WG, 0, 0, 0, q_empty, -1,
                       False)
 
 
@@ -321,16 +330,16 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr,
                             PINGPONG: gl.constexpr, HAS_SINKS: gl.constexpr, HEAD_DIM_V: gl.constexpr,
                             TAIL_DIM: gl.constexpr = 0, qt_desc=None, kt_desc=None, olo_desc=None,
-                            WRITE_REMAINDER: gl.constexpr = False, LO_STAGE: gl.constexpr = False,
+                            WRITE_REMAINDER: gl.constexpr = False,
                             PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1,
                             GROUPED: gl.constexpr = False, DEFER_O: gl.constexpr = False):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
-    without a tail); ``olo_desc`` (with ``WRITE_REMAINDER``) O's rounding
-    remainder, shaped and boxed like ``o_desc``, staged with ``LO_STAGE`` in
-    two tiles of its own (where shared memory allows), so that it needs
-    not wait for O's copy.  With ``PERSISTENT`` the grid is one program
+    without a tail); ``olo_desc`` (with ``WRITE_REMAINDER``) the int8 code of
+    O's rounding remainder, shaped and boxed like ``o_desc``, staged in two
+    tiles of its own (half of O's bytes), so that it needs not wait for O's
+    copy.  With ``PERSISTENT`` the grid is one program
     per SM (or fewer) over ``TOTAL`` work units of ``N_M_TILES`` query
     tiles of ``N_HEADS`` heads of each batch element (``_unit_size``), each
     program's units ``program_id``, + ``num_programs``, ...; Q gets two
@@ -338,8 +347,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     shared memory)."""
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
-    gl.static_assert(not DEFER_O or (PERSISTENT and (LO_STAGE or not WRITE_REMAINDER)),
-                     "DEFER_O: persistent, the remainder (if any) in staging tiles of its own")
+    gl.static_assert(not DEFER_O or PERSISTENT, "DEFER_O: a persistent program's")
     # heaviest causal tiles (last rows) first: better tail balance
     block, off_h, off_b, n_blocks = _grid_coords(N_HEADS, GROUPED)
     pid_m = n_blocks - 1 - block
@@ -351,8 +359,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     dtype: gl.constexpr = q_desc.dtype
     Q_BUFS: gl.constexpr = 4 if PERSISTENT else 2
     q_smem = gl.allocate_shared_memory(dtype, [Q_BUFS] + q_desc.block_type.shape, q_desc.layout)
-    if WRITE_REMAINDER and LO_STAGE:
-        lo_smem = gl.allocate_shared_memory(dtype, [2] + o_desc.block_type.shape, o_desc.layout)
+    if WRITE_REMAINDER:   # a tile a softmax warpgroup
+        lo_smem = gl.allocate_shared_memory(olo_desc.dtype, [2] + olo_desc.block_type.shape, olo_desc.layout)
     else:   # unused
         lo_smem = q_smem
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -394,13 +402,13 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, q_empty,
+                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
                               stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, LO_STAGE, q_empty,
+                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
                               stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O)),
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,

@@ -18,7 +18,7 @@ from ..block_mask import BLOCK_K as MASK_BLOCK_K, BLOCK_Q as MASK_BLOCK_Q, cache
 from ..configs import HopperBwdConfig, HopperFwdConfig, KernelConfig
 from ..kernels.bwd import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
 from ..kernels.fwd import _attn_fwd_kernel
-from ..sinks import kernel_sink_grad, with_sinks
+from ..sinks import kernel_sink_grad, remainder_like, with_sinks
 from ..validation import fold_causal
 from .runtime import (LOG2E, abandon_record, aligned, base_tensor, begin_record, descriptor, dot_precision, end_record,
                       output_f32, output_like, replay, smem_limit, strides4, use_tma)
@@ -259,7 +259,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     var = _Variants(q, k, causal, scale, **variants)
     o = _output(q, v)
     lse = output_f32((b, hq, n_q), q.device)
-    o_lo = torch.empty_like(o) if remainder else None
+    o_lo = remainder_like(o) if remainder else None
     if n_q == 0 or b == 0 or var.batch == 0:
         return (o, lse) if o_lo is None else (o, lse, o_lo)
     if n_k == 0:  # nothing to attend to: every row is empty (or its sink alone)

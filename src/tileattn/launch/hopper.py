@@ -25,6 +25,7 @@ from .. import configs
 from ..configs import HopperBwdConfig, HopperFwdConfig
 from ..dispatch import tma_addressable
 from . import grid_order, runtime
+from ..sinks import remainder_like
 from .runtime import LOG2E, output_f32, shared_layout, sm_count, tma_strides
 
 
@@ -36,7 +37,7 @@ def _descriptor(t: torch.Tensor, rows: int):
     runtime.register_descriptor_type(TensorDescriptor)   # direct launches key on it (launch/runtime.py)
     shape, strides = list(t.shape), tma_strides(t, 3)   # the row dim too: a 1-row tensor
     block = [1, 1, rows, shape[3]]
-    dtype = "bfloat16" if t.dtype == torch.bfloat16 else "float16"
+    dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int8: "int8"}[t.dtype]
     return TensorDescriptor(t, shape, strides, block, shared_layout(tuple(block), dtype))
 
 
@@ -53,25 +54,13 @@ def _qk_descriptors(q: torch.Tensor, k: torch.Tensor, dv: int, cfg: HopperFwdCon
                 TAIL_DIM=d - dv)
 
 
-# the forward stages its output's rounding remainder in two tiles of its own
-# where they fit beside Q and the K/V stages (else it waits for O's copy and
-# reuses O's buffer); False: always the latter (a switch for benchmarks)
-REMAINDER_STAGING = True
 SMEM_LIMIT = 227 * 1024
 
 
-def remainder_staged(head_dim: int, head_dim_v: int, cfg: HopperFwdConfig, elem: int = 2) -> bool:
-    """Whether the forward's remainder gets staging tiles of its own."""
-    q_tiles = 4 if cfg.persistent else 2
-    used = (q_tiles * cfg.block_m * head_dim + cfg.num_stages * cfg.block_n * (head_dim + head_dim_v)) * elem + 1024
-    return REMAINDER_STAGING and used + 2 * cfg.block_m * head_dim_v * elem <= SMEM_LIMIT
-
-
-def defers_o(cfg: HopperFwdConfig, remainder: bool, lo_stage: bool) -> bool:
+def defers_o(cfg: HopperFwdConfig) -> bool:
     """Whether a persistent forward leaves O's copy (and the remainder's) to
-    the next work item (``cfg.defer_o``): not where the remainder is staged in
-    the Q buffer after O's copy (``lo_stage`` False), which must wait for it."""
-    return cfg.persistent and cfg.defer_o and (lo_stage or not remainder)
+    the next work item (``cfg.defer_o``)."""
+    return cfg.persistent and cfg.defer_o
 
 
 def config_for(head_dim: int, head_dim_v: int | None = None, causal: bool = False,
@@ -99,8 +88,8 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     """Forward on the Hopper kernel. Returns (out like q, as wide as v; lse
     float32 (B, Hq, Nq)); ``sinks`` (float32 (Hq,)) enter every row's
     denominator and the lse.  ``remainder``: (out, lse, out_lo) with out_lo
-    = O - out (the float32 result's rounding remainder, in out's dtype and
-    layout)."""
+    the int8 code of O - out (the float32 result's rounding remainder, in
+    out's layout; ``tileattn.sinks``)."""
     b, hq, n_q, d = q.shape
     hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or config_for(d, dv, causal, n_k)
@@ -108,18 +97,17 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
     from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel
     o, lse = fwd_outputs(q, v)
-    o_lo = torch.empty_like(o) if remainder else None
-    if poison:
+    o_lo = remainder_like(o) if remainder else None
+    if poison:   # NaN, and a code the remainder never takes
         for t in (o, lse) if o_lo is None else (o, lse, o_lo):
-            t.fill_(float("nan"))
-    extra = {} if o_lo is None else dict(olo_desc=_descriptor(o_lo, cfg.block_m), WRITE_REMAINDER=True,
-                                         LO_STAGE=remainder_staged(d, dv, cfg))
+            t.fill_(-128 if t is o_lo else float("nan"))
+    extra = {} if o_lo is None else dict(olo_desc=_descriptor(o_lo, cfg.block_m), WRITE_REMAINDER=True)
     n_m_tiles = triton.cdiv(n_q, 2 * cfg.block_m)
     if cfg.persistent:   # one program an SM (or fewer) walks the work units: causal, two tiles each
         total = (triton.cdiv(n_m_tiles, 2) if causal else n_m_tiles) * hq * b
         grid = (max(1, min(total, sm_count(q.device))),)   # an empty call: one program, no item
         extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total,
-                     DEFER_O=defers_o(cfg, remainder, extra.get("LO_STAGE", False)))
+                     DEFER_O=defers_o(cfg))
     else:   # one program a query tile, heaviest first; causal: the tiles of G (head, batch) pairs at a time
         grid, grouped = grid_order.grid(n_m_tiles, hq, b, grid_order.group_rows(causal, n_m_tiles, hq * b, cfg,
                                                                                 sm_count(q.device)))
@@ -164,12 +152,11 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     descs = dict(_qk_descriptors(t, t, dv, cfg), v_desc=_descriptor(tv, cfg.block_n),
                  o_desc=_descriptor(tv, cfg.block_m))
     if remainder:
-        descs["olo_desc"] = _descriptor(tv, cfg.block_m)
-    lo_stage = remainder and remainder_staged(head_dim, dv, cfg)
+        descs["olo_desc"] = _descriptor(torch.empty(tv.shape, dtype=torch.int8), cfg.block_m)
     const = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, HAS_SINKS=sinks,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
-                 LO_STAGE=lo_stage, PERSISTENT=cfg.persistent, DEFER_O=defers_o(cfg, remainder, lo_stage))
+                 PERSISTENT=cfg.persistent, DEFER_O=defers_o(cfg))
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")

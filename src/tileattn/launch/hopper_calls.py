@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sinks import kernel_sink_grad
+from ..sinks import kernel_sink_grad, remainder_like
 from . import bwd_memory, bwd_steps, grid_order, hopper, runtime
 from .runtime import aligned, output_f32, output_like
 
@@ -45,12 +45,11 @@ def fwd(q, k, v, causal: bool, scale: float, config=None, sinks=None, remainder:
         sinks = sinks.float().contiguous()
     if config is None and not runtime.POISON_OUTPUTS:
         cfg = hopper.config_for(q.shape[-1], v.shape[-1], causal, k.shape[2])
-        key = runtime.plan_key("hopper_fwd", (q, k, v, sinks), bool(causal), float(scale), cfg, bool(remainder),
-                               bool(remainder) and hopper.REMAINDER_STAGING)
+        key = runtime.plan_key("hopper_fwd", (q, k, v, sinks), bool(causal), float(scale), cfg, bool(remainder))
         plan = runtime.PLANS.get(key) if key is not None else None
         if plan is not None:
             o, lse = hopper.fwd_outputs(q, v)
-            o_lo = torch.empty_like(o) if remainder else None
+            o_lo = remainder_like(o) if remainder else None
             if aligned(o, lse, *(() if o_lo is None else (o_lo,))):
                 runtime.replay(plan, _fwd_tensors(q, k, v, o, lse, sinks, o_lo))
                 return (o, lse) if o_lo is None else (o, lse, o_lo)
