@@ -9,13 +9,14 @@ sinks, the variants, the atomic backward, packed sequences, KV-cache decoding wi
 splits, and bad input rejected before anything runs or is written.
 """
 import functools
+import math
 
 import pytest
 import torch
 
 import tileattn
 from tileattn.reference import standard_attention, standard_attention_varlen
-from tileattn.sinks import decode_remainder
+from tileattn.sinks import decode_remainder, encode_remainder
 from tileattn.testing import DEVICE, DT_NAME, SEED_OFFSET, case_number, check_accuracy, check_remainder
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -226,6 +227,38 @@ def test_custom_ops_with_sinks_pass_opcheck(dtype, kernels):
     args = (torch.randn_like(out), q, k, v, out, lse, None, True, 0.25, -1, -1, 0.0, None, None, True, sinks)
     torch.library.opcheck(torch.ops.tileattn.attention_bwd.default, args)
     torch.library.opcheck(torch.ops.tileattn.attention_bwd.default, args + (out_lo,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_remainder_code_round_trip(dtype):
+    """The remainder's int8 code (``tileattn.sinks``): float32 values over
+    many binades, their 16-bit rounding, zeros, ties and values below the
+    smallest normal: every code in [-127, 127], out plus the decoded code
+    within half a unit (ulp(out) / 512) of the float32 value where out is
+    normal and its unit a normal float32 (a whole unit where the code was
+    clamped to +-127), never farther than out itself, and code 0 where out
+    is 0."""
+    torch.manual_seed(41 + SEED_OFFSET)
+    finfo = torch.finfo(dtype)
+    mags = torch.exp2(torch.empty(20000).uniform_(math.log2(finfo.tiny) - 4, math.log2(finfo.max) - 1))
+    x = (mags * torch.randn(20000).sign()).float()
+    out = x.to(dtype)
+    ties = (out.float() + (torch.nextafter(out, torch.full_like(out, float("inf"))).float() - out.float()) / 2)
+    x, out = torch.cat([x, ties, torch.zeros(4)]), torch.cat([out, ties.to(dtype), torch.zeros(4, dtype=dtype)])
+    code = encode_remainder(x, out)
+    assert code.dtype == torch.int8 and int(code.min()) >= -127 and int(code.max()) <= 127
+    assert (code[out == 0] == 0).all()
+    back = decode_remainder(out, code)
+    err, err_out = (back.double() - x.double()).abs(), (out.double() - x.double()).abs()
+    assert (err <= err_out).all(), "the decoded remainder moved a value away"
+    mant = 10 if dtype == torch.float16 else 7
+    normal = out.float().abs() >= max(finfo.tiny, 2.0 ** (mant + 9 - 127))
+    _, exp = torch.frexp(out.float().abs().clamp_min(finfo.tiny))   # |out| = m 2^exp, m in [0.5, 1)
+    ulp = torch.ldexp(torch.ones_like(x), exp - 1 - mant)
+    bound = ulp / 256 * torch.where(code.abs() == 127, 1.0, 0.5)
+    worst = (err - bound.double())[normal].max().item()
+    assert worst <= 0, f"decoded remainder off by {worst:.3g} beyond its unit"
+    assert err[normal].sum() < err_out[normal].sum() / 100
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
