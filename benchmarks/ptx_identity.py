@@ -84,10 +84,12 @@ def hopper_cases():
             cases[f"hopper-fwd-d{d}-{dv}-{'causal' if causal else 'full'}"] = ("hopper", "fwd", d, dv, causal, False,
                                                                                 False)
     # the forward at d <= 128 with opt-in flags: persistent plain, with sinks, with sinks and the output's
-    # remainder, with defer_o (also with sinks and the remainder)
+    # remainder, with defer_o (also with sinks and the remainder); the rows' max and sum as trees (row_tree), one
+    # program a tile and persistent
     for d in (64, 128):
         for causal in (False, True):
-            for extra in ("-pers", "-pers-sinks", "-pers-sinks-remainder", "-pers-dfo", "-pers-dfo-sinks-remainder"):
+            for extra in ("-pers", "-pers-sinks", "-pers-sinks-remainder", "-pers-dfo", "-pers-dfo-sinks-remainder",
+                          "-rt", "-pers-rt"):
                 cases[f"hopper-fwd-d{d}-{d}-{'causal' if causal else 'full'}{extra}"] = (
                     "hopper", "fwd-flags", d, d, causal, extra, False)
     for (d, dv) in configs.HOPPER_BWD:
@@ -118,9 +120,10 @@ def _compile_hopper(case):
     _, kind, d, dv, causal, flag, paired = case
     if kind == "fwd":
         return hopper.compile_sm90(d, configs.HOPPER_FWD[(d, dv)], causal, "bf16", False, head_dim_v=dv)
-    if kind == "fwd-flags":   # flag: "-pers" with "-dfo" or "-sinks" (and "-remainder")
+    if kind == "fwd-flags":   # flag: "-pers" with "-dfo" or "-sinks" (and "-remainder"), "-rt" with or without it
         on = set(flag.split("-"))
-        cfg = dataclasses.replace(configs.HOPPER_FWD[(d, dv)], persistent="pers" in on, defer_o="dfo" in on)
+        cfg = dataclasses.replace(configs.HOPPER_FWD[(d, dv)], persistent="pers" in on, defer_o="dfo" in on,
+                                  row_tree="rt" in on)
         return hopper.compile_sm90(d, cfg, causal, "bf16", "sinks" in on, head_dim_v=dv, remainder="remainder" in on)
     if kind == "bwd":
         cfg = dataclasses.replace(configs.HOPPER_BWD[(d, dv)], pair_blocks=paired or None)

@@ -328,6 +328,7 @@ class HopperFwdConfig:
     pingpong: bool = True       # the two warpgroups take turns issuing their products
     persistent: bool = False    # d <= 128: one program an SM walks query tiles; the next tile's Q lands under this one
     defer_o: bool = False       # persistent: O's (and a staged remainder's) copy waited on under the next tile
+    row_tree: bool = False      # each row's max and sum of a tile as a tree of register blocks (shorter chains)
     group_rows: int | None = None   # causal, not persistent: as HopperBwdConfig's (query tiles of G (head, batch))
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
@@ -336,7 +337,7 @@ class HopperFwdConfig:
     @property
     def name(self) -> str:
         flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent), ("-dfo", self.defer_o),
-                 (f"-g{self.group_rows}", self.group_rows))
+                 ("-rt", self.row_tree), (f"-g{self.group_rows}", self.group_rows))
         return f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}" + "".join(f for f, on in flags if on)
 
 

@@ -49,6 +49,11 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, persistent=True, defer_o=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, persistent=True, defer_o=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, overlap=False, persistent=True, defer_o=True)),
+    # each row's max and sum as trees of register blocks (persistent at d = 64 and 128, 128-key tiles; one
+    # program a tile at d = 256, 64-key tiles)
+    ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, persistent=True, row_tree=True)),
+    ((128, 128), HopperFwdConfig(num_stages=2, persistent=True, row_tree=True)),
+    ((256, 256), HopperFwdConfig(block_n=64, num_stages=2, row_tree=True)),
     # causal: the query tiles of 2, 4 and all 8 of the test's (head, batch) pairs at a time
     ((128, 128), HopperFwdConfig(num_stages=2, group_rows=2)),
     ((192, 128), HopperFwdConfig(num_stages=2, group_rows=4)),

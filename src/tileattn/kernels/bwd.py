@@ -39,9 +39,10 @@ over it.
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, STAGE_MASKED, add_rows, alibi_slope_log2, decode_remainder, head_base, key_stages,
+from .common import (LOG2E, STAGE_MASKED, add_rows, alibi_slope_log2, head_base, key_stages,
                      load_rows, load_tile, mask_keys, pair_visible, query_block_program, query_stages, scores,
                      sequence_span, sparse_stages, stage_tile_start, stage_walk, store_rows, tile_source)
+from .remainder import decode_remainder
 
 
 @triton.jit

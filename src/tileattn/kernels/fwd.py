@@ -28,9 +28,10 @@ stores the output's rounding remainder O - round(O) as its int8 code
 import triton
 import triton.language as tl
 
-from .common import (LN2, LOG2E, STAGE_MASKED, accumulate, alibi_slope_log2, encode_remainder, head_base,
-                     key_stages, load_rows, mask_keys, online_softmax_step, query_block_program, scores, stage_tile_start, stage_walk,
+from .common import (LN2, LOG2E, STAGE_MASKED, accumulate, alibi_slope_log2, head_base, key_stages, load_rows,
+                     mask_keys, online_softmax_step, query_block_program, scores, stage_tile_start, stage_walk,
                      store_rows, tile_source)
+from .remainder import encode_remainder
 
 
 @triton.jit

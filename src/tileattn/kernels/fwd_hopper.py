@@ -33,6 +33,13 @@ out of its Q buffer (nor the remainder's out of its tile) at the end of an
 item: the next item's first tile does, and hands the buffer back then (the
 loader needs it only for the item after next).
 
+With ``ROW_TREE`` (``HopperFwdConfig.row_tree``, opt-in) each row's max and
+sum over a key tile are reduced as trees: a thread's share of the row as four
+blocks of whole column groups, combined element-wise, then the block's
+columns (a chain of 3 + 7 dependent instructions at 128 keys where the plain
+reduction's is 31; the max sits between the S product's wait and the first
+exp2 of every tile).
+
 The math is the portable kernel's (``fwd.py``): log2-unit scores
 (``qk_scale = scale * log2 e``), the same masked/unmasked split of the key
 tiles, rows that see no key return 0 and lse -inf.  With ``HAS_SINKS`` the
@@ -67,8 +74,35 @@ LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
+def _row_max(x, s_layout: gl.constexpr, SPLIT: gl.constexpr):
+    """Each row's max of ``x`` (M, N), as a tree: the N columns as SPLIT
+    blocks of N / SPLIT, their element-wise max first (a thread's own
+    registers: a warpgroup MMA's accumulator holds columns 8 i + 2 t + {0, 1},
+    so blocks of whole 8-column groups stay in the thread), then each row of
+    that; a thread's chain of dependent max instructions is SPLIT - 1 + N /
+    (4 SPLIT) - 1 long instead of N / 4 - 1."""
+    if SPLIT > 1:
+        M: gl.constexpr = x.shape[0]
+        N: gl.constexpr = x.shape[1]
+        y = gl.max(gl.reshape(x, [M, SPLIT, N // SPLIT]), 1)
+        return gl.convert_layout(gl.max(y, 1), gl.SliceLayout(1, s_layout), assert_trivial=True)
+    return gl.max(x, 1)
+
+
+@gluon.jit
+def _row_sum(x, s_layout: gl.constexpr, SPLIT: gl.constexpr):
+    """Each row's sum of ``x`` (M, N), as a tree (see :func:`_row_max`)."""
+    if SPLIT > 1:
+        M: gl.constexpr = x.shape[0]
+        N: gl.constexpr = x.shape[1]
+        y = gl.sum(gl.reshape(x, [M, SPLIT, N // SPLIT]), 1)
+        return gl.convert_layout(gl.sum(y, 1), gl.SliceLayout(1, s_layout), assert_trivial=True)
+    return gl.sum(x, 1)
+
+
+@gluon.jit
 def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+                  IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, ROW_TREE: gl.constexpr):
     """The running softmax of key tile ``j``: (p, alpha, m_new, l_new).
 
     The max runs over the raw scores and is scaled once per row, so each
@@ -82,27 +116,28 @@ def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.cons
         if IS_CAUSAL:
             visible = visible & (offs_n[None, :] <= offs_m[:, None] + (N_K - N_Q))
         qk = gl.where(visible, qk, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
+    SPLIT: gl.constexpr = 4 if ROW_TREE else 1
+    m_new = gl.maximum(m_i, _row_max(qk, s_layout, SPLIT) * qk_scale)
     if MASKED:
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_ref = m_new
     p = gl.exp2(qk * qk_scale - m_ref[:, None])
     alpha = gl.exp2(m_i - m_ref)
-    l_i = l_i * alpha + gl.sum(p, 1)
+    l_i = l_i * alpha + _row_sum(p, s_layout, SPLIT)
     return p, alpha, m_new, l_i
 
 
 @gluon.jit
 def _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr,
-                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_TREE: gl.constexpr):
     """:func:`_softmax_step` with the mask where tile ``j`` needs one."""
     if j < n_full:
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
-                                           IS_CAUSAL, False)
+                                           IS_CAUSAL, False, ROW_TREE)
     else:
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
-                                           IS_CAUSAL, True)
+                                           IS_CAUSAL, True, ROW_TREE)
     return p, alpha, m_i, l_i
 
 
@@ -135,7 +170,7 @@ def _remainder_code(out, out16):
     """The int8 code of ``out - out16`` (float32 O and it rounded to 16
     bits): units of ulp(out16) / 256, to the nearest integer, clamped to
     +-127, 0 where that unit is not a normal float32 -- the bits of
-    ``tileattn.sinks.encode_remainder`` and ``kernels/common.py``'s."""
+    ``tileattn.sinks.encode_remainder`` and ``kernels/remainder.py``'s."""
     MANT: gl.constexpr = out16.dtype.fp_mantissa_width
     hi = out16.to(gl.float32)
     e_unit = ((hi.to(gl.int32, bitcast=True) >> 23) & 0xFF) - (MANT + 8)
@@ -152,7 +187,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+                  IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, ROW_TREE: gl.constexpr,
                   HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                   qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
@@ -202,7 +237,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             mbarrier.arrive(k_empty.index(kc % NUM_STAGES), count=1)
             _release_q(q_empty, prev_qi, DEFER_O)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, 0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                               BLOCK_N, IS_CAUSAL)
+                                               BLOCK_N, IS_CAUSAL, ROW_TREE)
             for j in range(1, n_tiles):
                 _my_turn(turns, tc + j, WG, PINGPONG)
                 qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc + j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
@@ -212,7 +247,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
                 p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                                   BLOCK_N, IS_CAUSAL)
+                                                   BLOCK_N, IS_CAUSAL, ROW_TREE)
                 acc = _wait_pv(acc)
                 mbarrier.arrive(v_empty.index((kc + j - 1) % NUM_STAGES), count=1)
                 acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
@@ -232,7 +267,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             if j == 0:
                 _release_q(q_empty, prev_qi, DEFER_O)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                               BLOCK_N, IS_CAUSAL)
+                                               BLOCK_N, IS_CAUSAL, ROW_TREE)
             acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, tc + 2 * j + 1, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, kc + j, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
@@ -278,7 +313,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                       IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+                       IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, ROW_TREE: gl.constexpr,
                        HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                        q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
                        PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr):
@@ -301,7 +336,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                 _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, qi, (it // 2) & 1,
+                              PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, qi, (it // 2) & 1,
                               kc, tc, q_empty, prev_qi, DEFER_O)
                 if DEFER_O:
                     prev_qi = qi
@@ -319,7 +354,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
         _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                       turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                      PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, WG, 0, 0, 0, q_empty, -1,
+                      PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, WG, 0, 0, 0, q_empty, -1,
                       False)
 
 
@@ -332,7 +367,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             TAIL_DIM: gl.constexpr = 0, qt_desc=None, kt_desc=None, olo_desc=None,
                             WRITE_REMAINDER: gl.constexpr = False,
                             PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1,
-                            GROUPED: gl.constexpr = False, DEFER_O: gl.constexpr = False):
+                            GROUPED: gl.constexpr = False, DEFER_O: gl.constexpr = False,
+                            ROW_TREE: gl.constexpr = False):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
@@ -402,13 +438,13 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
+                              PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
                               stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                              PINGPONG, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
+                              PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
                               stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O)),
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
