@@ -74,30 +74,28 @@ LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
-def _row_max(x, s_layout: gl.constexpr, SPLIT: gl.constexpr):
-    """Each row's max of ``x`` (M, N), as a tree: the N columns as SPLIT
-    blocks of N / SPLIT, their element-wise max first (a thread's own
-    registers: a warpgroup MMA's accumulator holds columns 8 i + 2 t + {0, 1},
-    so blocks of whole 8-column groups stay in the thread), then each row of
-    that; a thread's chain of dependent max instructions is SPLIT - 1 + N /
-    (4 SPLIT) - 1 long instead of N / 4 - 1."""
+def _row_reduce(x, s_layout: gl.constexpr, SPLIT: gl.constexpr, MAX: gl.constexpr):
+    """Each row's max (``MAX``) or sum of ``x`` (M, N); with ``SPLIT`` > 1 as
+    a tree: the N columns as SPLIT blocks of N / SPLIT, combined element-wise
+    first (a thread's own registers: a warpgroup MMA's accumulator holds
+    columns 8 i + 2 t + {0, 1}, so blocks of whole 8-column groups stay in
+    the thread), then along each row of that; a thread's chain of dependent
+    instructions is SPLIT - 1 + N / (4 SPLIT) - 1 long instead of N / 4 - 1."""
     if SPLIT > 1:
         M: gl.constexpr = x.shape[0]
         N: gl.constexpr = x.shape[1]
-        y = gl.max(gl.reshape(x, [M, SPLIT, N // SPLIT]), 1)
-        return gl.convert_layout(gl.max(y, 1), gl.SliceLayout(1, s_layout), assert_trivial=True)
-    return gl.max(x, 1)
-
-
-@gluon.jit
-def _row_sum(x, s_layout: gl.constexpr, SPLIT: gl.constexpr):
-    """Each row's sum of ``x`` (M, N), as a tree (see :func:`_row_max`)."""
-    if SPLIT > 1:
-        M: gl.constexpr = x.shape[0]
-        N: gl.constexpr = x.shape[1]
-        y = gl.sum(gl.reshape(x, [M, SPLIT, N // SPLIT]), 1)
-        return gl.convert_layout(gl.sum(y, 1), gl.SliceLayout(1, s_layout), assert_trivial=True)
-    return gl.sum(x, 1)
+        x = gl.reshape(x, [M, SPLIT, N // SPLIT])
+        if MAX:
+            x = gl.max(x, 1)
+        else:
+            x = gl.sum(x, 1)
+    if MAX:
+        r = gl.max(x, 1)
+    else:
+        r = gl.sum(x, 1)
+    if SPLIT > 1:   # the plain reduction's layout: no data moves
+        r = gl.convert_layout(r, gl.SliceLayout(1, s_layout), assert_trivial=True)
+    return r
 
 
 @gluon.jit
@@ -117,14 +115,14 @@ def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.cons
             visible = visible & (offs_n[None, :] <= offs_m[:, None] + (N_K - N_Q))
         qk = gl.where(visible, qk, float("-inf"))
     SPLIT: gl.constexpr = 4 if ROW_TREE else 1
-    m_new = gl.maximum(m_i, _row_max(qk, s_layout, SPLIT) * qk_scale)
+    m_new = gl.maximum(m_i, _row_reduce(qk, s_layout, SPLIT, True) * qk_scale)
     if MASKED:
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_ref = m_new
     p = gl.exp2(qk * qk_scale - m_ref[:, None])
     alpha = gl.exp2(m_i - m_ref)
-    l_i = l_i * alpha + _row_sum(p, s_layout, SPLIT)
+    l_i = l_i * alpha + _row_reduce(p, s_layout, SPLIT, False)
     return p, alpha, m_new, l_i
 
 
