@@ -11,7 +11,11 @@ around it.  Two counts a loop: the whole body (static: a body that branches,
 as the forward's masked and unmasked softmax, counts both sides) and its
 shortest trip (the fewest instructions from the body's start to its back
 edge: a block that only some trips run, such as the masked softmax, a last
-tile's fix-up or a turn taken every other tile, is left out).
+tile's fix-up or a turn taken every other tile, is left out), and the
+longest chain of register dependences from the loop's first MMA wait to its
+end in a crude latency model (``chain_after_wait``: how long the softmax
+between the S product and the next products is at the least, for comparing
+builds; perf-notes v44).
 
     python benchmarks/sass_loops.py --only "hopper-bwd-d192"         # the cases of ptx_identity.py
     python benchmarks/sass_loops.py --only "fwd-d64-64-full" --opcodes
@@ -107,12 +111,46 @@ def hot_loops(sass: str) -> list[dict]:
     out = []
     for r in sorted(inner):
         body = bodies[r]
-        trip = _shortest_trip([x for x in ins if r[0] <= x[0] <= r[1]], labels)
-        out.append({"start": r[0], "end": r[1], "instructions": len(body),
+        listing = [x for x in ins if r[0] <= x[0] <= r[1]]
+        trip = _shortest_trip(listing, labels)
+        out.append({"start": r[0], "end": r[1], "instructions": len(body), "chain": chain_after_wait(listing),
                     "classes": dict(collections.Counter(c for _, c in body).most_common()),
                     "opcodes": dict(collections.Counter(op for op, _ in body).most_common()),
                     "trip": len(trip), "trip_classes": dict(collections.Counter(map(classify, trip)).most_common())})
     return out
+
+
+# a crude latency model for chain_after_wait: clocks from an instruction's issue until a dependent one may issue
+LATENCY = (("MUFU", 20), ("SHFL", 24), ("LDS", 30), ("LDL", 30), ("F2FP", 6))
+_NO_DEST = ("ISETP", "FSETP", "PLOP3", "STS", "STG", "STL", "RED", "SYNCS", "BAR", "WARPGROUP", "BRA", "EXIT",
+            "UTMA", "HGMMA", "FENCE", "MEMBAR", "NOP")
+_REG = re.compile(r"\bR(\d+)\b")
+
+
+def chain_after_wait(body) -> int:
+    """The longest chain of register dependences (in clocks of ``LATENCY``,
+    4 for any other instruction) through a loop body's instructions from its
+    first warpgroup-MMA wait (``WARPGROUP.DEPBAR``: the scores have landed) to
+    its end, in listing order: both sides of a branch count, predicates and
+    uniform registers do not, the first register of an instruction is its
+    destination unless the opcode writes none (compares, stores, syncs,
+    MMAs).  A rough measure of the softmax's dependent depth between the S
+    product and the next products, for comparing builds (0 without a wait)."""
+    start = next((i for i, (_, _, op, _) in enumerate(body) if op.startswith("WARPGROUP.DEPBAR")), None)
+    if start is None:
+        return 0
+    ready, longest = {}, 0
+    for _, _, op, rest in body[start + 1:]:
+        regs = _REG.findall(rest)
+        if op.startswith(_NO_DEST) or not regs:
+            dest, srcs = None, regs
+        else:
+            dest, srcs = regs[0], regs[1:]
+        done = max((ready.get(r, 0) for r in srcs), default=0) + next((c for p, c in LATENCY if op.startswith(p)), 4)
+        if dest is not None:
+            ready[dest] = done
+        longest = max(longest, done)
+    return longest
 
 
 def _shortest_trip(body, labels) -> list[str]:
@@ -146,7 +184,8 @@ def _shortest_trip(body, labels) -> list[str]:
 def format_loop(loop: dict, opcodes: bool = False) -> str:
     head = (f"  loop {loop['start']:#07x}-{loop['end']:#07x}: {loop['instructions']} instructions; "
             + ", ".join(f"{k} {v}" for k, v in loop["classes"].items())
-            + f"\n    shortest trip {loop['trip']}: " + ", ".join(f"{k} {v}" for k, v in loop["trip_classes"].items()))
+            + f"\n    shortest trip {loop['trip']}: " + ", ".join(f"{k} {v}" for k, v in loop["trip_classes"].items())
+            + f"\n    dependent chain after the first MMA wait (crude clocks): {loop['chain']}")
     if not opcodes:
         return head
     return head + "\n" + "\n".join(f"      {v:5d} {k}" for k, v in loop["opcodes"].items())

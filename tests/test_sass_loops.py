@@ -65,6 +65,24 @@ def test_listing_one_tile_loop():
     assert "local" not in loop["trip_classes"] and loop["trip_classes"]["fp32"] == 1
 
 
+def test_chain_after_the_mma_wait():
+    # LISTING after its DEPBAR: FFMA R3 (4) -> MUFU R3 (+20) -> FSEL R3 (+4) -> F2FP R10 (+6) = 34 clocks; the
+    # compare, the LDL off the chain (R1 is ready) and the loop counter's IADD3 do not lengthen it
+    (loop,) = sass_loops.hot_loops(LISTING)
+    assert loop["chain"] == 34
+    # a row's max over four registers as one chain (3 dependent FMNMX after the first) against a tree (2 levels)
+    head = "        /*0000*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT ;\n" \
+           "        /*0010*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n"
+    linear = ["FMNMX R30, R24, R25, !PT", "FMNMX R30, R26, R30, !PT", "FMNMX R30, R27, R30, !PT"]
+    tree = ["FMNMX R30, R24, R25, !PT", "FMNMX R31, R26, R27, !PT", "FMNMX R30, R30, R31, !PT"]
+    chains = []
+    for body in (linear, tree):
+        listing = head + "".join(f"        /*{0x20 + 16 * i:04x}*/                   {x} ;\n" for i, x in enumerate(body))
+        chains.append(sass_loops.chain_after_wait(sass_loops.parse(listing)[0]))
+    assert chains == [12, 8]
+    assert sass_loops.chain_after_wait(sass_loops.parse(head.splitlines()[0])[0]) == 0   # no wait: no chain
+
+
 def test_classify_names_the_units():
     cases = {"HGMMA.64x64x16.F32.BF16": "mma", "MUFU.EX2": "mufu", "FMNMX": "fp32", "F2FP.BF16.F32.PACK_AB": "convert",
              "UTMAREDG.4D.ADD": "tma", "R2UR": "uniform", "UIADD3.64": "uniform", "STL.64": "local",
