@@ -328,7 +328,7 @@ class HopperFwdConfig:
     pingpong: bool = True       # the two warpgroups take turns issuing their products
     persistent: bool = False    # d <= 128: one program an SM walks query tiles; the next tile's Q lands under this one
     defer_o: bool = False       # persistent: O's (and a staged remainder's) copy waited on under the next tile
-    row_tree: bool = False      # each row's max and sum of a tile as a tree of register blocks (shorter chains)
+    row_tree: bool = False      # a tile's row max as a tree of register blocks; row sums a thread's own till the end
     group_rows: int | None = None   # causal, not persistent: as HopperBwdConfig's (query tiles of G (head, batch))
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168

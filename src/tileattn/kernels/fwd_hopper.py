@@ -33,12 +33,14 @@ out of its Q buffer (nor the remainder's out of its tile) at the end of an
 item: the next item's first tile does, and hands the buffer back then (the
 loader needs it only for the item after next).
 
-With ``ROW_TREE`` (``HopperFwdConfig.row_tree``, opt-in) each row's max and
-sum over a key tile are reduced as trees: a thread's share of the row as four
-blocks of whole column groups, combined element-wise, then the block's
-columns (a chain of 3 + 7 dependent instructions at 128 keys where the plain
+With ``ROW_TREE`` (``HopperFwdConfig.row_tree``, opt-in) each row's max over
+a key tile is reduced as a tree: a thread's share of the row as four blocks
+of whole column groups, combined element-wise, then the block's columns (a
+chain of 3 + 7 dependent instructions at 128 keys where the plain
 reduction's is 31; the max sits between the S product's wait and the first
-exp2 of every tile).
+exp2 of every tile); and its running sum stays one partial sum a thread of
+the row's four, added across them once after the key tiles instead of with
+two shuffles every tile.
 
 The math is the portable kernel's (``fwd.py``): log2-unit scores
 (``qk_scale = scale * log2 e``), the same masked/unmasked split of the key
@@ -74,28 +76,43 @@ LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
-def _row_reduce(x, s_layout: gl.constexpr, SPLIT: gl.constexpr, MAX: gl.constexpr):
-    """Each row's max (``MAX``) or sum of ``x`` (M, N); with ``SPLIT`` > 1 as
-    a tree: the N columns as SPLIT blocks of N / SPLIT, combined element-wise
-    first (a thread's own registers: a warpgroup MMA's accumulator holds
-    columns 8 i + 2 t + {0, 1}, so blocks of whole 8-column groups stay in
-    the thread), then along each row of that; a thread's chain of dependent
+def _row_max(x, s_layout: gl.constexpr, SPLIT: gl.constexpr):
+    """Each row's max of ``x`` (M, N); with ``SPLIT`` > 1 as a tree: the N
+    columns as SPLIT blocks of N / SPLIT, their element-wise max first (a
+    thread's own registers: a warpgroup MMA's accumulator holds columns
+    8 i + 2 t + {0, 1}, so blocks of whole 8-column groups stay in the
+    thread), then along each row of that; a thread's chain of dependent max
     instructions is SPLIT - 1 + N / (4 SPLIT) - 1 long instead of N / 4 - 1."""
     if SPLIT > 1:
         M: gl.constexpr = x.shape[0]
         N: gl.constexpr = x.shape[1]
-        x = gl.reshape(x, [M, SPLIT, N // SPLIT])
-        if MAX:
-            x = gl.max(x, 1)
-        else:
-            x = gl.sum(x, 1)
-    if MAX:
-        r = gl.max(x, 1)
+        y = gl.max(gl.reshape(x, [M, SPLIT, N // SPLIT]), 1)
+        r = gl.convert_layout(gl.max(y, 1), gl.SliceLayout(1, s_layout), assert_trivial=True)   # no data moves
     else:
-        r = gl.sum(x, 1)
-    if SPLIT > 1:   # the plain reduction's layout: no data moves
-        r = gl.convert_layout(r, gl.SliceLayout(1, s_layout), assert_trivial=True)
+        r = gl.max(x, 1)
     return r
+
+
+@gluon.jit
+def _lane_sums(x):
+    """Each row's sum of ``x`` (M, N) over a thread's own columns: (M, 4),
+    one partial sum per thread of the row's four (a warpgroup MMA's
+    accumulator gives lane t of a row's quad the columns 8 i + 2 t + {0, 1}),
+    no shuffle; :func:`_row_total` adds the four once, after the key tiles."""
+    M: gl.constexpr = x.shape[0]
+    N: gl.constexpr = x.shape[1]
+    return gl.sum(gl.sum(gl.reshape(x, [M, N // 8, 4, 2]), 3), 1)
+
+
+@gluon.jit
+def _row_total(l_i, s_layout: gl.constexpr, ROW_TREE: gl.constexpr):
+    """The row sums in the rows' layout: with ``ROW_TREE`` from the four
+    lanes' partial sums (:func:`_lane_sums`), else as they are."""
+    if ROW_TREE:
+        total = gl.convert_layout(gl.sum(l_i, 1), gl.SliceLayout(1, s_layout), assert_trivial=True)
+    else:
+        total = l_i
+    return total
 
 
 @gluon.jit
@@ -115,14 +132,18 @@ def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.cons
             visible = visible & (offs_n[None, :] <= offs_m[:, None] + (N_K - N_Q))
         qk = gl.where(visible, qk, float("-inf"))
     SPLIT: gl.constexpr = 4 if ROW_TREE else 1
-    m_new = gl.maximum(m_i, _row_reduce(qk, s_layout, SPLIT, True) * qk_scale)
+    m_new = gl.maximum(m_i, _row_max(qk, s_layout, SPLIT) * qk_scale)
     if MASKED:
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_ref = m_new
     p = gl.exp2(qk * qk_scale - m_ref[:, None])
     alpha = gl.exp2(m_i - m_ref)
-    l_i = l_i * alpha + _row_reduce(p, s_layout, SPLIT, False)
+    if ROW_TREE:   # a thread's partial sums; the four lanes of a row are added once, after the key tiles
+        alpha_l = gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout), assert_trivial=True)
+        l_i = l_i * alpha_l[:, None] + _lane_sums(p)
+    else:
+        l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
 
 
@@ -211,7 +232,10 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     n_full, _ = _key_tiles(row0, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
     offs_m = row0 + gl.arange(0, BLOCK_M, layout=row_layout)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
-    l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
+    if ROW_TREE:   # partial sums, one a lane of the row's quad
+        l_i = _lane_sums(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout))
+    else:
+        l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
     acc = gl.zeros([BLOCK_M, HEAD_DIM_V], gl.float32, o_layout)
 
     q_tile = q_smem.index(qi)
@@ -276,6 +300,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     if DEFER_O:
         if n_tiles == 0:   # no tile released the previous item's buffer
             _release_q(q_empty, prev_qi, DEFER_O)
+    l_i = _row_total(l_i, s_layout, ROW_TREE)
     if HAS_SINKS:
         # the head's sink, one more score of every row, folded in as a second partial softmax of one score
         sink = gl.load(SINKS + off_h) * LOG2E
