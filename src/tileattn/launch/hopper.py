@@ -24,8 +24,8 @@ import triton
 from .. import configs
 from ..configs import HopperBwdConfig, HopperFwdConfig
 from ..dispatch import tma_addressable
-from . import grid_order, runtime
 from ..sinks import remainder_like
+from . import grid_order, runtime
 from .runtime import LOG2E, output_f32, shared_layout, sm_count, tma_strides
 
 
