@@ -30,7 +30,7 @@ __all__ = ["with_sinks", "sink_grad", "kernel_sink_grad", "encode_remainder", "d
 # (|O - out| <= ulp / 2 rounding to nearest: 8 more bits of O for half the
 # bytes of a 16-bit remainder).  A value whose unit would not be a normal
 # float32 (|out| below ~2^-111 in bf16, ~2^-110 in fp16, zero) gets code 0.
-# The kernels compute the same bits (kernels/remainder.py, kernels/fwd_hopper.py).
+# The kernels compute the same bits (kernels/remainder.py, which the Gluon forward calls too).
 REMAINDER_DTYPE = torch.int8
 _ROUND = 12582912.0   # 1.5 * 2^23: (x + _ROUND) - _ROUND rounds |x| < 2^22 to the nearest integer, ties to even
 

@@ -479,4 +479,3 @@ def scores(qk, rows, cols, diag, qk_scale, softcap_scale, softcap_log2, alibi_lo
     if HAS_ALIBI:
         s = s - alibi_log2 * tl.abs(rows + diag - cols).to(tl.float32)
     return s, t
-

@@ -70,6 +70,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from .fwd_hopper_load import _grid_coords, _key_tiles, _load_partition, _unit_size, _unit_tile
 from .fwd_hopper_mma import _issue_pv, _issue_qk, _wait_pv
+from .remainder import encode_remainder
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
@@ -185,22 +186,6 @@ def _release_q(q_empty, prev_qi, DEFER_O: gl.constexpr):
 
 
 @gluon.jit
-def _remainder_code(out, out16):
-    """The int8 code of ``out - out16`` (float32 O and it rounded to 16
-    bits): units of ulp(out16) / 256, to the nearest integer, clamped to
-    +-127, 0 where that unit is not a normal float32 -- the bits of
-    ``tileattn.sinks.encode_remainder`` and ``kernels/remainder.py``'s."""
-    MANT: gl.constexpr = out16.dtype.fp_mantissa_width
-    hi = out16.to(gl.float32)
-    e_unit = ((hi.to(gl.int32, bitcast=True) >> 23) & 0xFF) - (MANT + 8)
-    ok = e_unit >= 1
-    inv_unit = gl.where(ok, (254 - e_unit) << 23, 127 << 23).to(gl.float32, bitcast=True)
-    x = gl.minimum(gl.maximum((out - hi) * inv_unit, -127.0), 127.0)
-    x = (x + 12582912.0) - 12582912.0   # 1.5 * 2^23: to the nearest integer, ties to even
-    return gl.where(ok, x, 0.0).to(gl.int8)
-
-
-@gluon.jit
 def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready,
                   k_empty, v_empty, turns,
                   o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
@@ -215,7 +200,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     warpgroups run every key tile of the query tile (the loader's ring is
     shared), each with its own mask boundary ``n_full``.  With
     ``WRITE_REMAINDER`` the output's rounding remainder O - round(O) goes
-    through ``olo_desc`` too, as its int8 code (``_remainder_code``), staged
+    through ``olo_desc`` too, as its int8 code (``kernels/remainder.py``), staged
     in this warpgroup's tile of ``lo_smem``.  With ``DEFER_O`` (persistent)
     the copies of O out of the Q tile and of the remainder out of its tile are
     not waited on here: the next item's first tile waits for them and
@@ -323,7 +308,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], q_tile)
     if WRITE_REMAINDER:   # O - O rounded as its int8 code, staged in a tile of its own
         lo_tile = lo_smem.index(WG)
-        lo_tile.reshape([BLOCK_M, HEAD_DIM_V]).store(_remainder_code(out, out16))
+        lo_tile.reshape([BLOCK_M, HEAD_DIM_V]).store(encode_remainder(out, out16))
         fence_async_shared()
         tma.async_copy_shared_to_global(olo_desc, [off_b, off_h, row0, 0], lo_tile)
     if not DEFER_O:

@@ -1,8 +1,8 @@
 """The int8 code of the output's rounding remainder (a forward whose sinks
 will be differentiated keeps it for the backward's rowsum(dO o O)): units of
 ulp(out) / 256, the bits of ``tileattn.sinks.encode_remainder`` /
-``decode_remainder`` (``kernels/fwd_hopper.py`` computes the same in
-Gluon).  Pure ``@triton.jit`` code, no torch.
+``decode_remainder``.  Pure ``@triton.jit`` code, no torch: the portable
+kernels and the Hopper forward (Gluon) call the same functions.
 """
 import triton
 import triton.language as tl

@@ -54,9 +54,6 @@ def _qk_descriptors(q: torch.Tensor, k: torch.Tensor, dv: int, cfg: HopperFwdCon
                 TAIL_DIM=d - dv)
 
 
-SMEM_LIMIT = 227 * 1024
-
-
 def defers_o(cfg: HopperFwdConfig) -> bool:
     """Whether a persistent forward leaves O's copy (and the remainder's) to
     the next work item (``cfg.defer_o``)."""
