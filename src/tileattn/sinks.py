@@ -25,38 +25,35 @@ __all__ = ["with_sinks", "sink_grad", "kernel_sink_grad", "encode_remainder", "d
 
 # The output's rounding remainder O - round(O), which a forward whose sinks
 # will be differentiated keeps for the backward, is stored as one int8 a
-# value: the remainder in units of 2^-8 of the rounded value's last place,
-#     O ~ out + code * ulp(out) / 256,   |code| <= 127,
-# (|O - out| <= ulp / 2 rounding to nearest: 8 more bits of O for half the
-# bytes of a 16-bit remainder).  A value whose unit would not be a normal
-# float32 (|out| below ~2^-111 in bf16, ~2^-110 in fp16, zero) gets code 0.
-# The kernels compute the same bits (kernels/remainder.py, which the Gluon forward calls too).
+# value: the distance between O's float32 bits and those of its 16-bit
+# rounding out (as float32), in steps of 2^s float32 units in the last place,
+# s = 15 - out's mantissa bits (8 for bf16, 5 for fp16):
+#     code = clamp((bits(O) - bits(out) + 2^(s-1)) >> s, -127, 127),
+#     O ~ float32 with bits bits(out) + code * 2^s.
+# Rounding to nearest keeps |bits(O) - bits(out)| <= 2^(s+7), so the code
+# holds 8 more bits of O (2^-16 relative in bf16, 2^-19 in fp16) for half
+# the bytes of a 16-bit remainder; integer steps cross binades as the bits do.
+# Where out is 0, infinite or an fp16 subnormal the code is clamped and the
+# decoded value lies between out and O.  The kernels compute the same bits
+# (kernels/remainder.py, which the Gluon forward calls too).
 REMAINDER_DTYPE = torch.int8
-_ROUND = 12582912.0   # 1.5 * 2^23: (x + _ROUND) - _ROUND rounds |x| < 2^22 to the nearest integer, ties to even
 
 
-def _mantissa_bits(dtype: torch.dtype) -> int:
+def _shift(dtype: torch.dtype) -> int:
     if dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"out: the remainder is kept for float16 or bfloat16 outputs, not {dtype}")
-    return 10 if dtype == torch.float16 else 7
-
-
-def _unit_exponent(out: Tensor) -> tuple[Tensor, Tensor]:
-    """(the float32 exponent field of each value's unit ulp(out) / 256, whether that unit is a normal float32)."""
-    e = (out.float().view(torch.int32) >> 23) & 0xFF
-    e_unit = e - (_mantissa_bits(out.dtype) + 8)
-    return e_unit, e_unit >= 1
+    return 15 - (10 if dtype == torch.float16 else 7)
 
 
 def encode_remainder(out32: Tensor, out: Tensor) -> Tensor:
-    """The int8 code of ``out32 - out`` (``out``: ``out32`` rounded to 16
-    bits), in units of ulp(out) / 256, rounded to nearest (ties to even) and
-    clamped to +-127."""
-    e_unit, ok = _unit_exponent(out)
-    inv_unit = torch.where(ok, (254 - e_unit) << 23, 127 << 23).view(torch.float32)
-    x = ((out32.float() - out.float()) * inv_unit).clamp(-127.0, 127.0)
-    x = (x + _ROUND) - _ROUND
-    return torch.where(ok, x, 0.0).to(REMAINDER_DTYPE)
+    """The int8 code of ``out32`` beside ``out`` (``out32`` rounded to 16
+    bits): the difference of their float32 bit patterns in steps of 2^s
+    units in the last place (s = 8 for bf16, 5 for fp16), rounded to
+    nearest (ties up) and clamped to +-127 (-128, never written, is the
+    tests' poison)."""
+    s = _shift(out.dtype)
+    d = out32.float().view(torch.int32) - out.float().view(torch.int32)
+    return ((d + (1 << (s - 1))) >> s).clamp(-127, 127).to(REMAINDER_DTYPE)
 
 
 def remainder_like(out: Tensor) -> Tensor:
@@ -65,11 +62,11 @@ def remainder_like(out: Tensor) -> Tensor:
 
 
 def decode_remainder(out: Tensor, code: Tensor) -> Tensor:
-    """float32 ``out + code * ulp(out) / 256``: the forward's float32 output
-    to ~2^-16 relative (bf16), from ``out`` and its remainder's code."""
-    e_unit, ok = _unit_exponent(out)
-    unit = torch.where(ok, e_unit << 23, 0).view(torch.float32)
-    return out.float() + code.float() * unit
+    """float32 with bits bits(``out``) + ``code`` * 2^s: the forward's
+    float32 output to ~2^-16 relative (bf16), from ``out`` and its
+    remainder's code."""
+    s = _shift(out.dtype)
+    return (out.float().view(torch.int32) + (code.to(torch.int32) << s)).view(torch.float32)
 
 
 def with_sinks(out: Tensor, lse: Tensor, sinks: Optional[Tensor], head_dim: int = 1) -> tuple[Tensor, Tensor]:

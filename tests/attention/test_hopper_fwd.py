@@ -40,6 +40,7 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((128, 128), HopperFwdConfig(num_stages=3)),
     ((192, 128), HopperFwdConfig(num_stages=2, overlap=False)),
     ((64, 64), HopperFwdConfig(num_stages=2, pingpong=True)),   # the d = 64 table's before v26
+    ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False)),   # the d = 64 table's before v45 (no row_tree)
     # one program an SM walking the query tiles
     ((64, 64), HopperFwdConfig(num_stages=2, persistent=True)),
     ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, persistent=True)),
@@ -136,10 +137,10 @@ def test_default_dispatch_by_size(head_dim, causal, n_k, want):
 
 
 @pytest.mark.parametrize("dims,causal,n_k,want", [
-    ((64, 64), False, 2048, True), ((64, 64), True, 8192, True), ((64, 64), False, 8193, False),
-    ((128, 128), False, 4096, True), ((128, 128), True, 4097, False), ((128, 128), False, 16384, False),
+    ((64, 64), False, 2048, True), ((64, 64), True, 4096, True), ((64, 64), True, 4097, False),
+    ((64, 64), False, 8192, True), ((64, 64), False, 8193, False), ((128, 128), False, 4096, True), ((128, 128), True, 4097, False), ((128, 128), False, 16384, False),
     ((192, 128), False, 2048, False), ((256, 256), True, 2048, False)],
-    ids=["d64-full-2k", "d64-causal-8k", "d64-full-8k+1", "d128-full-4k", "d128-causal-4k+1", "d128-full-16k",
+    ids=["d64-full-2k", "d64-causal-4k", "d64-causal-4k+1", "d64-full-8k", "d64-full-8k+1", "d128-full-4k", "d128-causal-4k+1", "d128-full-16k",
          "d192-128-full-2k", "d256-causal-2k"])
 def test_table_config_persistent_by_keys(dims, causal, n_k, want):
     """The table's forward runs persistent up to HOPPER_FWD_PERSISTENT_MAX_KEYS

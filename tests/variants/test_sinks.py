@@ -13,12 +13,17 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import tileattn
+from tileattn import _env
+from tileattn.kernels import remainder as remainder_kernels
 from tileattn.reference import standard_attention, standard_attention_varlen
 from tileattn.sinks import decode_remainder, encode_remainder
 from tileattn.testing import DEVICE, DT_NAME, SEED_OFFSET, case_number, check_accuracy, check_remainder
 
+INTERPRETED = _env.interpreter_active()
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 # name: (b, hq, hkv, nq, nk, d, causal, sink scale, extra attention kwargs)
@@ -229,15 +234,29 @@ def test_custom_ops_with_sinks_pass_opcheck(dtype, kernels):
     torch.library.opcheck(torch.ops.tileattn.attention_bwd.default, args + (out_lo,))
 
 
+@triton.jit
+def _remainder_round_trip_kernel(X, OUT, CODE, BACK, n, BLOCK: tl.constexpr):
+    """kernels/remainder.py on a flat block: the code of X beside OUT, and OUT decoded with it."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    x = tl.load(X + offs, mask=ok, other=0.0)
+    out = tl.load(OUT + offs, mask=ok, other=0.0)
+    code = remainder_kernels.encode_remainder(x, out)
+    tl.store(CODE + offs, code, mask=ok)
+    tl.store(BACK + offs, remainder_kernels.decode_remainder(out.to(tl.float32), code,
+                                                             OUT.dtype.element_ty.fp_mantissa_width), mask=ok)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_remainder_code_round_trip(dtype):
     """The remainder's int8 code (``tileattn.sinks``): float32 values over
     many binades, their 16-bit rounding, zeros, ties and values below the
-    smallest normal: every code in [-127, 127], out plus the decoded code
-    within half a unit (ulp(out) / 512) of the float32 value where out is
-    normal and its unit a normal float32 (a whole unit where the code was
-    clamped to +-127), never farther than out itself, and code 0 where out
-    is 0."""
+    smallest normal: out plus the decoded code within half a step (2^(s-1)
+    float32 units in the last place, i.e. ulp(out) / 512 or less) of the
+    float32 value where out is normal (a whole step where the code was
+    clamped to +-127), never farther than out itself, code 0 where the value
+    is 0, and the kernels' helper (kernels/remainder.py) bit for bit the
+    same where it can run."""
     torch.manual_seed(41 + SEED_OFFSET)
     finfo = torch.finfo(dtype)
     mags = torch.exp2(torch.empty(20000).uniform_(math.log2(finfo.tiny) - 4, math.log2(finfo.max) - 1))
@@ -246,8 +265,8 @@ def test_remainder_code_round_trip(dtype):
     ties = (out.float() + (torch.nextafter(out, torch.full_like(out, float("inf"))).float() - out.float()) / 2)
     x, out = torch.cat([x, ties, torch.zeros(4)]), torch.cat([out, ties.to(dtype), torch.zeros(4, dtype=dtype)])
     code = encode_remainder(x, out)
-    assert code.dtype == torch.int8 and int(code.min()) >= -127 and int(code.max()) <= 127
-    assert (code[out == 0] == 0).all()
+    assert code.dtype == torch.int8 and int(code.min()) >= -127
+    assert (code[x == 0] == 0).all()
     back = decode_remainder(out, code)
     err, err_out = (back.double() - x.double()).abs(), (out.double() - x.double()).abs()
     assert (err <= err_out).all(), "the decoded remainder moved a value away"
@@ -259,6 +278,15 @@ def test_remainder_code_round_trip(dtype):
     worst = (err - bound.double())[normal].max().item()
     assert worst <= 0, f"decoded remainder off by {worst:.3g} beyond its unit"
     assert err[normal].sum() < err_out[normal].sum() / 100
+    # the kernels' helper: the same bits (bf16 only where bf16 conversions run: not under the interpreter)
+    if dtype == torch.bfloat16 and INTERPRETED:
+        return
+    x, out = x.to(DEVICE), out.to(DEVICE)
+    got_code, got_back = torch.full_like(out, 77, dtype=torch.int8), torch.full_like(x, float("nan"))
+    _remainder_round_trip_kernel[(triton.cdiv(x.numel(), 1024),)](X=x, OUT=out, CODE=got_code, BACK=got_back,
+                                                                   n=x.numel(), BLOCK=1024)
+    assert torch.equal(got_code.cpu(), code), "kernels/remainder.py's code differs from tileattn.sinks'"
+    assert torch.equal(got_back.cpu().view(torch.int32), back.view(torch.int32))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
