@@ -383,7 +383,9 @@ HOPPER_FWD = {
     # row_tree: persistent +2.5-7 % at 2k-4k, level at 8k; one program a tile +1-6 % at 8k-16k (H100, v45)
     (64, 64): HopperFwdConfig(num_stages=2, pingpong=False, row_tree=True,
                               source="sm_90a compile report; H200 timing in perf-notes v11, v26; H100 v45"),
-    (128, 128): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v11"),
+    # row_tree: one program a tile +1-3.6 % at 8k-16k, persistent -1.4..+1.7 % at 2k-4k (H100, v45)
+    (128, 128): HopperFwdConfig(num_stages=2, row_tree=True,
+                                source="sm_90a compile report; H200 timing in perf-notes v11; H100 v45"),
     (192, 128): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v14, v15"),
     (256, 256): HopperFwdConfig(block_n=64, num_stages=2, source="sm_90a compile report; H200 timing, v14, v15"),
 }

@@ -27,14 +27,19 @@ __all__ = ["with_sinks", "sink_grad", "kernel_sink_grad", "encode_remainder", "d
 # will be differentiated keeps for the backward, is stored as one int8 a
 # value: the distance between O's float32 bits and those of its 16-bit
 # rounding out (as float32), in steps of 2^s float32 units in the last place,
-# s = 15 - out's mantissa bits (8 for bf16, 5 for fp16):
-#     code = clamp((bits(O) - bits(out) + 2^(s-1)) >> s, -127, 127),
-#     O ~ float32 with bits bits(out) + code * 2^s.
-# Rounding to nearest keeps |bits(O) - bits(out)| <= 2^(s+7), so the code
-# holds 8 more bits of O (2^-16 relative in bf16, 2^-19 in fp16) for half
-# the bytes of a 16-bit remainder; integer steps cross binades as the bits do.
-# Where out is 0, infinite or an fp16 subnormal the code is clamped and the
-# decoded value lies between out and O.  The kernels compute the same bits
+# s = 15 - out's mantissa bits (8 for bf16, 5 for fp16),
+#     c = (bits(O) - bits(out) + 2^(s-1)) >> s,   O ~ float32 with bits bits(out) + c * 2^s.
+# Rounding to nearest keeps |bits(O) - bits(out)| <= 2^(s+7), so c lies in
+# [-128, 128] and holds 8 more bits of O (2^-16 relative in bf16, 2^-19 in
+# fp16) for half the bytes of a 16-bit remainder; integer steps cross
+# binades as the bits do.  The stored code:
+# - bf16: c modulo 256, which is byte 1 of bits(O) + 2^7 (bf16 rounding drops
+#   exactly the low 16 bits, so bits(out) does not enter): two integer
+#   instructions a value in the kernels' epilogue.  c = +-128 (O within
+#   2^-8 of a unit of the halfway point, ~0.4 % of values) both read -128;
+# - fp16: c clamped to +-127 (fp16 subnormals and overflow need the clamp:
+#   there the decoded value lies between out and O).
+# Code -128 decodes as out itself.  The kernels compute the same bits
 # (kernels/remainder.py, which the Gluon forward calls too).
 REMAINDER_DTYPE = torch.int8
 
@@ -47,13 +52,17 @@ def _shift(dtype: torch.dtype) -> int:
 
 def encode_remainder(out32: Tensor, out: Tensor) -> Tensor:
     """The int8 code of ``out32`` beside ``out`` (``out32`` rounded to 16
-    bits): the difference of their float32 bit patterns in steps of 2^s
-    units in the last place (s = 8 for bf16, 5 for fp16), rounded to
-    nearest (ties up) and clamped to +-127 (-128, never written, is the
-    tests' poison)."""
+    bits to nearest): the difference of their float32 bit patterns in steps
+    of 2^s units in the last place (s = 8 for bf16, 5 for fp16), rounded to
+    nearest (ties up); modulo 256 for bf16 (byte 1 of bits(out32) + 2^7),
+    clamped to +-127 for fp16."""
     s = _shift(out.dtype)
-    d = out32.float().view(torch.int32) - out.float().view(torch.int32)
-    return ((d + (1 << (s - 1))) >> s).clamp(-127, 127).to(REMAINDER_DTYPE)
+    bits = out32.float().view(torch.int32)
+    if out.dtype == torch.bfloat16:
+        c = (bits + (1 << (s - 1))) >> s
+        return (((c + 128) & 0xFF) - 128).to(REMAINDER_DTYPE)   # the low byte, signed
+    c = (bits - out.float().view(torch.int32) + (1 << (s - 1))) >> s
+    return c.clamp(-127, 127).to(REMAINDER_DTYPE)
 
 
 def remainder_like(out: Tensor) -> Tensor:
@@ -62,11 +71,13 @@ def remainder_like(out: Tensor) -> Tensor:
 
 
 def decode_remainder(out: Tensor, code: Tensor) -> Tensor:
-    """float32 with bits bits(``out``) + ``code`` * 2^s: the forward's
-    float32 output to ~2^-16 relative (bf16), from ``out`` and its
-    remainder's code."""
+    """float32 with bits bits(``out``) + ``code`` * 2^s (code -128 as 0):
+    the forward's float32 output to ~2^-16 relative (bf16), from ``out``
+    and its remainder's code."""
     s = _shift(out.dtype)
-    return (out.float().view(torch.int32) + (code.to(torch.int32) << s)).view(torch.float32)
+    c = code.to(torch.int32)
+    c = torch.where(c == -128, 0, c)
+    return (out.float().view(torch.int32) + (c << s)).view(torch.float32)
 
 
 def with_sinks(out: Tensor, lse: Tensor, sinks: Optional[Tensor], head_dim: int = 1) -> tuple[Tensor, Tensor]:

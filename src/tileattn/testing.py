@@ -58,14 +58,22 @@ def max_error(got: torch.Tensor, ref: torch.Tensor) -> float:
 def check_remainder(out: torch.Tensor, out_lo: torch.Tensor) -> None:
     """``out_lo`` is the int8 code of what rounding a float32 result to
     ``out`` dropped (the forward's ``remainder=True`` output,
-    ``tileattn.sinks``): in ``out``'s layout, every code in [-127, 127] (the
-    poison -128 is not), not all zero, and out plus the decoded remainder
-    rounds back to out at every element (|remainder| <= half a unit in
-    out's last place)."""
+    ``tileattn.sinks``): in ``out``'s layout, no row and no column of the
+    last two dimensions mostly -128 (the launchers' poison, which a bf16
+    code takes for ~0.4 % of values), not all zero, and out plus the
+    decoded remainder rounds back to out at every element (|remainder| <=
+    half a unit in out's last place)."""
     from .sinks import REMAINDER_DTYPE, decode_remainder
     assert out_lo.dtype == REMAINDER_DTYPE and out_lo.shape == out.shape and out_lo.stride() == out.stride()
-    assert int(out_lo.min()) >= -127, "a remainder code of -128: an element the kernel did not write"
-    assert out_lo.abs().max() > 0, "the remainder is all zero"
+    poison = (out_lo == -128).float()
+    if out.dtype == torch.float16:
+        assert not poison.any(), "an fp16 remainder code of -128: an element the kernel did not write"
+    for dim in (-1, -2):
+        if out_lo.shape[dim] >= 8:
+            worst = poison.mean(dim).max().item()
+            assert worst <= 0.5, f"a {'row' if dim == -1 else 'column'} of remainder codes {worst:.0%} -128: " \
+                                 "elements the kernel did not write"
+    assert (out_lo != 0).any(), "the remainder is all zero"
     full = decode_remainder(out, out_lo)
     moved = (full.to(out.dtype) != out).sum().item()
     assert moved == 0, f"{moved} elements whose remainder is more than half a unit in out's last place"

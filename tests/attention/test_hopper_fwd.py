@@ -38,6 +38,7 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((128, 128), HopperFwdConfig(num_stages=2, overlap=False, pingpong=False)),
     ((128, 128), HopperFwdConfig(num_stages=2, overlap=True, pingpong=False)),
     ((128, 128), HopperFwdConfig(num_stages=3)),
+    ((128, 128), HopperFwdConfig(num_stages=2)),   # the d = 128 table's before v45 (no row_tree)
     ((192, 128), HopperFwdConfig(num_stages=2, overlap=False)),
     ((64, 64), HopperFwdConfig(num_stages=2, pingpong=True)),   # the d = 64 table's before v26
     ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False)),   # the d = 64 table's before v45 (no row_tree)

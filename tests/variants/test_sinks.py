@@ -253,9 +253,11 @@ def test_remainder_code_round_trip(dtype):
     many binades, their 16-bit rounding, zeros, ties and values below the
     smallest normal: out plus the decoded code within half a step (2^(s-1)
     float32 units in the last place, i.e. ulp(out) / 512 or less) of the
-    float32 value where out is normal (a whole step where the code was
+    float32 value where out is normal (a whole step where fp16's code was
     clamped to +-127), never farther than out itself, code 0 where the value
-    is 0, and the kernels' helper (kernels/remainder.py) bit for bit the
+    is 0; code -128 (decoded as out) only in bf16, only for values within
+    2^-8 of a unit of the halfway point (ties included), ~0.4 % of random
+    values; and the kernels' helper (kernels/remainder.py) bit for bit the
     same where it can run."""
     torch.manual_seed(41 + SEED_OFFSET)
     finfo = torch.finfo(dtype)
@@ -265,7 +267,7 @@ def test_remainder_code_round_trip(dtype):
     ties = (out.float() + (torch.nextafter(out, torch.full_like(out, float("inf"))).float() - out.float()) / 2)
     x, out = torch.cat([x, ties, torch.zeros(4)]), torch.cat([out, ties.to(dtype), torch.zeros(4, dtype=dtype)])
     code = encode_remainder(x, out)
-    assert code.dtype == torch.int8 and int(code.min()) >= -127
+    assert code.dtype == torch.int8
     assert (code[x == 0] == 0).all()
     back = decode_remainder(out, code)
     err, err_out = (back.double() - x.double()).abs(), (out.double() - x.double()).abs()
@@ -274,10 +276,20 @@ def test_remainder_code_round_trip(dtype):
     normal = out.float().abs() >= max(finfo.tiny, 2.0 ** (mant + 9 - 127))
     _, exp = torch.frexp(out.float().abs().clamp_min(finfo.tiny))   # |out| = m 2^exp, m in [0.5, 1)
     ulp = torch.ldexp(torch.ones_like(x), exp - 1 - mant)
+    _, exp_x = torch.frexp(x.abs().clamp_min(finfo.tiny))   # x's own binade (below out's where out is 2^k)
+    ulp_x = torch.ldexp(torch.ones_like(x), exp_x - 1 - mant)
+    halfway = code == -128
+    if dtype == torch.float16:
+        assert not halfway.any(), "an fp16 code of -128"
+    else:
+        assert halfway[:20000].float().mean() < 0.01, "too many bf16 codes of -128"
+        assert (err[halfway] == err_out[halfway]).all()
+        assert (err_out[halfway & normal] >= (ulp_x / 2 - ulp_x / 256)[halfway & normal].double()).all(), \
+            "code -128 away from the halfway point"
     bound = ulp / 256 * torch.where(code.abs() == 127, 1.0, 0.5)
-    worst = (err - bound.double())[normal].max().item()
+    worst = (err - bound.double())[normal & ~halfway].max().item()
     assert worst <= 0, f"decoded remainder off by {worst:.3g} beyond its unit"
-    assert err[normal].sum() < err_out[normal].sum() / 100
+    assert err[normal & ~halfway].sum() < err_out[normal & ~halfway].sum() / 100
     # the kernels' helper: the same bits (bf16 only where bf16 conversions run: not under the interpreter)
     if dtype == torch.bfloat16 and INTERPRETED:
         return
@@ -308,9 +320,11 @@ def test_remainder_is_the_rounding_of_the_output(dtype, path):
         return
     with tileattn.use_backend("torch"):
         ref = standard_attention(q.double(), k.double(), v.double(), causal=causal, sinks=sinks.double())
-    rounded = (out.double() - ref).abs().max().item()
-    both = (decode_remainder(out, out_lo).double() - ref).abs().max().item()
-    assert both < rounded / 16, (rounded, both)
+    rounded = (out.double() - ref).abs()
+    both = (decode_remainder(out, out_lo).double() - ref).abs()
+    # on average far closer (a bf16 code of -128, ~0.4 % of values, decodes as out: never farther)
+    assert both.mean() < rounded.mean() / 16, (rounded.mean(), both.mean())
+    assert both.max() <= rounded.max() * 1.001 + 1e-12, (rounded.max(), both.max())
 
 
 def test_the_sinks_gradient_takes_the_remainder(kernels, monkeypatch):
