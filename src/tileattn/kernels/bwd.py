@@ -58,7 +58,7 @@ def _attn_bwd_preprocess_kernel(
 ):
     # O and dO are (B, H, N_Q, Dv): HEAD_DIM / BLOCK_D here are V's head dim; with
     # HAS_O_LO, O_LO holds the int8 code of O's rounding remainder (the forward's float32 O is
-    # O + O_LO * ulp(O) / 256, tileattn.sinks).
+    # the float32 with bits bits(O) + O_LO * 2^(15 - mantissa bits), tileattn.sinks).
     # SINK_GRAD (with HAS_O_LO: delta is then exact): the block's share of the sink's
     # gradient, -sum_i exp(sink_h - lse_i) delta_i, into DSINK_PART[b, h, block]
     pid_m = tl.program_id(0)
