@@ -380,7 +380,7 @@ HOPPER_FWD_PERSISTENT_MAX_KEYS = {(64, False): 8192, (64, True): 4096, (128, Fal
 # (2 Q tiles of 64 KB + 2 stages of 2 x 32 KB = 196,608 B; O is 128 registers a thread of the 240).
 HOPPER_FWD = {
     # d = 64 without ping-pong turns: +0.7-2.7 % one program a tile, causal +1.0-2.2 % persistent (two runs, v26);
-    # row_tree: persistent +2.5-7 % at 2k-4k, level at 8k; one program a tile +1-6 % at 8k-16k (H100, v45)
+    # row_tree: persistent +2.5-7 % at 2k-4k, level at 8k; one program a tile +1-5 % at 8k-16k (H100, v45)
     (64, 64): HopperFwdConfig(num_stages=2, pingpong=False, row_tree=True,
                               source="sm_90a compile report; H200 timing in perf-notes v11, v26; H100 v45"),
     # row_tree: one program a tile +1-3.6 % at 8k-16k, persistent -1.4..+1.7 % at 2k-4k (H100, v45)
