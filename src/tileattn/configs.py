@@ -372,8 +372,8 @@ HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 2048, (128, False): 2048, 
                        (192, False): 1024, (192, True): 2048, (256, False): 2048, (256, True): 2048}
 # (head dim, causal) -> the most keys at which the table's forward runs persistent, with sinks or without
 # (perf-notes v19: +4-12 % at 2k, 0-9 % at 4k, -2..+2 % at 16k; v26: d = 64 at 8k +1-4 % in two runs; sinks: d = 64
-# v27; d = 128 once the sink is folded in after the key tiles, v41: the causal build's spills 180 -> 104 B;
-# v45: with row_tree, d = 64 causal 8k one program a tile 423 TFLOP/s against 409 persistent, 16k 457 / 433)
+# v27; d = 128 once the sink is folded in after the key tiles, v41: the causal build's spills 180 -> 104 B; v45:
+# with row_tree, d = 64 causal 8k one program a tile 423 TFLOP/s against 409 persistent, 16k 457 / 433)
 HOPPER_FWD_PERSISTENT_MAX_KEYS = {(64, False): 8192, (64, True): 4096, (128, False): 4096, (128, True): 4096}
 # (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA): 2 Q tiles of 64 x 192 + 2 stages of K (128 x 192)
 # and V (128 x 128) = 212,992 B; O (as wide as V) is staged in the Q tile's first piece.  256: 64-key tiles
@@ -383,8 +383,7 @@ HOPPER_FWD = {
     # row_tree: persistent +2.5-7 % at 2k-4k, level at 8k; one program a tile +1-5 % at 8k-16k (H100, v45)
     (64, 64): HopperFwdConfig(num_stages=2, pingpong=False, row_tree=True,
                               source="sm_90a compile report; H200 timing in perf-notes v11, v26; H100 v45"),
-    # row_tree: one program a tile +1-3.6 % at 8k-16k, persistent -1.4..+1.7 % at 2k-4k (H100, v45)
-    (128, 128): HopperFwdConfig(num_stages=2, row_tree=True,
+    (128, 128): HopperFwdConfig(num_stages=2, row_tree=True,   # row_tree: -1.4..+3.6 % 2k-16k (H100, v45)
                                 source="sm_90a compile report; H200 timing in perf-notes v11; H100 v45"),
     (192, 128): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v14, v15"),
     (256, 256): HopperFwdConfig(block_n=64, num_stages=2, source="sm_90a compile report; H200 timing, v14, v15"),
