@@ -17,13 +17,13 @@ import triton
 import triton.language as tl
 
 import tileattn
-from tileattn import _env
 from tileattn.kernels import remainder as remainder_kernels
 from tileattn.reference import standard_attention, standard_attention_varlen
 from tileattn.sinks import decode_remainder, encode_remainder
 from tileattn.testing import DEVICE, DT_NAME, SEED_OFFSET, case_number, check_accuracy, check_remainder
 
-INTERPRETED = _env.interpreter_active()
+from conftest import INTERPRETED
+
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 # name: (b, hq, hkv, nq, nk, d, causal, sink scale, extra attention kwargs)

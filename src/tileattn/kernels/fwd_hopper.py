@@ -33,14 +33,14 @@ out of its Q buffer (nor the remainder's out of its tile) at the end of an
 item: the next item's first tile does, and hands the buffer back then (the
 loader needs it only for the item after next).
 
-With ``ROW_TREE`` (``HopperFwdConfig.row_tree``, opt-in) each row's max over
-a key tile is reduced as a tree: a thread's share of the row as four blocks
-of whole column groups, combined element-wise, then the block's columns (a
-chain of 3 + 7 dependent instructions at 128 keys where the plain
-reduction's is 31; the max sits between the S product's wait and the first
-exp2 of every tile); and its running sum stays one partial sum a thread of
-the row's four, added across them once after the key tiles instead of with
-two shuffles every tile.
+With ``ROW_TREE`` (``HopperFwdConfig.row_tree``, on in the d = 64 and 128
+tables) each row's max over a key tile is reduced as a tree: a thread's
+share of the row as four blocks of whole column groups, combined
+element-wise, then the block's columns (a chain of 3 + 7 dependent
+instructions at 128 keys where the plain reduction's is 31; the max sits
+between the S product's wait and the first exp2 of every tile); and its
+running sum stays one partial sum a thread of the row's four, added across
+them once after the key tiles instead of with two shuffles every tile.
 
 The math is the portable kernel's (``fwd.py``): log2-unit scores
 (``qk_scale = scale * log2 e``), the same masked/unmasked split of the key
