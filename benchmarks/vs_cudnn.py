@@ -80,12 +80,14 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
            "sdpa-flash": sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION),
            "portable": portable}
     d64 = dict(num_stages=2, pingpong=False)   # the table's (ping-pong turns on: v26, lost)
+    d128 = dict(num_stages=2)
     variants = {64: [d64, dict(d64, persistent=True), dict(d64, persistent=True, defer_o=True),
-                     dict(d64, row_tree=True), dict(d64, persistent=True, row_tree=True)],
-                128: [dict(num_stages=2), dict(num_stages=2, persistent=True),
-                      dict(num_stages=2, persistent=True, defer_o=True), dict(num_stages=3),
-                      dict(num_stages=2, pingpong=False), dict(num_stages=2, row_tree=True),
-                      dict(num_stages=2, persistent=True, row_tree=True)]}
+                     dict(d64, row_tree=True), dict(d64, persistent=True, row_tree=True),
+                     dict(d64, persistent=True, row_tree=True, stream_k=True)],
+                128: [d128, dict(d128, persistent=True), dict(d128, persistent=True, defer_o=True), dict(num_stages=3),
+                      dict(d128, pingpong=False), dict(d128, row_tree=True), dict(d128, persistent=True, row_tree=True),
+                      dict(d128, persistent=True, row_tree=True, stream_k=True),
+                      dict(d128, persistent=True, row_tree=True, stream_k=True, defer_o=True)]}
     if per_config == "order":   # the table's one-program-a-tile config, causal tiles grouped or not, and the default
         table = configs.HOPPER_FWD[(head_dim, head_dim)]
         out = {"sdpa-cudnn": out["sdpa-cudnn"], "tileattn": lambda q, k, v, causal: tileattn.attention(

@@ -26,7 +26,6 @@ class KernelConfig:
 
     def as_meta(self) -> dict:
         return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n}
-
     @property
     def name(self) -> str:
         return f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}"
@@ -329,6 +328,7 @@ class HopperFwdConfig:
     persistent: bool = False    # d <= 128: one program an SM walks query tiles; the next tile's Q lands under this one
     defer_o: bool = False       # persistent: O's (and a staged remainder's) copy waited on under the next tile
     row_tree: bool = False      # a tile's row max as a tree of register blocks; row sums a thread's own till the end
+    stream_k: bool = False      # persistent, non-causal: the last wave's key tiles cut evenly over the programs
     group_rows: int | None = None   # causal, not persistent: as HopperBwdConfig's (query tiles of G (head, batch))
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
@@ -337,7 +337,7 @@ class HopperFwdConfig:
     @property
     def name(self) -> str:
         flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent), ("-dfo", self.defer_o),
-                 ("-rt", self.row_tree), (f"-g{self.group_rows}", self.group_rows))
+                 ("-rt", self.row_tree), ("-sk", self.stream_k), (f"-g{self.group_rows}", self.group_rows))
         return f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}" + "".join(f for f, on in flags if on)
 
 

@@ -56,12 +56,18 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, persistent=True, row_tree=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, persistent=True, row_tree=True)),
     ((256, 256), HopperFwdConfig(block_n=64, num_stages=2, row_tree=True)),
+    # persistent, non-causal: the last wave's key tiles cut evenly over the programs (launch/stream_k.py; causal
+    # calls run the plain walk)
+    ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, persistent=True, row_tree=True, stream_k=True)),
+    ((128, 128), HopperFwdConfig(num_stages=2, persistent=True, row_tree=True, stream_k=True)),
+    ((128, 128), HopperFwdConfig(num_stages=2, overlap=False, persistent=True, defer_o=True, stream_k=True)),
     # causal: the query tiles of 2, 4 and all 8 of the test's (head, batch) pairs at a time
     ((128, 128), HopperFwdConfig(num_stages=2, group_rows=2)),
     ((192, 128), HopperFwdConfig(num_stages=2, group_rows=4)),
     ((256, 256), HopperFwdConfig(block_n=64, num_stages=2, group_rows=8)),
 ]
 PERSISTENT = [(dims, c) for dims, c in FORCED if c.persistent]
+STREAM_K = [(dims, c) for dims, c in FORCED if c.stream_k]
 
 
 def _dims_id(dims):
@@ -225,6 +231,32 @@ def test_persistent_programs_walk_many_tiles(dims, cfg, causal):
     out, lse, out_lo = launch_hopper.attn_fwd(q, k, v, causal, dims[0] ** -0.5, cfg, poison=True, sinks=sinks,
                                               remainder=True)
     _check_sinks("persistent sinks", q, k, v, causal, sinks, out, lse)
+    check_remainder(out, out_lo)
+
+
+@needs_hopper
+@pytest.mark.parametrize("tail", ["short", "long"])
+@pytest.mark.parametrize("dims,cfg", STREAM_K, ids=[f"{_dims_id(dims)}-{c.name}" for dims, c in STREAM_K])
+def test_stream_k_tails(dims, cfg, tail):
+    """Walks whose last wave is cut, on this GPU's SM count P: "short", 4
+    tail units of 8 key tiles (most programs' tail ranges empty; GQA 2, odd
+    lengths); "long", P - 1 tail units of 2 key tiles (some ranges are a
+    whole unit, which the kernel ends itself); also with sinks and the
+    output's remainder."""
+    programs = runtime.sm_count(torch.device("cuda"))
+    if tail == "short":
+        hq, n_q, n_k = programs + 2, 200, 1000
+    else:
+        hq, n_q, n_k = 2 * programs - 1, 100, 200
+    hkv = hq // 2 if hq % 2 == 0 else hq
+    units = hq * -(-n_q // (2 * cfg.block_m))
+    assert launch.stream_k.tail(cfg, False, units, programs, -(-n_k // cfg.block_n)) is not None
+    q, k, v = _inputs(1, hq, hkv, n_q, n_k, dims[0], torch.bfloat16, seed=29)
+    _check(f"stream-k {tail} {cfg.name}", q, k, v, False, cfg)
+    sinks = torch.linspace(-4.0, 4.0, hq, device="cuda")
+    out, lse, out_lo = launch_hopper.attn_fwd(q, k, v, False, dims[0] ** -0.5, cfg, poison=True, sinks=sinks,
+                                              remainder=True)
+    _check_sinks(f"stream-k {tail} sinks", q, k, v, False, sinks, out, lse)
     check_remainder(out, out_lo)
 
 

@@ -66,99 +66,11 @@ lazily, so a CPU install never does.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma_wait
 
-from .fwd_hopper_load import _grid_coords, _key_tiles, _load_partition, _unit_size, _unit_tile
+from .fwd_hopper_load import _grid_coords, _key_tiles, _load_partition, _n_work, _unit_size, _unit_tile, _work
 from .fwd_hopper_mma import _issue_pv, _issue_qk, _wait_pv
-from .remainder import encode_remainder
-
-LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
-LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
-
-
-@gluon.jit
-def _row_max(x, s_layout: gl.constexpr, SPLIT: gl.constexpr):
-    """Each row's max of ``x`` (M, N); with ``SPLIT`` > 1 as a tree: the N
-    columns as SPLIT blocks of N / SPLIT, their element-wise max first (a
-    thread's own registers: a warpgroup MMA's accumulator holds columns
-    8 i + 2 t + {0, 1}, so blocks of whole 8-column groups stay in the
-    thread), then along each row of that; a thread's chain of dependent max
-    instructions is SPLIT - 1 + N / (4 SPLIT) - 1 long instead of N / 4 - 1."""
-    if SPLIT > 1:
-        M: gl.constexpr = x.shape[0]
-        N: gl.constexpr = x.shape[1]
-        y = gl.max(gl.reshape(x, [M, SPLIT, N // SPLIT]), 1)
-        r = gl.convert_layout(gl.max(y, 1), gl.SliceLayout(1, s_layout), assert_trivial=True)   # no data moves
-    else:
-        r = gl.max(x, 1)
-    return r
-
-
-@gluon.jit
-def _lane_sums(x):
-    """Each row's sum of ``x`` (M, N) over a thread's own columns: (M, 4),
-    one partial sum per thread of the row's four (a warpgroup MMA's
-    accumulator gives lane t of a row's quad the columns 8 i + 2 t + {0, 1}),
-    no shuffle; :func:`_row_total` adds the four once, after the key tiles."""
-    M: gl.constexpr = x.shape[0]
-    N: gl.constexpr = x.shape[1]
-    return gl.sum(gl.sum(gl.reshape(x, [M, N // 8, 4, 2]), 3), 1)
-
-
-@gluon.jit
-def _row_total(l_i, s_layout: gl.constexpr, ROW_TREE: gl.constexpr):
-    """The row sums in the rows' layout: with ``ROW_TREE`` from the four
-    lanes' partial sums (:func:`_lane_sums`), else as they are."""
-    if ROW_TREE:
-        total = gl.convert_layout(gl.sum(l_i, 1), gl.SliceLayout(1, s_layout), assert_trivial=True)
-    else:
-        total = l_i
-    return total
-
-
-@gluon.jit
-def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, ROW_TREE: gl.constexpr):
-    """The running softmax of key tile ``j``: (p, alpha, m_new, l_new).
-
-    The max runs over the raw scores and is scaled once per row, so each
-    score costs one fused multiply-add before its exp2: exp2(s * c - m * c)
-    (c = scale * log2 e > 0, so the max commutes with the scaling).  As in
-    ``kernels.common.online_softmax_step``, a row that has seen no visible
-    key keeps max -inf and subtracts 0, so exp2 gives 0, not NaN."""
-    if MASKED:
-        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        visible = (offs_n < N_K)[None, :]
-        if IS_CAUSAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None] + (N_K - N_Q))
-        qk = gl.where(visible, qk, float("-inf"))
-    SPLIT: gl.constexpr = 4 if ROW_TREE else 1
-    m_new = gl.maximum(m_i, _row_max(qk, s_layout, SPLIT) * qk_scale)
-    if MASKED:
-        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_ref = m_new
-    p = gl.exp2(qk * qk_scale - m_ref[:, None])
-    alpha = gl.exp2(m_i - m_ref)
-    if ROW_TREE:   # a thread's partial sums; the four lanes of a row are added once, after the key tiles
-        alpha_l = gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout), assert_trivial=True)
-        l_i = l_i * alpha_l[:, None] + _lane_sums(p)
-    else:
-        l_i = l_i * alpha + gl.sum(p, 1)
-    return p, alpha, m_new, l_i
-
-
-@gluon.jit
-def _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr,
-                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_TREE: gl.constexpr):
-    """:func:`_softmax_step` with the mask where tile ``j`` needs one."""
-    if j < n_full:
-        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
-                                           IS_CAUSAL, False, ROW_TREE)
-    else:
-        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
-                                           IS_CAUSAL, True, ROW_TREE)
-    return p, alpha, m_i, l_i
+from .fwd_hopper_softmax import _epilogue, _lane_sums, _row_total, _softmax_tile, _store_partial
 
 
 @gluon.jit
@@ -193,7 +105,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, ROW_TREE: gl.constexpr,
                   HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
-                  qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr):
+                  qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr,
+                  j0=0, slot=-1, WS_O=None, WS_ML=None, STREAM_K: gl.constexpr = False):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
     is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
     the ring's ``kc``-th and whose first turn is the ``tc``-th.  Both
@@ -206,7 +119,10 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     not waited on here: the next item's first tile waits for them and
     releases the buffer (``prev_qi``: the buffer this item releases so), so
     the remainder's tile is free again before this epilogue's next turn.  The sink
-    (``HAS_SINKS``) enters after the key tiles."""
+    (``HAS_SINKS``) enters after the key tiles.  ``STREAM_K``: the tile's
+    key tiles are j0, ..., j0 + n_tiles - 1, and where ``slot`` >= 0 (a
+    piece short of all of them) the rows' partial softmax goes to that
+    workspace slot instead of the epilogue (:func:`_store_partial`)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -243,7 +159,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             qk = warpgroup_mma_wait(0, deps=[qk])
             mbarrier.arrive(k_empty.index(kc % NUM_STAGES), count=1)
             _release_q(q_empty, prev_qi, DEFER_O)
-            p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, 0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
+            p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
                                                BLOCK_N, IS_CAUSAL, ROW_TREE)
             for j in range(1, n_tiles):
                 _my_turn(turns, tc + j, WG, PINGPONG)
@@ -253,8 +169,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                 _your_turn(turns, WG, PINGPONG)
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
-                p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                                   BLOCK_N, IS_CAUSAL, ROW_TREE)
+                p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0 + j, n_full, offs_m, N_Q, N_K, qk_scale,
+                                                   s_layout, BLOCK_N, IS_CAUSAL, ROW_TREE)
                 acc = _wait_pv(acc)
                 mbarrier.arrive(v_empty.index((kc + j - 1) % NUM_STAGES), count=1)
                 acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
@@ -273,7 +189,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
             if j == 0:
                 _release_q(q_empty, prev_qi, DEFER_O)
-            p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
+            p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0 + j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
                                                BLOCK_N, IS_CAUSAL, ROW_TREE)
             acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, tc + 2 * j + 1, WG, PINGPONG)
@@ -286,33 +202,51 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
         if n_tiles == 0:   # no tile released the previous item's buffer
             _release_q(q_empty, prev_qi, DEFER_O)
     l_i = _row_total(l_i, s_layout, ROW_TREE)
-    if HAS_SINKS:
-        # the head's sink, one more score of every row, folded in as a second partial softmax of one score
-        sink = gl.load(SINKS + off_h) * LOG2E
-        m_f = gl.maximum(m_i, sink)
-        m_f_ref = gl.where(m_f == float("-inf"), 0.0, m_f)   # no key and a sink of -inf: l stays 0
-        rescale = gl.exp2(m_i - m_f_ref)
-        l_i = l_i * rescale + gl.exp2(sink - m_f_ref)
-        acc = acc * gl.convert_layout(rescale, o_row_layout)[:, None]
-        m_i = m_f
-    # rows that saw no key: output 0, lse -inf (never 0/0)
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
-    gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < N_Q)
-    out = acc / gl.convert_layout(l_safe, o_row_layout)[:, None]
-    out16 = out.to(q_smem.dtype)
-    # the Q tile is dead: stage O in its buffer (as wide as V) for the TMA store
-    q2.store(out16)
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], q_tile)
-    if WRITE_REMAINDER:   # O - O rounded as its int8 code, staged in a tile of its own
-        lo_tile = lo_smem.index(WG)
-        lo_tile.reshape([BLOCK_M, HEAD_DIM_V]).store(encode_remainder(out, out16))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(olo_desc, [off_b, off_h, row0, 0], lo_tile)
-    if not DEFER_O:
-        tma.store_wait(0)
+    if STREAM_K:
+        if slot >= 0:
+            _store_partial(acc, m_i, l_i, WS_O, WS_ML, slot, WG, BLOCK_M, HEAD_DIM_V, o_layout, row_layout)
+        else:
+            _epilogue(acc, m_i, l_i, offs_m, row0, q2, q_tile, lo_smem, o_desc, olo_desc, LSE, SINKS, lse_row0, off_b,
+                      off_h, N_Q, o_row_layout, WG, BLOCK_M, HEAD_DIM_V, HAS_SINKS, WRITE_REMAINDER, DEFER_O)
+    else:
+        _epilogue(acc, m_i, l_i, offs_m, row0, q2, q_tile, lo_smem, o_desc, olo_desc, LSE, SINKS, lse_row0, off_b,
+                  off_h, N_Q, o_row_layout, WG, BLOCK_M, HEAD_DIM_V, HAS_SINKS, WRITE_REMAINDER, DEFER_O)
+
+
+@gluon.jit
+def _softmax_unit(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
+                  v_empty, turns, o_desc, LSE, SINKS, N_Q, N_K, qk_scale, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, TAIL_DIM: gl.constexpr,
+                  NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+                  ROW_TREE: gl.constexpr, HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
+                  q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O: gl.constexpr,
+                  unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K: gl.constexpr):
+    """A persistent program's work (``fwd_hopper_load._work``: key tiles
+    [j0, j0 + n_sk) of ``unit``, all where n_sk < 0) for warpgroup ``WG``;
+    returns the ring's, the turns' and the items' counts after it and the
+    Q buffer whose O copy is pending (``DEFER_O``)."""
+    bh, k, n_half = _unit_size(unit, N_M_TILES, IS_CAUSAL)
+    for half in range(n_half):
+        t_b, t_h, t_m, t_n = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        t_n = gl.where(n_sk >= 0, n_sk, t_n)
+        t_row0 = t_b.to(gl.int64) * stride_lb + t_h.to(gl.int64) * stride_lh
+        qi = 2 * (it % 2) + WG
+        _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
+                      v_empty, turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
+                      BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
+                      PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, qi, (it // 2) & 1,
+                      kc, tc, q_empty, prev_qi, DEFER_O, j0, slot, WS_O, WS_ML, STREAM_K)
+        if DEFER_O:
+            prev_qi = qi
+        else:
+            mbarrier.arrive(q_empty.index(qi), count=1)   # O's copy has read the buffer (store_wait)
+        kc += t_n
+        if OVERLAP:   # a turn for each product pair of the pipeline: n + 1 where there is a tile
+            tc += gl.where(t_n > 0, t_n + 1, 0)
+        else:
+            tc += 2 * t_n
+        it += 1
+    return kc, tc, it, prev_qi
 
 
 @gluon.jit
@@ -324,38 +258,38 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, ROW_TREE: gl.constexpr,
                        HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                        q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
-                       PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr):
+                       PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr, SK_TILES, WS_O, WS_ML,
+                       STREAM_K: gl.constexpr):
     """Softmax warpgroup ``WG``: its rows of the program's query tile, or
     with ``PERSISTENT`` of each of the program's work items in turn (Q
     buffers alternate between two pairs, released on ``q_empty`` once O's
     copy has read the buffer; the ring's and the turns' counts run on;
-    ``DEFER_O``: the next item's first tile waits for that copy)."""
+    ``DEFER_O``: the next item's first tile waits for that copy; ``STREAM_K``:
+    the walk's last key tiles cut into a range a program,
+    ``fwd_hopper_load._work``)."""
     if PERSISTENT:
         kc = gl.program_id(0) * 0
         tc = kc
         it = kc
         prev_qi = kc - 1   # DEFER_O: the Q buffer whose O copy is still to be waited on
-        for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
-            bh, k, n_half = _unit_size(unit, N_M_TILES, IS_CAUSAL)
-            for half in range(n_half):
-                t_b, t_h, t_m, t_n = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
-                t_row0 = t_b.to(gl.int64) * stride_lb + t_h.to(gl.int64) * stride_lh
-                qi = 2 * (it % 2) + WG
-                _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
-                              v_empty, turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                              PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, qi, (it // 2) & 1,
-                              kc, tc, q_empty, prev_qi, DEFER_O)
-                if DEFER_O:
-                    prev_qi = qi
-                else:
-                    mbarrier.arrive(q_empty.index(qi), count=1)   # O's copy has read the buffer (store_wait)
-                kc += t_n
-                if OVERLAP:   # a turn for each product pair of the pipeline: n + 1 where there is a tile
-                    tc += gl.where(t_n > 0, t_n + 1, 0)
-                else:
-                    tc += 2 * t_n
-                it += 1
+        if STREAM_K:
+            for w in range(_n_work(TOTAL, STREAM_K)):
+                unit, j0, n_sk, slot = _work(w, TOTAL, SK_TILES, N_K, BLOCK_N, STREAM_K)
+                if n_sk != 0:
+                    kc, tc, it, prev_qi = _softmax_unit(
+                        WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                        turns, o_desc, LSE, SINKS, N_Q, N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
+                        TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc,
+                        WRITE_REMAINDER, lo_smem, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O,
+                        unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K)
+        else:
+            for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
+                kc, tc, it, prev_qi = _softmax_unit(
+                    WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                    turns, o_desc, LSE, SINKS, N_Q, N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
+                    TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc,
+                    WRITE_REMAINDER, lo_smem, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O,
+                    unit, 0, -1, -1, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K)
         if DEFER_O:   # the last item's O copy
             tma.store_wait(0)
     else:
@@ -376,7 +310,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             WRITE_REMAINDER: gl.constexpr = False,
                             PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1,
                             GROUPED: gl.constexpr = False, DEFER_O: gl.constexpr = False,
-                            ROW_TREE: gl.constexpr = False):
+                            ROW_TREE: gl.constexpr = False, STREAM_K: gl.constexpr = False, SK_TILES=0, WS_O=None,
+                            WS_ML=None):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
@@ -388,7 +323,11 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     tiles of ``N_HEADS`` heads of each batch element (``_unit_size``), each
     program's units ``program_id``, + ``num_programs``, ...; Q gets two
     pairs of buffers so the next tile's lands while this one runs (no tail:
-    shared memory)."""
+    shared memory).  ``STREAM_K`` (persistent, non-causal): the units from
+    ``TOTAL`` on are the tail, their ``SK_TILES`` key tiles cut evenly over
+    the programs; pieces short of a whole unit leave partial softmaxes in
+    ``WS_O`` / ``WS_ML`` for ``kernels/stream_k.py``'s combine."""
+    gl.static_assert(not STREAM_K or (PERSISTENT and not IS_CAUSAL), "STREAM_K: a non-causal persistent walk's")
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
     gl.static_assert(not DEFER_O or PERSISTENT, "DEFER_O: a persistent program's")
@@ -447,17 +386,19 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
-                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O)),
+                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SK_TILES,
+                              WS_O, WS_ML, STREAM_K)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
-                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O)),
+                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SK_TILES,
+                              WS_O, WS_ML, STREAM_K)),
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                            BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES,
-                           N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT)),
+                           N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT, SK_TILES, STREAM_K)),
     ], [4, 1], [240, 24])
 
     for i in gl.static_range(2):

@@ -89,6 +89,52 @@ def _unit_size(unit, N_M_TILES, IS_CAUSAL: gl.constexpr):
 
 
 @gluon.jit
+def _n_work(TOTAL, STREAM_K: gl.constexpr):
+    """How many works a persistent program walks: its units ``program_id``,
+    + ``num_programs``, ... below ``TOTAL``, and with ``STREAM_K`` two
+    pieces of the tail after them (:func:`_work`; an empty one is skipped)."""
+    pid = gl.program_id(0)
+    n = (TOTAL - pid + gl.num_programs(0) - 1) // gl.num_programs(0)
+    if STREAM_K:
+        n += 2
+    return n
+
+
+@gluon.jit
+def _work(w, TOTAL, SK_TILES, N_K, BLOCK_N: gl.constexpr, STREAM_K: gl.constexpr):
+    """(unit, j0, n, slot): a persistent program's ``w``-th work.  Its
+    whole units first (key tiles from j0 = 0, n = -1: all of them, slot -1).
+    ``STREAM_K`` (non-causal): the last ``SK_TILES`` key tiles of the walk,
+    those of the units from ``TOTAL`` on (T = cdiv(N_K, BLOCK_N) a unit, in
+    unit order), are cut into one contiguous range a program, program p's
+    [p S / P, (p + 1) S / P) of S = SK_TILES over P programs, so that no
+    program runs a whole unit more than another (a range is at most T tiles:
+    the tail holds fewer units than programs).  A range meets at most two
+    units: works k = 0, 1 after the whole units are its pieces, unit TOTAL + i,
+    tiles [j0, j0 + n) of it; a piece short of the whole unit keeps its
+    partial softmax in workspace ``slot`` = 2 p + k for the combine
+    (``kernels/stream_k.py``), a whole one (slot -1) ends as any unit;
+    n = 0: no such piece."""
+    pid = gl.program_id(0)
+    n_units = (TOTAL - pid + gl.num_programs(0) - 1) // gl.num_programs(0)
+    unit = pid + w * gl.num_programs(0)
+    if STREAM_K:
+        T = (N_K + BLOCK_N - 1) // BLOCK_N
+        lo = pid * SK_TILES // gl.num_programs(0)
+        hi = (pid + 1) * SK_TILES // gl.num_programs(0)
+        end0 = gl.minimum(hi, (lo // T + 1) * T)
+        k = w - n_units
+        start = gl.where(k == 0, lo, end0)
+        n = gl.where(k == 0, end0, hi) - start
+        i = start // T
+        tail = k >= 0
+        return (gl.where(tail, TOTAL + i, unit), gl.where(tail, start - i * T, 0), gl.where(tail, n, -1),
+                gl.where(tail & (n < T), 2 * pid + k, -1))
+    else:
+        return unit, 0, -1, -1
+
+
+@gluon.jit
 def _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                IS_CAUSAL: gl.constexpr):
     """(off_b, off_h, start_m, key tiles) of tile ``half`` of a unit
@@ -102,10 +148,12 @@ def _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M: gl.constexpr,
 @gluon.jit
 def _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
                k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, qb, kc,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr):
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
+               j0=0):
     """One query tile's copies: its two Q tiles (one of BLOCK_M rows per
     softmax warpgroup) into Q buffers 2 qb and 2 qb + 1, then its key and
-    value tiles into the ring, whose count is at ``kc``."""
+    value tiles j0, ..., j0 + n_tiles - 1 into the ring, whose count is at
+    ``kc``."""
     for wg in gl.static_range(2):
         _load_rows(q_desc, qt_desc, [off_b, off_h, start_m + wg * BLOCK_M, 0], q_bars.index(2 * qb + wg),
                    q_smem.index(2 * qb + wg), qt_smem.index(2 * qb + wg), TAIL_DIM)
@@ -114,11 +162,36 @@ def _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem,
         # a slot starts empty: the first wait on each passes (phase 1)
         phase = (((kc + j) // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(s), phase)
-        _load_rows(k_desc, kt_desc, [off_b, off_hk, j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s),
+        _load_rows(k_desc, kt_desc, [off_b, off_hk, (j0 + j) * BLOCK_N, 0], k_ready.index(s), k_smem.index(s),
                    kt_smem.index(s), TAIL_DIM)
         mbarrier.wait(v_empty.index(s), phase)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+        tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, (j0 + j) * BLOCK_N, 0], v_ready.index(s),
+                                        v_smem.index(s))
+
+
+@gluon.jit
+def _load_unit(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready,
+               v_ready, k_empty, v_empty, q_empty, unit, j0, n_sk, kc, it, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr, GROUP_SIZE, N_Q, N_K,
+               N_M_TILES, N_HEADS, IS_CAUSAL: gl.constexpr):
+    """A persistent program's copies for one work (:func:`_work`: key tiles
+    [j0, j0 + n_sk) of the unit, all of them where n_sk < 0), each query
+    tile's Q into the pair of buffers ``it % 2`` once both warpgroups
+    released it; returns the ring's and the items' counts after it."""
+    bh, k, n_half = _unit_size(unit, N_M_TILES, IS_CAUSAL)
+    for half in range(n_half):
+        t_b, t_h, t_m, t_n = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        t_n = gl.where(n_sk >= 0, n_sk, t_n)
+        qb = it % 2
+        for wg in gl.static_range(2):   # a pair of buffers starts empty: the first wait passes
+            mbarrier.wait(q_empty.index(2 * qb + wg), ((it // 2) & 1) ^ 1)
+        _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
+                   q_bars, k_ready, v_ready, k_empty, v_empty, t_b, t_h, t_h // GROUP_SIZE, t_m, t_n, qb, kc,
+                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, j0)
+        kc += t_n
+        it += 1
+    return kc, it
 
 
 @gluon.jit
@@ -126,26 +199,28 @@ def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_
                     k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
                     q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES, N_HEADS, TOTAL, IS_CAUSAL: gl.constexpr,
-                    PERSISTENT: gl.constexpr):
+                    PERSISTENT: gl.constexpr, SK_TILES=0, STREAM_K: gl.constexpr = False):
     """The load warp: the program's query tile, or with ``PERSISTENT`` each
-    of its work items in turn, the next one's Q into the other pair of Q
-    buffers once both warpgroups released them (``q_empty``), its K and V
-    tiles into the ring behind the previous item's."""
+    of its works in turn (:func:`_work`), the next one's Q into the other
+    pair of Q buffers once both warpgroups released them (``q_empty``), its
+    K and V tiles into the ring behind the previous item's."""
     if PERSISTENT:
         kc = gl.program_id(0) * 0
         it = kc
-        for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
-            bh, k, n_half = _unit_size(unit, N_M_TILES, IS_CAUSAL)
-            for half in range(n_half):
-                t_b, t_h, t_m, t_n = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
-                qb = it % 2
-                for wg in gl.static_range(2):   # a pair of buffers starts empty: the first wait passes
-                    mbarrier.wait(q_empty.index(2 * qb + wg), ((it // 2) & 1) ^ 1)
-                _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
-                           q_bars, k_ready, v_ready, k_empty, v_empty, t_b, t_h, t_h // GROUP_SIZE, t_m, t_n, qb, kc,
-                           BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM)
-                kc += t_n
-                it += 1
+        if STREAM_K:
+            for w in range(_n_work(TOTAL, STREAM_K)):
+                unit, j0, n_sk, _ = _work(w, TOTAL, SK_TILES, N_K, BLOCK_N, STREAM_K)
+                if n_sk != 0:
+                    kc, it = _load_unit(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem,
+                                        kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty, q_empty, unit, j0, n_sk,
+                                        kc, it, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, GROUP_SIZE, N_Q, N_K,
+                                        N_M_TILES, N_HEADS, IS_CAUSAL)
+        else:
+            for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
+                kc, it = _load_unit(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem,
+                                    kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty, q_empty, unit, 0, -1, kc, it,
+                                    BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, GROUP_SIZE, N_Q, N_K, N_M_TILES,
+                                    N_HEADS, IS_CAUSAL)
     else:
         _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
                    k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, 0, 0,

@@ -25,7 +25,7 @@ from .. import configs
 from ..configs import HopperBwdConfig, HopperFwdConfig
 from ..dispatch import tma_addressable
 from ..sinks import remainder_like
-from . import grid_order, runtime
+from . import grid_order, runtime, stream_k
 from .runtime import LOG2E, output_f32, shared_layout, sm_count, tma_strides
 
 
@@ -100,9 +100,14 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
             t.fill_(-128 if t is o_lo else float("nan"))
     extra = {} if o_lo is None else dict(olo_desc=_descriptor(o_lo, cfg.block_m), WRITE_REMAINDER=True)
     n_m_tiles = triton.cdiv(n_q, 2 * cfg.block_m)
+    tail = None
     if cfg.persistent:   # one program an SM (or fewer) walks the work units: causal, two tiles each
         total = (triton.cdiv(n_m_tiles, 2) if causal else n_m_tiles) * hq * b
         grid = (max(1, min(total, sm_count(q.device))),)   # an empty call: one program, no item
+        tail = stream_k.tail(cfg, causal, total, grid[0], triton.cdiv(n_k, cfg.block_n))
+        if tail is not None:   # the last wave's units as even ranges of key tiles; partials to a workspace
+            total, n_tail, sk_tiles = tail
+            extra.update(STREAM_K=True, SK_TILES=sk_tiles, **stream_k.workspace(grid[0], cfg.block_m, dv, q.device))
         extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total,
                      DEFER_O=defers_o(cfg))
     else:   # one program a query tile, heaviest first; causal: the tiles of G (head, batch) pairs at a time
@@ -119,6 +124,9 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, ROW_TREE=cfg.row_tree,
         HAS_SINKS=sinks is not None,
         **extra))
+    if tail is not None:
+        stream_k.combine(o, o_lo, lse, sinks, extra["WS_O"], extra["WS_ML"], n_m_tiles, hq, tail, grid[0],
+                         triton.cdiv(n_k, cfg.block_n), cfg.block_m)
     return (o, lse) if o_lo is None else (o, lse, o_lo)
 
 
@@ -161,6 +169,12 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
                N_K="i32", qk_scale="fp32")
     grouped = grid_order.compiled_grouped(causal, cfg, other_grid=cfg.persistent)
     const.update(GROUPED=grouped)
+    cut_tail = cfg.stream_k and cfg.persistent and not causal
+    const.update(STREAM_K=cut_tail)
+    if cut_tail:
+        sig.update(SK_TILES="i32", WS_O="*fp32", WS_ML="*fp32")
+    else:
+        const.update(SK_TILES=0, WS_O=None, WS_ML=None)
     if cfg.persistent:
         sig.update(N_M_TILES="i32", N_HEADS="i32", TOTAL="i32")
     else:   # as a launch specializes them: 1 (N_HEADS: the grouped grid's heads)

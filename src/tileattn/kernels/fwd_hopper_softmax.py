@@ -1,0 +1,155 @@
+"""The Hopper forward's softmax side (Gluon; the kernel is ``fwd_hopper.py``):
+the running softmax of a key tile (the rows' max, optionally as a tree, the
+exp2 and the rows' sums, a thread's own with ``ROW_TREE``), and the two
+ways a warpgroup's rows end: the epilogue (the sink folded in, lse, O
+normalised and staged for the copy engine, the remainder's code) or, for a
+stream-K piece short of its whole unit, the partial softmax stored to a
+workspace slot for ``stream_k.py``'s combine.
+
+This module imports Gluon at load time: only the Hopper kernels import it.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
+
+from .remainder import encode_remainder
+
+LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _row_max(x, s_layout: gl.constexpr, SPLIT: gl.constexpr):
+    """Each row's max of ``x`` (M, N); with ``SPLIT`` > 1 as a tree: the N
+    columns as SPLIT blocks of N / SPLIT, their element-wise max first (a
+    thread's own registers: a warpgroup MMA's accumulator holds columns
+    8 i + 2 t + {0, 1}, so blocks of whole 8-column groups stay in the
+    thread), then along each row of that; a thread's chain of dependent max
+    instructions is SPLIT - 1 + N / (4 SPLIT) - 1 long instead of N / 4 - 1."""
+    if SPLIT > 1:
+        M: gl.constexpr = x.shape[0]
+        N: gl.constexpr = x.shape[1]
+        y = gl.max(gl.reshape(x, [M, SPLIT, N // SPLIT]), 1)
+        r = gl.convert_layout(gl.max(y, 1), gl.SliceLayout(1, s_layout), assert_trivial=True)   # no data moves
+    else:
+        r = gl.max(x, 1)
+    return r
+
+
+@gluon.jit
+def _lane_sums(x):
+    """Each row's sum of ``x`` (M, N) over a thread's own columns: (M, 4),
+    one partial sum per thread of the row's four (a warpgroup MMA's
+    accumulator gives lane t of a row's quad the columns 8 i + 2 t + {0, 1}),
+    no shuffle; :func:`_row_total` adds the four once, after the key tiles."""
+    M: gl.constexpr = x.shape[0]
+    N: gl.constexpr = x.shape[1]
+    return gl.sum(gl.sum(gl.reshape(x, [M, N // 8, 4, 2]), 3), 1)
+
+
+@gluon.jit
+def _row_total(l_i, s_layout: gl.constexpr, ROW_TREE: gl.constexpr):
+    """The row sums in the rows' layout: with ``ROW_TREE`` from the four
+    lanes' partial sums (:func:`_lane_sums`), else as they are."""
+    if ROW_TREE:
+        total = gl.convert_layout(gl.sum(l_i, 1), gl.SliceLayout(1, s_layout), assert_trivial=True)
+    else:
+        total = l_i
+    return total
+
+
+@gluon.jit
+def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                  IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, ROW_TREE: gl.constexpr):
+    """The running softmax of key tile ``j``: (p, alpha, m_new, l_new).
+
+    The max runs over the raw scores and is scaled once per row, so each
+    score costs one fused multiply-add before its exp2: exp2(s * c - m * c)
+    (c = scale * log2 e > 0, so the max commutes with the scaling).  As in
+    ``kernels.common.online_softmax_step``, a row that has seen no visible
+    key keeps max -inf and subtracts 0, so exp2 gives 0, not NaN."""
+    if MASKED:
+        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = (offs_n < N_K)[None, :]
+        if IS_CAUSAL:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None] + (N_K - N_Q))
+        qk = gl.where(visible, qk, float("-inf"))
+    SPLIT: gl.constexpr = 4 if ROW_TREE else 1
+    m_new = gl.maximum(m_i, _row_max(qk, s_layout, SPLIT) * qk_scale)
+    if MASKED:
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    p = gl.exp2(qk * qk_scale - m_ref[:, None])
+    alpha = gl.exp2(m_i - m_ref)
+    if ROW_TREE:   # a thread's partial sums; the four lanes of a row are added once, after the key tiles
+        alpha_l = gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout), assert_trivial=True)
+        l_i = l_i * alpha_l[:, None] + _lane_sums(p)
+    else:
+        l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr,
+                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_TREE: gl.constexpr):
+    """:func:`_softmax_step` with the mask where tile ``j`` needs one."""
+    if j < n_full:
+        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
+                                           IS_CAUSAL, False, ROW_TREE)
+    else:
+        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
+                                           IS_CAUSAL, True, ROW_TREE)
+    return p, alpha, m_i, l_i
+
+
+@gluon.jit
+def _epilogue(acc, m_i, l_i, offs_m, row0, q2, q_tile, lo_smem, o_desc, olo_desc, LSE, SINKS, lse_row0, off_b, off_h,
+              N_Q, o_row_layout: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM_V: gl.constexpr,
+              HAS_SINKS: gl.constexpr, WRITE_REMAINDER: gl.constexpr, DEFER_O: gl.constexpr):
+    """A query tile's end for warpgroup ``WG``'s rows: the sink folded in,
+    the lse stored, O normalised and staged in the (dead) Q tile ``q2`` for
+    the copy engine, the remainder's code in its own tile."""
+    if HAS_SINKS:
+        # the head's sink, one more score of every row, folded in as a second partial softmax of one score
+        sink = gl.load(SINKS + off_h) * LOG2E
+        m_f = gl.maximum(m_i, sink)
+        m_f_ref = gl.where(m_f == float("-inf"), 0.0, m_f)   # no key and a sink of -inf: l stays 0
+        rescale = gl.exp2(m_i - m_f_ref)
+        l_i = l_i * rescale + gl.exp2(sink - m_f_ref)
+        acc = acc * gl.convert_layout(rescale, o_row_layout)[:, None]
+        m_i = m_f
+    # rows that saw no key: output 0, lse -inf (never 0/0)
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
+    gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < N_Q)
+    out = acc / gl.convert_layout(l_safe, o_row_layout)[:, None]
+    out16 = out.to(q2.dtype)
+    # the Q tile is dead: stage O in its buffer (as wide as V) for the TMA store
+    q2.store(out16)
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], q_tile)
+    if WRITE_REMAINDER:   # O - O rounded as its int8 code, staged in a tile of its own
+        lo_tile = lo_smem.index(WG)
+        lo_tile.reshape([BLOCK_M, HEAD_DIM_V]).store(encode_remainder(out, out16))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(olo_desc, [off_b, off_h, row0, 0], lo_tile)
+    if not DEFER_O:
+        tma.store_wait(0)
+
+
+@gluon.jit
+def _store_partial(acc, m_i, l_i, WS_O, WS_ML, slot, WG: gl.constexpr, BLOCK_M: gl.constexpr,
+                   HEAD_DIM_V: gl.constexpr, o_layout: gl.constexpr, row_layout: gl.constexpr):
+    """A stream-K piece's partial softmax of warpgroup ``WG``'s rows, float32
+    into workspace ``slot``: the unnormalised accumulator (BLOCK_M, HEAD_DIM_V)
+    at ``WS_O``, the rows' max (log2 units) and sum at ``WS_ML``
+    (``kernels/stream_k.py`` combines the pieces)."""
+    cell = (slot * 2 + WG).to(gl.int64)
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
+    gl.store(WS_O + cell * (BLOCK_M * HEAD_DIM_V) + rows[:, None] * HEAD_DIM_V + cols[None, :], acc)
+    r = gl.arange(0, BLOCK_M, layout=row_layout)
+    gl.store(WS_ML + cell * (2 * BLOCK_M) + r, m_i)
+    gl.store(WS_ML + cell * (2 * BLOCK_M) + BLOCK_M + r, l_i)
