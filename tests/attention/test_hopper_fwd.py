@@ -238,11 +238,11 @@ def test_persistent_programs_walk_many_tiles(dims, cfg, causal):
 @pytest.mark.parametrize("tail", ["short", "long"])
 @pytest.mark.parametrize("dims,cfg", STREAM_K, ids=[f"{_dims_id(dims)}-{c.name}" for dims, c in STREAM_K])
 def test_stream_k_tails(dims, cfg, tail):
-    """Walks whose last wave is cut, on this GPU's SM count P: "short", 4
-    tail units of 8 key tiles (most programs' tail ranges empty; GQA 2, odd
-    lengths); "long", P - 1 tail units of 2 key tiles (some ranges are a
-    whole unit, which the kernel ends itself); also with sinks and the
-    output's remainder."""
+    """Walks whose last wave is cut, on this GPU's SM count P: "short", a
+    partial wave of 4 units of 8 key tiles (GQA 2, odd lengths, two query
+    tiles a head); "long", one of P - 1 units of 2 key tiles (some ranges
+    hold a whole unit, which the kernel ends itself); also with sinks and
+    the output's remainder."""
     programs = runtime.sm_count(torch.device("cuda"))
     if tail == "short":
         hq, n_q, n_k = programs + 2, 200, 1000

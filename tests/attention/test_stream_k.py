@@ -24,8 +24,8 @@ LOG2E = 1.0 / math.log(2.0)
 
 # name -> (units, programs, key tiles a unit)
 WALKS = {
-    "short-tail": (268, 132, 8),        # 4 tail units: most programs' ranges are empty
-    "long-tail": (263, 132, 2),         # 131 tail units of 2 tiles: some ranges are a whole unit
+    "short-tail": (268, 132, 8),        # a partial wave of 4 units
+    "long-tail": (263, 132, 2),         # a partial wave of 131 units of 2 tiles
     "fa2-d128": (2048, 132, 16),        # the FA2 protocol's d = 128 walk at 2k
     "fa2-d64": (4096, 132, 64),         # d = 64 at 8k
     "odd": (19, 7, 5),
@@ -36,19 +36,23 @@ WALKS = {
 def test_tail_tiles_go_to_one_program_each_in_even_shares(walk):
     units, programs, key_tiles = WALKS[walk]
     whole, n_tail, sk_tiles = stream_k.tail(SK, False, units, programs, key_tiles)
-    assert whole == programs * (units // programs) and n_tail == units - whole and sk_tiles == n_tail * key_tiles
+    assert whole == programs * (units // programs - 1) and n_tail == units - whole and sk_tiles == n_tail * key_tiles
     seen = torch.zeros(sk_tiles, dtype=torch.int64)
     per_program = torch.zeros(programs, dtype=torch.int64)
     slots = []
     for p, k, i, j0, n, slot in stream_k.pieces(programs, whole, sk_tiles, key_tiles):
-        assert 0 <= i < n_tail and 0 <= j0 and n >= 1 and j0 + n <= key_tiles and k in (0, 1)
+        assert 0 <= i < n_tail and 0 <= j0 and n >= 1 and j0 + n <= key_tiles and k in (0, 1, 2)
         seen[i * key_tiles + j0: i * key_tiles + j0 + n] += 1
         per_program[p] += n
-        assert (slot == -1) == (n == key_tiles) and slot in (-1, 2 * p + k)
+        assert (slot == -1) == (n == key_tiles) and slot in (-1, 3 * p + k)
         slots += [slot] if slot >= 0 else []
     assert bool((seen == 1).all()), "a tail key tile run by no program or by two"
     assert int(per_program.max()) - int(per_program.min()) <= 1, "uneven shares"
     assert len(slots) == len(set(slots))
+    per_unit = torch.zeros(n_tail, dtype=torch.int64)
+    for p, k, i, j0, n, slot in stream_k.pieces(programs, whole, sk_tiles, key_tiles):
+        per_unit[i] += 1
+    assert int(per_unit.max()) <= 2, "a unit cut into more than two pieces"
 
 
 def test_no_tail_where_the_walk_has_no_partial_wave():
@@ -79,7 +83,8 @@ def _fill_pieces(q, k, v, scale, walk, block_m, block_n, ws_o, ws_ml):
         if slot < 0:
             continue
         unit = whole + i
-        bh, mt = divmod(unit, n_m_tiles)
+        bh, k_m = divmod(unit, n_m_tiles)
+        mt = n_m_tiles - 1 - k_m   # a head's query tiles are walked last first
         bb, hh = divmod(bh, h)
         keys = slice(j0 * block_n, min((j0 + n) * block_n, k.shape[2]))
         for wg in range(2):
@@ -116,20 +121,21 @@ def test_combine_merges_the_cut_units_only(shape, with_sinks):
     tail = stream_k.tail(SK, False, b * h * n_m_tiles, programs, key_tiles)
     whole, n_tail, sk_tiles = tail
     ws = stream_k.workspace(programs, block_m, dv, DEVICE)
-    ws["WS_O"].fill_(float("nan"))
-    ws["WS_ML"].fill_(float("nan"))
-    _fill_pieces(q, k, v, scale, (programs, whole, sk_tiles, key_tiles), block_m, block_n, ws["WS_O"], ws["WS_ML"])
+    ws["ws_o"].fill_(float("nan"))
+    ws["ws_ml"].fill_(float("nan"))
+    _fill_pieces(q, k, v, scale, (programs, whole, sk_tiles, key_tiles), block_m, block_n, ws["ws_o"], ws["ws_ml"])
     o = torch.full((b, h, n_q, dv), float("nan"), dtype=torch.float16, device=DEVICE)
     o_lo = remainder_like(o).fill_(-128)
     lse = torch.full((b, h, n_q), float("nan"), device=DEVICE)
-    stream_k.combine(o, o_lo, lse, sinks, ws["WS_O"], ws["WS_ML"], n_m_tiles, h, tail, programs, key_tiles, block_m)
+    stream_k.combine(o, o_lo, lse, sinks, ws["ws_o"], ws["ws_ml"], n_m_tiles, h, tail, programs, key_tiles, block_m)
 
     ref, ref_lse = _reference(q, k, v, scale, sinks)
     cut = {whole + i for p, kk, i, j0, n, slot in stream_k.pieces(programs, whole, sk_tiles, key_tiles) if slot >= 0}
     cut -= {whole + i for p, kk, i, j0, n, slot in stream_k.pieces(programs, whole, sk_tiles, key_tiles) if slot < 0}
     assert cut, "the case cuts no unit"
     for unit in range(b * h * n_m_tiles):
-        bh, mt = divmod(unit, n_m_tiles)
+        bh, k_m = divmod(unit, n_m_tiles)
+        mt = n_m_tiles - 1 - k_m
         bb, hh = divmod(bh, h)
         rows = slice(mt * 2 * block_m, (mt + 1) * 2 * block_m)
         if unit in cut:

@@ -91,12 +91,12 @@ def _unit_size(unit, N_M_TILES, IS_CAUSAL: gl.constexpr):
 @gluon.jit
 def _n_work(TOTAL, STREAM_K: gl.constexpr):
     """How many works a persistent program walks: its units ``program_id``,
-    + ``num_programs``, ... below ``TOTAL``, and with ``STREAM_K`` two
+    + ``num_programs``, ... below ``TOTAL``, and with ``STREAM_K`` three
     pieces of the tail after them (:func:`_work`; an empty one is skipped)."""
     pid = gl.program_id(0)
     n = (TOTAL - pid + gl.num_programs(0) - 1) // gl.num_programs(0)
     if STREAM_K:
-        n += 2
+        n += 3
     return n
 
 
@@ -104,17 +104,17 @@ def _n_work(TOTAL, STREAM_K: gl.constexpr):
 def _work(w, TOTAL, SK_TILES, N_K, BLOCK_N: gl.constexpr, STREAM_K: gl.constexpr):
     """(unit, j0, n, slot): a persistent program's ``w``-th work.  Its
     whole units first (key tiles from j0 = 0, n = -1: all of them, slot -1).
-    ``STREAM_K`` (non-causal): the last ``SK_TILES`` key tiles of the walk,
-    those of the units from ``TOTAL`` on (T = cdiv(N_K, BLOCK_N) a unit, in
-    unit order), are cut into one contiguous range a program, program p's
-    [p S / P, (p + 1) S / P) of S = SK_TILES over P programs, so that no
-    program runs a whole unit more than another (a range is at most T tiles:
-    the tail holds fewer units than programs).  A range meets at most two
-    units: works k = 0, 1 after the whole units are its pieces, unit TOTAL + i,
-    tiles [j0, j0 + n) of it; a piece short of the whole unit keeps its
-    partial softmax in workspace ``slot`` = 2 p + k for the combine
-    (``kernels/stream_k.py``), a whole one (slot -1) ends as any unit;
-    n = 0: no such piece."""
+    ``STREAM_K`` (non-causal): the units from ``TOTAL`` on are the tail (the
+    last partial wave and one whole wave before it: ``launch/stream_k.py``),
+    their ``SK_TILES`` key tiles (T = cdiv(N_K, BLOCK_N) a unit, in unit
+    order) cut into one contiguous range a program, program p's
+    [p S / P, (p + 1) S / P) of S = SK_TILES over P programs: between T and
+    2 T tiles, so it meets at most three units and a unit at most two
+    ranges.  Works k = 0, 1, 2 after the whole units are the range's pieces:
+    unit TOTAL + i (i = lo // T + k), tiles [j0, j0 + n) of it; a piece
+    short of its unit keeps its partial softmax in workspace slot 3 p + k
+    for the combine (``kernels/stream_k.py``), a whole one (slot -1) ends as
+    any unit; n = 0: no such piece."""
     pid = gl.program_id(0)
     n_units = (TOTAL - pid + gl.num_programs(0) - 1) // gl.num_programs(0)
     unit = pid + w * gl.num_programs(0)
@@ -122,14 +122,13 @@ def _work(w, TOTAL, SK_TILES, N_K, BLOCK_N: gl.constexpr, STREAM_K: gl.constexpr
         T = (N_K + BLOCK_N - 1) // BLOCK_N
         lo = pid * SK_TILES // gl.num_programs(0)
         hi = (pid + 1) * SK_TILES // gl.num_programs(0)
-        end0 = gl.minimum(hi, (lo // T + 1) * T)
         k = w - n_units
-        start = gl.where(k == 0, lo, end0)
-        n = gl.where(k == 0, end0, hi) - start
-        i = start // T
+        i = lo // T + k
+        start = gl.maximum(lo, i * T)
+        n = gl.maximum(gl.minimum(hi, (i + 1) * T) - start, 0)
         tail = k >= 0
         return (gl.where(tail, TOTAL + i, unit), gl.where(tail, start - i * T, 0), gl.where(tail, n, -1),
-                gl.where(tail & (n < T), 2 * pid + k, -1))
+                gl.where(tail & (n < T), 3 * pid + k, -1))
     else:
         return unit, 0, -1, -1
 

@@ -7,13 +7,13 @@ with the sink and the output's remainder code where the call has them.
 
 The walk is ``fwd_hopper_load._work``'s: S = ``SK_TILES`` tail key tiles
 (T a unit, in unit order) over P programs, program p's range
-[p S / P, (p + 1) S / P); a range meets at most two units, its k-th piece
-(k = 0, 1) in slot 2 p + k.  Program p's range holds tile t iff
-p = ((t + 1) P - 1) // S (the last p whose range starts at or before t:
-ranges may be empty where S < P), so unit i's pieces are those of programs
-((i T + 1) P - 1) // S ... (((i + 1) T) P - 1) // S, a piece k = 1 where the
-program's range starts before the unit.  A unit one program covered whole
-was finished by the kernel itself.
+[p S / P, (p + 1) S / P), its piece in unit lo // T + k in slot 3 p + k.
+Program p's range holds tile t iff p = ((t + 1) P - 1) // S (the last p
+whose range starts at or before t), so unit i's pieces are those of
+programs ((i T + 1) P - 1) // S ... (((i + 1) T) P - 1) // S (two at most:
+a range is at least T tiles).  A unit one program covered whole was
+finished by the kernel itself.  A unit's query tile is the kernel's: a
+head's tiles are walked last first (``fwd_hopper_load._unit_tile``).
 
 Pure ``@triton.jit`` code, no torch: it runs under the interpreter too.
 """
@@ -38,7 +38,7 @@ def _stream_k_combine_kernel(WS_O, WS_ML, O, O_LO, LSE, SINKS,
     bh = unit // N_M_TILES
     off_b = bh // N_HEADS
     off_h = bh % N_HEADS
-    row0 = (unit - bh * N_M_TILES) * (2 * BLOCK_M) + wg * BLOCK_M
+    row0 = (N_M_TILES - 1 - (unit - bh * N_M_TILES)) * (2 * BLOCK_M) + wg * BLOCK_M
     first = i * T
     p_lo = ((first + 1) * P - 1) // SK_TILES
     p_hi = ((first + T) * P - 1) // SK_TILES
@@ -51,7 +51,7 @@ def _stream_k_combine_kernel(WS_O, WS_ML, O, O_LO, LSE, SINKS,
         for p in range(p_lo, p_hi + 1):
             lo = p * SK_TILES // P
             if (p + 1) * SK_TILES // P > lo:   # an empty range left nothing
-                cell = ((2 * p + (lo < first).to(tl.int32)) * 2 + wg).to(tl.int64)
+                cell = ((3 * p + i - lo // T) * 2 + wg).to(tl.int64)
                 m_p = tl.load(WS_ML + cell * (2 * BLOCK_M) + rows)
                 l_p = tl.load(WS_ML + cell * (2 * BLOCK_M) + BLOCK_M + rows)
                 a_p = tl.load(WS_O + cell * (BLOCK_M * HEAD_DIM_V) + rows[:, None] * HEAD_DIM_V + cols[None, :])

@@ -80,13 +80,33 @@ def _persistent(cfg: HopperFwdConfig) -> HopperFwdConfig:
     return dataclasses.replace(cfg, persistent=True)
 
 
+def _walk(q, k, causal: bool, cfg: HopperFwdConfig) -> tuple[int, int, tuple[int, int, int] | None]:
+    """A persistent call's (units, programs, stream-K tail or None): one
+    program an SM (or fewer) walks the units (causal: two query tiles each)."""
+    b, hq, n_q, _ = q.shape
+    n_m_tiles = triton.cdiv(n_q, 2 * cfg.block_m)
+    total = (triton.cdiv(n_m_tiles, 2) if causal else n_m_tiles) * hq * b
+    programs = max(1, min(total, sm_count(q.device)))   # an empty call: one program, no item
+    return total, programs, stream_k.tail(cfg, causal, total, programs, triton.cdiv(k.shape[2], cfg.block_n))
+
+
+def fwd_workspace(q, k, v, causal: bool, cfg: HopperFwdConfig) -> dict:
+    """The stream-K workspace a call of ``cfg`` needs ({"ws_o", "ws_ml"}), or
+    {} (a launch plan names these tensors: ``hopper_calls.fwd``)."""
+    if not (cfg.persistent and cfg.stream_k):
+        return {}
+    _, programs, tail = _walk(q, k, causal, cfg)
+    return {} if tail is None else stream_k.workspace(programs, cfg.block_m, v.shape[-1], q.device)
+
+
 def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None = None, poison: bool = False,
-             sinks: torch.Tensor | None = None, remainder: bool = False):
+             sinks: torch.Tensor | None = None, remainder: bool = False, workspace: dict | None = None):
     """Forward on the Hopper kernel. Returns (out like q, as wide as v; lse
     float32 (B, Hq, Nq)); ``sinks`` (float32 (Hq,)) enter every row's
     denominator and the lse.  ``remainder``: (out, lse, out_lo) with out_lo
     the int8 code of O - out (the float32 result's rounding remainder, in
-    out's layout; ``tileattn.sinks``)."""
+    out's layout; ``tileattn.sinks``).  ``workspace``: :func:`fwd_workspace`'s
+    tensors for a stream-K cut (made here when not given)."""
     b, hq, n_q, d = q.shape
     hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or config_for(d, dv, causal, n_k)
@@ -102,12 +122,12 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     n_m_tiles = triton.cdiv(n_q, 2 * cfg.block_m)
     tail = None
     if cfg.persistent:   # one program an SM (or fewer) walks the work units: causal, two tiles each
-        total = (triton.cdiv(n_m_tiles, 2) if causal else n_m_tiles) * hq * b
-        grid = (max(1, min(total, sm_count(q.device))),)   # an empty call: one program, no item
-        tail = stream_k.tail(cfg, causal, total, grid[0], triton.cdiv(n_k, cfg.block_n))
+        total, programs, tail = _walk(q, k, causal, cfg)
+        grid = (programs,)
         if tail is not None:   # the last wave's units as even ranges of key tiles; partials to a workspace
             total, n_tail, sk_tiles = tail
-            extra.update(STREAM_K=True, SK_TILES=sk_tiles, **stream_k.workspace(grid[0], cfg.block_m, dv, q.device))
+            ws = workspace or fwd_workspace(q, k, v, causal, cfg)
+            extra.update(STREAM_K=True, SK_TILES=sk_tiles, WS_O=ws["ws_o"], WS_ML=ws["ws_ml"])
         extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total,
                      DEFER_O=defers_o(cfg))
     else:   # one program a query tile, heaviest first; causal: the tiles of G (head, batch) pairs at a time
@@ -125,7 +145,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         HAS_SINKS=sinks is not None,
         **extra))
     if tail is not None:
-        stream_k.combine(o, o_lo, lse, sinks, extra["WS_O"], extra["WS_ML"], n_m_tiles, hq, tail, grid[0],
+        stream_k.combine(o, o_lo, lse, sinks, ws["ws_o"], ws["ws_ml"], n_m_tiles, hq, tail, grid[0],
                          triton.cdiv(n_k, cfg.block_n), cfg.block_m)
     return (o, lse) if o_lo is None else (o, lse, o_lo)
 

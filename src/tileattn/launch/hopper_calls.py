@@ -26,10 +26,10 @@ from . import bwd_memory, bwd_steps, grid_order, hopper, runtime
 from .runtime import aligned, output_f32, output_like
 
 
-def _fwd_tensors(q, k, v, o, lse, sinks, o_lo) -> dict:
-    """A forward's tensors by the names its plan knows (sinks and the
-    remainder where the call has them)."""
-    tensors = {"q": q, "k": k, "v": v, "o": o, "lse": lse}
+def _fwd_tensors(q, k, v, o, lse, sinks, o_lo, workspace) -> dict:
+    """A forward's tensors by the names its plan knows (sinks, the
+    remainder and the stream-K workspace where the call has them)."""
+    tensors = {"q": q, "k": k, "v": v, "o": o, "lse": lse, **workspace}
     if sinks is not None:
         tensors["sinks"] = sinks
     if o_lo is not None:
@@ -51,19 +51,23 @@ def fwd(q, k, v, causal: bool, scale: float, config=None, sinks=None, remainder:
             o, lse = hopper.fwd_outputs(q, v)
             o_lo = remainder_like(o) if remainder else None
             if aligned(o, lse, *(() if o_lo is None else (o_lo,))):
-                runtime.replay(plan, _fwd_tensors(q, k, v, o, lse, sinks, o_lo))
+                runtime.replay(plan, _fwd_tensors(q, k, v, o, lse, sinks, o_lo,
+                                                  hopper.fwd_workspace(q, k, v, causal, cfg)))
                 return (o, lse) if o_lo is None else (o, lse, o_lo)
             key = None
+    workspace = hopper.fwd_workspace(q, k, v, causal, config or hopper.config_for(
+        q.shape[-1], v.shape[-1], causal, k.shape[2]))
     if key is not None:
         runtime.begin_record()
     try:
         out = hopper.attn_fwd(q, k, v, causal, scale, config, poison=runtime.POISON_OUTPUTS, sinks=sinks,
-                              remainder=remainder)
+                              remainder=remainder, workspace=workspace)
     except BaseException:
         runtime.abandon_record()
         raise
     if key is not None:
-        runtime.end_record(key, _fwd_tensors(q, k, v, out[0], out[1], sinks, out[2] if remainder else None))
+        runtime.end_record(key, _fwd_tensors(q, k, v, out[0], out[1], sinks, out[2] if remainder else None,
+                                             workspace))
     return out
 
 
