@@ -89,7 +89,7 @@ def hopper_cases():
     for d in (64, 128):
         for causal in (False, True):
             for extra in ("-pers", "-pers-sinks", "-pers-sinks-remainder", "-pers-dfo", "-pers-dfo-sinks-remainder",
-                          "-rt", "-pers-rt"):
+                          "-rt", "-pers-rt", "-pers-rt-sk"):
                 cases[f"hopper-fwd-d{d}-{d}-{'causal' if causal else 'full'}{extra}"] = (
                     "hopper", "fwd-flags", d, d, causal, extra, False)
     for (d, dv) in configs.HOPPER_BWD:
@@ -120,10 +120,10 @@ def _compile_hopper(case):
     _, kind, d, dv, causal, flag, paired = case
     if kind == "fwd":
         return hopper.compile_sm90(d, configs.HOPPER_FWD[(d, dv)], causal, "bf16", False, head_dim_v=dv)
-    if kind == "fwd-flags":   # flag: "-pers" with "-dfo" or "-sinks" (and "-remainder"), "-rt" with or without it
+    if kind == "fwd-flags":   # flag: "-pers" with "-dfo" or "-sinks" (and "-remainder"), "-rt" with or without it, "-sk"
         on = set(flag.split("-"))
         cfg = dataclasses.replace(configs.HOPPER_FWD[(d, dv)], persistent="pers" in on, defer_o="dfo" in on,
-                                  row_tree="rt" in on)
+                                  row_tree="rt" in on, stream_k="sk" in on)
         return hopper.compile_sm90(d, cfg, causal, "bf16", "sinks" in on, head_dim_v=dv, remainder="remainder" in on)
     if kind == "bwd":
         cfg = dataclasses.replace(configs.HOPPER_BWD[(d, dv)], pair_blocks=paired or None)
