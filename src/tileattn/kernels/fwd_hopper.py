@@ -31,7 +31,11 @@ so the next item's first tiles land while this one's epilogue runs.  With
 ``DEFER_O`` (``HopperFwdConfig.defer_o``) a softmax warpgroup does not wait for O's copy
 out of its Q buffer (nor the remainder's out of its tile) at the end of an
 item: the next item's first tile does, and hands the buffer back then (the
-loader needs it only for the item after next).
+loader needs it only for the item after next).  With ``STREAM_K``
+(``HopperFwdConfig.stream_k``, non-causal, opt-in) the walk's last two
+waves are cut into one even range of key tiles a program; a piece short of
+its unit stores a partial softmax that ``stream_k.py`` merges after the
+kernel (``fwd_hopper_load._work``, ``launch/stream_k.py``).
 
 With ``ROW_TREE`` (``HopperFwdConfig.row_tree``, on in the d = 64 and 128
 tables) each row's max over a key tile is reduced as a tree: a thread's
