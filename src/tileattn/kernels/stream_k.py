@@ -49,19 +49,18 @@ def _stream_k_combine_kernel(WS_O, WS_ML, O, O_LO, LSE, SINKS,
         l = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM_V], tl.float32)
         for p in range(p_lo, p_hi + 1):
-            lo = p * SK_TILES // P
-            if (p + 1) * SK_TILES // P > lo:   # an empty range left nothing
-                cell = ((3 * p + i - lo // T) * 2 + wg).to(tl.int64)
-                m_p = tl.load(WS_ML + cell * (2 * BLOCK_M) + rows)
-                l_p = tl.load(WS_ML + cell * (2 * BLOCK_M) + BLOCK_M + rows)
-                a_p = tl.load(WS_O + cell * (BLOCK_M * HEAD_DIM_V) + rows[:, None] * HEAD_DIM_V + cols[None, :])
-                # every piece holds at least one visible key a row (non-causal): its max is finite
-                m_new = tl.maximum(m, m_p)
-                alpha = tl.exp2(m - m_new)
-                beta = tl.exp2(m_p - m_new)
-                l = l * alpha + l_p * beta
-                acc = acc * alpha[:, None] + a_p * beta[:, None]
-                m = m_new
+            lo = p * SK_TILES // P   # no range is empty: each holds T..2T tiles
+            cell = ((3 * p + i - lo // T) * 2 + wg).to(tl.int64)
+            m_p = tl.load(WS_ML + cell * (2 * BLOCK_M) + rows)
+            l_p = tl.load(WS_ML + cell * (2 * BLOCK_M) + BLOCK_M + rows)
+            a_p = tl.load(WS_O + cell * (BLOCK_M * HEAD_DIM_V) + rows[:, None] * HEAD_DIM_V + cols[None, :])
+            # every piece holds at least one visible key a row (non-causal): its max is finite
+            m_new = tl.maximum(m, m_p)
+            alpha = tl.exp2(m - m_new)
+            beta = tl.exp2(m_p - m_new)
+            l = l * alpha + l_p * beta
+            acc = acc * alpha[:, None] + a_p * beta[:, None]
+            m = m_new
         if HAS_SINKS:   # the head's sink, once a row, as in the kernel's epilogue
             sink = tl.load(SINKS + off_h) * LOG2E
             m_f = tl.maximum(m, sink)

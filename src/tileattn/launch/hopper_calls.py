@@ -43,8 +43,8 @@ def fwd(q, k, v, causal: bool, scale: float, config=None, sinks=None, remainder:
     key = None
     if sinks is not None:   # as the launcher passes them, so that a plan can name the tensor
         sinks = sinks.float().contiguous()
+    cfg = config or hopper.config_for(q.shape[-1], v.shape[-1], causal, k.shape[2])
     if config is None and not runtime.POISON_OUTPUTS:
-        cfg = hopper.config_for(q.shape[-1], v.shape[-1], causal, k.shape[2])
         key = runtime.plan_key("hopper_fwd", (q, k, v, sinks), bool(causal), float(scale), cfg, bool(remainder))
         plan = runtime.PLANS.get(key) if key is not None else None
         if plan is not None:
@@ -55,8 +55,7 @@ def fwd(q, k, v, causal: bool, scale: float, config=None, sinks=None, remainder:
                                                   hopper.fwd_workspace(q, k, v, causal, cfg)))
                 return (o, lse) if o_lo is None else (o, lse, o_lo)
             key = None
-    workspace = hopper.fwd_workspace(q, k, v, causal, config or hopper.config_for(
-        q.shape[-1], v.shape[-1], causal, k.shape[2]))
+    workspace = hopper.fwd_workspace(q, k, v, causal, cfg)
     if key is not None:
         runtime.begin_record()
     try:
