@@ -77,6 +77,27 @@ from .fwd_hopper_mma import _issue_pv, _issue_qk, _wait_pv
 from .fwd_hopper_softmax import _epilogue, _lane_sums, _row_total, _softmax_tile, _store_partial
 
 
+TRACE_SLOTS: gl.constexpr = gl.constexpr(128)
+
+
+@gluon.jit
+def _mark(TRACE, slot, WG: gl.constexpr, SM_ID: gl.constexpr = False):
+    """``TRACE`` (``benchmarks/walk_trace.py``; None in every other call,
+    so no code): warpgroup 0 of a persistent program writes the global timer
+    (ns), or with ``SM_ID`` its multiprocessor's number, to entry ``slot``
+    (< TRACE_SLOTS) of the program's row of the int64 ``TRACE``."""
+    if TRACE is not None:
+        if WG == 0:
+            if SM_ID:
+                x = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False,
+                                              pack=1).to(gl.int64)
+            else:
+                x = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                              pack=1)
+            if slot < TRACE_SLOTS:
+                gl.store(TRACE + gl.program_id(0) * TRACE_SLOTS + slot, x)
+
+
 @gluon.jit
 def _my_turn(turns, i, WG: gl.constexpr, PINGPONG: gl.constexpr):
     """Wait until the other warpgroup has issued its products of step i-1
@@ -263,19 +284,22 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                        q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
                        PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr, SK_TILES, WS_O, WS_ML,
-                       STREAM_K: gl.constexpr):
+                       STREAM_K: gl.constexpr, TRACE):
     """Softmax warpgroup ``WG``: its rows of the program's query tile, or
     with ``PERSISTENT`` of each of the program's work items in turn (Q
     buffers alternate between two pairs, released on ``q_empty`` once O's
     copy has read the buffer; the ring's and the turns' counts run on;
     ``DEFER_O``: the next item's first tile waits for that copy; ``STREAM_K``:
     the walk's last key tiles cut into a range a program,
-    ``fwd_hopper_load._work``)."""
+    ``fwd_hopper_load._work``; ``TRACE``: the program's SM, its start and
+    each work's end, :func:`_mark`)."""
     if PERSISTENT:
         kc = gl.program_id(0) * 0
         tc = kc
         it = kc
         prev_qi = kc - 1   # DEFER_O: the Q buffer whose O copy is still to be waited on
+        _mark(TRACE, 0, WG, True)
+        _mark(TRACE, 1, WG)
         if STREAM_K:
             for w in range(_n_work(TOTAL, STREAM_K)):
                 unit, j0, n_sk, slot = _work(w, TOTAL, SK_TILES, N_K, BLOCK_N, STREAM_K)
@@ -286,6 +310,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                         TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc,
                         WRITE_REMAINDER, lo_smem, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O,
                         unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K)
+                _mark(TRACE, 2 + w, WG)
         else:
             for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
                 kc, tc, it, prev_qi = _softmax_unit(
@@ -294,6 +319,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                     TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc,
                     WRITE_REMAINDER, lo_smem, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O,
                     unit, 0, -1, -1, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K)
+                _mark(TRACE, 2 + (unit - gl.program_id(0)) // gl.num_programs(0), WG)
         if DEFER_O:   # the last item's O copy
             tma.store_wait(0)
     else:
@@ -315,7 +341,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1,
                             GROUPED: gl.constexpr = False, DEFER_O: gl.constexpr = False,
                             ROW_TREE: gl.constexpr = False, STREAM_K: gl.constexpr = False, SK_TILES=0, WS_O=None,
-                            WS_ML=None):
+                            WS_ML=None, TRACE=None):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
@@ -391,14 +417,14 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
                               stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SK_TILES,
-                              WS_O, WS_ML, STREAM_K)),
+                              WS_O, WS_ML, STREAM_K, TRACE)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
                               stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SK_TILES,
-                              WS_O, WS_ML, STREAM_K)),
+                              WS_O, WS_ML, STREAM_K, TRACE)),
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                            BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES,

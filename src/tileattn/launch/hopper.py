@@ -100,13 +100,15 @@ def fwd_workspace(q, k, v, causal: bool, cfg: HopperFwdConfig) -> dict:
 
 
 def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None = None, poison: bool = False,
-             sinks: torch.Tensor | None = None, remainder: bool = False, workspace: dict | None = None):
+             sinks: torch.Tensor | None = None, remainder: bool = False, workspace: dict | None = None,
+             trace: torch.Tensor | None = None):
     """Forward on the Hopper kernel. Returns (out like q, as wide as v; lse
     float32 (B, Hq, Nq)); ``sinks`` (float32 (Hq,)) enter every row's
     denominator and the lse.  ``remainder``: (out, lse, out_lo) with out_lo
     the int8 code of O - out (the float32 result's rounding remainder, in
     out's layout; ``tileattn.sinks``).  ``workspace``: :func:`fwd_workspace`'s
-    tensors for a stream-K cut (made here when not given)."""
+    tensors for a stream-K cut (made here when not given).  ``trace``: int64,
+    128 entries a persistent program (``kernels/fwd_hopper._mark``)."""
     b, hq, n_q, d = q.shape
     hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or config_for(d, dv, causal, n_k)
@@ -129,7 +131,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
             ws = workspace or fwd_workspace(q, k, v, causal, cfg)
             extra.update(STREAM_K=True, SK_TILES=sk_tiles, WS_O=ws["ws_o"], WS_ML=ws["ws_ml"])
         extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total,
-                     DEFER_O=defers_o(cfg))
+                     DEFER_O=defers_o(cfg), **({} if trace is None else {"TRACE": trace}))
     else:   # one program a query tile, heaviest first; causal: the tiles of G (head, batch) pairs at a time
         grid, grouped = grid_order.grid(n_m_tiles, hq, b, grid_order.group_rows(causal, n_m_tiles, hq * b, cfg,
                                                                                 sm_count(q.device)))
@@ -183,7 +185,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, ROW_TREE=cfg.row_tree,
                  HAS_SINKS=sinks,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
-                 PERSISTENT=cfg.persistent, DEFER_O=defers_o(cfg))
+                 PERSISTENT=cfg.persistent, DEFER_O=defers_o(cfg), TRACE=None)
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
