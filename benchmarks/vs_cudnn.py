@@ -83,7 +83,12 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
     d128 = dict(num_stages=2)
     variants = {64: [d64, dict(d64, persistent=True), dict(d64, persistent=True, defer_o=True),
                      dict(d64, row_tree=True), dict(d64, persistent=True, row_tree=True),
-                     dict(d64, persistent=True, row_tree=True, stream_k=True)],
+                     dict(d64, persistent=True, row_tree=True, stream_k=True),
+                     dict(d64, persistent=True, row_tree=True, num_stages=4),
+                     dict(d64, persistent=True, row_tree=True, num_stages=4, stagger=2),
+                     dict(d64, persistent=True, row_tree=True, num_stages=5, stagger=3),
+                     dict(d64, persistent=True, row_tree=True, num_stages=4, stagger=2, stream_k=True),
+                     dict(d64, row_tree=True, num_stages=4, stagger=2)],
                 128: [d128, dict(d128, persistent=True), dict(d128, persistent=True, defer_o=True), dict(num_stages=3),
                       dict(d128, pingpong=False), dict(d128, row_tree=True), dict(d128, persistent=True, row_tree=True),
                       dict(d128, persistent=True, row_tree=True, stream_k=True),

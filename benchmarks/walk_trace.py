@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -28,10 +29,14 @@ SLOTS = 128   # kernels/fwd_hopper.TRACE_SLOTS
 
 
 def variant(head_dim: int, name: str):
-    """The table's config made persistent; ``-sk``: with the stream-K tail."""
+    """The table's config made persistent; in the name ``-sk``: with the
+    stream-K tail, ``-s<n>``: n ring stages, ``-sg<n>``: ``stagger=n``."""
     from tileattn.configs import HOPPER_FWD
     base = HOPPER_FWD[(head_dim, head_dim)]
-    return dataclasses.replace(base, persistent=True, stream_k=name.endswith("-sk"))
+    stages, stagger = re.search(r"-s(\d+)\b", name), re.search(r"-sg(\d+)", name)
+    return dataclasses.replace(base, persistent=True, stream_k="-sk" in name,
+                               num_stages=int(stages.group(1)) if stages else base.num_stages,
+                               stagger=int(stagger.group(1)) if stagger else 0)
 
 
 def summary(rows: list[list[int]], whole: int) -> dict:

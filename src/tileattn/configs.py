@@ -236,8 +236,7 @@ DKDV_ATOMIC_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 
 TABLES = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dkdv_atomic": DKDV_ATOMIC_CONFIGS, "dq": DQ_CONFIGS}
 
-# One small config for the Triton interpreter (no GPU timer to autotune with).
-# Small tiles keep the interpreter fast and still exercise multi-tile loops.
+# One small config for the Triton interpreter (no GPU timer to autotune with): fast, and still multi-tile loops.
 INTERPRETER_FWD = KernelConfig(32, 32, 4, 1, "interpreter: smallest tile that tl.dot accepts x2")
 INTERPRETER_BWD = KernelConfig(32, 32, 4, 1, "interpreter: smallest tile that tl.dot accepts x2")
 
@@ -316,8 +315,7 @@ def all_configs() -> list[tuple[str, int, KernelConfig]]:
 
 
 # Hopper forward (Gluon, kernels/fwd_hopper.py): 2 * block_m query rows a program, block_m per softmax warpgroup
-# (4 warps each), and a one-warp TMA loader; 168 registers a thread at launch, 240 softmax / 24 loader after
-# reallocation.  Shared memory: 2 Q tiles (persistent: 4) + num_stages K and V tiles (sm_90a compile; H200: v11).
+# (4 warps), a one-warp TMA loader; 168 registers -> 240 softmax / 24 loader; 2 (persistent 4) Q + num_stages K, V.
 @dataclasses.dataclass(frozen=True)
 class HopperFwdConfig:
     block_m: int = 64           # query rows per softmax warpgroup
@@ -329,6 +327,7 @@ class HopperFwdConfig:
     defer_o: bool = False       # persistent: O's (and a staged remainder's) copy waited on under the next tile
     row_tree: bool = False      # a tile's row max as a tree of register blocks; row sums a thread's own till the end
     stream_k: bool = False      # persistent, non-causal: the last wave's key tiles cut evenly over the programs
+    stagger: int = 0            # no ping-pong turns: softmax warpgroup 1 runs this many key tiles behind 0
     group_rows: int | None = None   # causal, not persistent: as HopperBwdConfig's (query tiles of G (head, batch))
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
@@ -337,7 +336,8 @@ class HopperFwdConfig:
     @property
     def name(self) -> str:
         flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent), ("-dfo", self.defer_o),
-                 ("-rt", self.row_tree), ("-sk", self.stream_k), (f"-g{self.group_rows}", self.group_rows))
+                 ("-rt", self.row_tree), ("-sk", self.stream_k), (f"-sg{self.stagger}", self.stagger),
+                 (f"-g{self.group_rows}", self.group_rows))
         return f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}" + "".join(f for f, on in flags if on)
 
 

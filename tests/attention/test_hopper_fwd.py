@@ -61,6 +61,12 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, persistent=True, row_tree=True, stream_k=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, persistent=True, row_tree=True, stream_k=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, overlap=False, persistent=True, defer_o=True, stream_k=True)),
+    # d = 64 (no turns): softmax warpgroup 1 starts 1-2 key tiles behind 0 (one program a tile, persistent,
+    # with the stream-K tail)
+    ((64, 64), HopperFwdConfig(num_stages=3, pingpong=False, row_tree=True, stagger=1)),
+    ((64, 64), HopperFwdConfig(num_stages=4, pingpong=False, persistent=True, row_tree=True, stagger=2)),
+    ((64, 64), HopperFwdConfig(num_stages=4, pingpong=False, persistent=True, row_tree=True, stream_k=True,
+                               stagger=2)),
     # causal: the query tiles of 2, 4 and all 8 of the test's (head, batch) pairs at a time
     ((128, 128), HopperFwdConfig(num_stages=2, group_rows=2)),
     ((192, 128), HopperFwdConfig(num_stages=2, group_rows=4)),

@@ -113,6 +113,20 @@ def _your_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
+def _start_other(turns, now, WG: gl.constexpr, STAGGER: gl.constexpr):
+    """``STAGGER`` (no ping-pong turns, whose second barrier it borrows):
+    warpgroup 0 lets warpgroup 1 start once ``now`` (its first item's tile
+    STAGGER, or that item's end where it has no more tiles), so that the two
+    run that many key tiles apart and their items' ends (the last P V, the
+    epilogue, the next first Q Kᵀ and softmax) do not leave the tensor cores
+    idle together (perf-notes v47)."""
+    if STAGGER > 0:
+        if WG == 0:
+            if now:
+                mbarrier.arrive(turns.index(1), count=1)
+
+
+@gluon.jit
 def _release_q(q_empty, prev_qi, DEFER_O: gl.constexpr):
     """``DEFER_O``: once O's copy out of Q buffer ``prev_qi`` (the previous
     work item's, -1 for none) has read it, hand the buffer back to the loader."""
@@ -131,7 +145,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, ROW_TREE: gl.constexpr,
                   HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                   qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr,
-                  j0=0, slot=-1, WS_O=None, WS_ML=None, STREAM_K: gl.constexpr = False):
+                  j0=0, slot=-1, WS_O=None, WS_ML=None, STREAM_K: gl.constexpr = False,
+                  STAGGER: gl.constexpr = 0, go=False):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
     is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
     the ring's ``kc``-th and whose first turn is the ``tc``-th.  Both
@@ -199,6 +214,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                 acc = _wait_pv(acc)
                 mbarrier.arrive(v_empty.index((kc + j - 1) % NUM_STAGES), count=1)
                 acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
+                _start_other(turns, go & (j == STAGGER), WG, STAGGER)
             _my_turn(turns, tc + n_tiles, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, kc + n_tiles - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
             _your_turn(turns, WG, PINGPONG)
@@ -226,6 +242,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     if DEFER_O:
         if n_tiles == 0:   # no tile released the previous item's buffer
             _release_q(q_empty, prev_qi, DEFER_O)
+    _start_other(turns, go & (n_tiles <= STAGGER), WG, STAGGER)
     l_i = _row_total(l_i, s_layout, ROW_TREE)
     if STREAM_K:
         if slot >= 0:
@@ -245,7 +262,8 @@ def _softmax_unit(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                   ROW_TREE: gl.constexpr, HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                   q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O: gl.constexpr,
-                  unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K: gl.constexpr):
+                  unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K: gl.constexpr,
+                  STAGGER: gl.constexpr):
     """A persistent program's work (``fwd_hopper_load._work``: key tiles
     [j0, j0 + n_sk) of ``unit``, all where n_sk < 0) for warpgroup ``WG``;
     returns the ring's, the turns' and the items' counts after it and the
@@ -260,7 +278,7 @@ def _softmax_unit(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                       v_empty, turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                       PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, qi, (it // 2) & 1,
-                      kc, tc, q_empty, prev_qi, DEFER_O, j0, slot, WS_O, WS_ML, STREAM_K)
+                      kc, tc, q_empty, prev_qi, DEFER_O, j0, slot, WS_O, WS_ML, STREAM_K, STAGGER, it == 0)
         if DEFER_O:
             prev_qi = qi
         else:
@@ -284,7 +302,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                        q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
                        PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr, SK_TILES, WS_O, WS_ML,
-                       STREAM_K: gl.constexpr, TRACE):
+                       STREAM_K: gl.constexpr, TRACE, STAGGER: gl.constexpr):
     """Softmax warpgroup ``WG``: its rows of the program's query tile, or
     with ``PERSISTENT`` of each of the program's work items in turn (Q
     buffers alternate between two pairs, released on ``q_empty`` once O's
@@ -293,6 +311,9 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
     the walk's last key tiles cut into a range a program,
     ``fwd_hopper_load._work``; ``TRACE``: the program's SM, its start and
     each work's end, :func:`_mark`)."""
+    if STAGGER > 0:   # warpgroup 1 starts STAGGER key tiles behind warpgroup 0 (_start_other)
+        if WG == 1:
+            mbarrier.wait(turns.index(1), 0)
     if PERSISTENT:
         kc = gl.program_id(0) * 0
         tc = kc
@@ -309,7 +330,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                         turns, o_desc, LSE, SINKS, N_Q, N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
                         TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc,
                         WRITE_REMAINDER, lo_smem, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O,
-                        unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K)
+                        unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K, STAGGER)
                 _mark(TRACE, 2 + w, WG)
         else:
             for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
@@ -318,7 +339,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                     turns, o_desc, LSE, SINKS, N_Q, N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
                     TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc,
                     WRITE_REMAINDER, lo_smem, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O,
-                    unit, 0, -1, -1, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K)
+                    unit, 0, -1, -1, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K, STAGGER)
                 _mark(TRACE, 2 + (unit - gl.program_id(0)) // gl.num_programs(0), WG)
         if DEFER_O:   # the last item's O copy
             tma.store_wait(0)
@@ -327,7 +348,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                       turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                       PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, WG, 0, 0, 0, q_empty, -1,
-                      False)
+                      False, 0, -1, None, None, False, STAGGER, True)
 
 
 @gluon.jit
@@ -341,7 +362,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1,
                             GROUPED: gl.constexpr = False, DEFER_O: gl.constexpr = False,
                             ROW_TREE: gl.constexpr = False, STREAM_K: gl.constexpr = False, SK_TILES=0, WS_O=None,
-                            WS_ML=None, TRACE=None):
+                            WS_ML=None, TRACE=None, STAGGER: gl.constexpr = 0):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
@@ -361,6 +382,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
     gl.static_assert(not DEFER_O or PERSISTENT, "DEFER_O: a persistent program's")
+    gl.static_assert(STAGGER == 0 or (OVERLAP and not PINGPONG and NUM_STAGES >= STAGGER + 2),
+                     "STAGGER: the overlapped loop without turns, and STAGGER + 2 ring stages")
     # heaviest causal tiles (last rows) first: better tail balance
     block, off_h, off_b, n_blocks = _grid_coords(N_HEADS, GROUPED)
     pid_m = n_blocks - 1 - block
@@ -417,14 +440,14 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
                               stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SK_TILES,
-                              WS_O, WS_ML, STREAM_K, TRACE)),
+                              WS_O, WS_ML, STREAM_K, TRACE, STAGGER)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
                               stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SK_TILES,
-                              WS_O, WS_ML, STREAM_K, TRACE)),
+                              WS_O, WS_ML, STREAM_K, TRACE, STAGGER)),
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                            BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES,

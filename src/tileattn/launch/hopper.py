@@ -1,17 +1,15 @@
 """Launchers of the Hopper kernels (Gluon): the forward (``kernels/fwd_hopper.py``)
-and the backward's dK/dV kernels with the float32 dQ sum
-(``kernels/bwd_hopper.py``; ``bwd_hopper_wide.py`` for V narrower than QK,
-``bwd_hopper_split.py`` for d = 256), and their sm_90a compile reports
-(compiled without a GPU).
+and the backward's dK/dV kernels with the float32 dQ sum (``kernels/bwd_hopper.py``;
+``bwd_hopper_wide.py`` for V narrower than QK, ``bwd_hopper_split.py`` for d = 256),
+and their sm_90a compile reports (compiled without a GPU).
 
 Which calls run them is ``dispatch.hopper_fwd_eligible`` /
 ``hopper_bwd_eligible``'s decision (a CUDA device of compute capability 9.0,
 fp16 or bf16, a head dim the kernel is built for, no variant, tensors the
 copy engine can address; the backward only for ``deterministic=False``);
-everything else runs the portable Triton kernels.  Gluon is
-imported on first use, so a CPU install never imports it.
-``TILEATTN_HOPPER_FWD=0`` / ``TILEATTN_HOPPER_BWD=0`` (or
-``dispatch.HOPPER_FWD`` / ``HOPPER_BWD = False``) turn the paths off.
+everything else runs the portable Triton kernels.  Gluon is imported on
+first use, so a CPU install never imports it.  ``TILEATTN_HOPPER_FWD=0`` /
+``TILEATTN_HOPPER_BWD=0`` (or ``dispatch.HOPPER_FWD`` / ``HOPPER_BWD = False``) turn the paths off.
 """
 from __future__ import annotations
 
@@ -114,6 +112,8 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     cfg = config or config_for(d, dv, causal, n_k)
     if cfg.persistent and (d != dv or d > 128):
         raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
+    if cfg.stagger and (cfg.pingpong or not cfg.overlap or cfg.num_stages < cfg.stagger + 2):
+        raise ValueError(f"config: stagger={cfg.stagger} needs overlap, no pingpong, num_stages >= stagger + 2")
     from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel
     o, lse = fwd_outputs(q, v)
     o_lo = remainder_like(o) if remainder else None
@@ -144,7 +144,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
         NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, ROW_TREE=cfg.row_tree,
-        HAS_SINKS=sinks is not None,
+        HAS_SINKS=sinks is not None, STAGGER=cfg.stagger,
         **extra))
     if tail is not None:
         stream_k.combine(o, o_lo, lse, sinks, ws["ws_o"], ws["ws_ml"], n_m_tiles, hq, tail, grid[0],
@@ -185,7 +185,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, ROW_TREE=cfg.row_tree,
                  HAS_SINKS=sinks,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
-                 PERSISTENT=cfg.persistent, DEFER_O=defers_o(cfg), TRACE=None)
+                 PERSISTENT=cfg.persistent, DEFER_O=defers_o(cfg), TRACE=None, STAGGER=cfg.stagger)
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
