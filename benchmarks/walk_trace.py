@@ -11,7 +11,8 @@ rounds interleaved: the programs' mean and latest end (µs from the first
 start; the mean is the busy time a perfect balance would end at), and the
 whole units' mean time and its spread over programs (slowest program's mean
 over the fastest's: how much a static assignment loses to the SMs' own
-speeds).  ``--json FILE`` keeps every round's raw rows.
+speeds).  A program's first 126 works are recorded (its end is then the
+126th's).  ``--json FILE`` keeps every round's raw rows.
 """
 from __future__ import annotations
 
