@@ -35,7 +35,12 @@ loader needs it only for the item after next).  With ``STREAM_K``
 (``HopperFwdConfig.stream_k``, non-causal, opt-in) the walk's last two
 waves are cut into one even range of key tiles a program; a piece short of
 its unit stores a partial softmax that ``stream_k.py`` merges after the
-kernel (``fwd_hopper_load._work``, ``launch/stream_k.py``).
+kernel (``fwd_hopper_load._work``, ``launch/stream_k.py``).  With
+``STAGGER`` = n (``HopperFwdConfig.stagger``, the loop without turns,
+opt-in) the second softmax warpgroup starts n key tiles behind the first,
+so that their items' ends do not fall together; ``TRACE`` (an int64 buffer,
+``benchmarks/walk_trace.py``) gets a persistent program's SM, start and
+work ends from the global timer.
 
 With ``ROW_TREE`` (``HopperFwdConfig.row_tree``, on in the d = 64 and 128
 tables) each row's max over a key tile is reduced as a tree: a thread's
