@@ -1,0 +1,52 @@
+"""benchmarks/walk_trace.py: its reading of a persistent call's clock rows
+(synthetic rows here; the rows themselves come from a Hopper GPU) and the
+configs its variant names give."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import walk_trace  # noqa: E402
+
+
+def _row(sm: int, start_ns: int, steps_ns: list[int]) -> list[int]:
+    """A program's row as the kernel writes it: SM, start, then each work's end."""
+    row = [sm, start_ns]
+    t = start_ns
+    for s in steps_ns:
+        t += s
+        row.append(t)
+    return row + [0] * (walk_trace.SLOTS - len(row))
+
+
+def test_summary_reads_ends_and_spread():
+    # three programs: two of 4 units of 10 us, one slower SM (11 us a unit) that also runs a fifth unit
+    rows = [_row(0, 1_000, [10_000] * 4), _row(1, 1_200, [10_000] * 4), _row(2, 1_000, [11_000] * 5)]
+    s = walk_trace.summary(rows, whole=3)
+    assert s["end_max"] == pytest.approx(55.0)                      # 5 x 11 us from the first start
+    assert s["end_mean"] == pytest.approx((40.0 + 40.2 + 55.0) / 3)
+    assert s["unit_mean"] == pytest.approx((10 + 10 + 11) / 3)
+    assert s["unit_spread_pct"] == pytest.approx(10.0)
+    assert s["sms"] == 3
+
+
+def test_summary_skips_unwritten_entries():
+    # a stream-K piece with no tiles writes its end equal to the previous one; entries never written stay 0
+    rows = [_row(0, 0, [5_000, 5_000, 0, 2_000]), _row(1, 0, [5_000, 5_000, 3_000])]
+    s = walk_trace.summary(rows, whole=2)
+    assert s["end_max"] == pytest.approx(13.0)
+    assert s["end_mean"] == pytest.approx(12.5)
+
+
+@pytest.mark.parametrize("name,want", [
+    ("pers-rt", "hopper-M64x2-N128-s2-ov-pers-rt"),
+    ("pers-rt-sk", "hopper-M64x2-N128-s2-ov-pers-rt-sk"),
+    ("pers-rt-s4-sg2", "hopper-M64x2-N128-s4-ov-pers-rt-sg2"),
+    ("pers-rt-sk-s5-sg3", "hopper-M64x2-N128-s5-ov-pers-rt-sk-sg3"),
+])
+def test_variant_names(name, want):
+    assert walk_trace.variant(64, name).name == want
