@@ -126,10 +126,10 @@ def _compile_hopper(case):
         return hopper.compile_sm90(d, configs.HOPPER_FWD[(d, dv)], causal, "bf16", False, head_dim_v=dv)
     if kind == "fwd-flags":   # "-pers" with "-dfo" or "-sinks" (and "-remainder"), "-rt" with or without it, "-sk"
         on = set(flag.split("-"))   # "-sg2": stagger=2 with four ring stages
-        stagger = 2 if "sg2" in on else 0
-        cfg = dataclasses.replace(configs.HOPPER_FWD[(d, dv)], persistent="pers" in on, defer_o="dfo" in on,
-                                  row_tree="rt" in on, stream_k="sk" in on, stagger=stagger,
-                                  num_stages=stagger + 2 if stagger else configs.HOPPER_FWD[(d, dv)].num_stages)
+        base, stagger = configs.HOPPER_FWD[(d, dv)], 2 if "sg2" in on else 0
+        cfg = dataclasses.replace(base, persistent="pers" in on, defer_o="dfo" in on, row_tree="rt" in on,
+                                  stream_k="sk" in on, stagger=stagger,
+                                  num_stages=stagger + 2 if stagger else base.num_stages)
         return hopper.compile_sm90(d, cfg, causal, "bf16", "sinks" in on, head_dim_v=dv, remainder="remainder" in on)
     if kind == "bwd":
         cfg = dataclasses.replace(configs.HOPPER_BWD[(d, dv)], pair_blocks=paired or None)

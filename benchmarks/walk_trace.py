@@ -73,8 +73,11 @@ def main(argv=None) -> None:
             programs = hopper._walk(q, k, args.causal, variant(d, "x"))[1]
             trace = torch.zeros(programs * SLOTS, dtype=torch.int64, device="cuda")
             cfgs = {name: variant(d, name) for name in args.variants}
-            for cfg in cfgs.values():   # compile and warm
+            whole = {}   # a config's whole units a program (the stream-K tail's pieces not counted)
+            for name, cfg in cfgs.items():   # compile and warm
                 hopper.attn_fwd(q, k, v, args.causal, d ** -0.5, config=cfg, trace=trace)
+                units, _, tail = hopper._walk(q, k, args.causal, cfg)
+                whole[name] = (tail[0] if tail else units) // programs
             for r in range(args.rounds):
                 for name, cfg in cfgs.items():
                     trace.zero_()
@@ -82,9 +85,7 @@ def main(argv=None) -> None:
                     torch.cuda.synchronize()
                     rows = trace.view(programs, SLOTS).tolist()
                     raw.setdefault(f"d{d}-N{n}-{name}", []).append(rows)
-                    units, _, tail = hopper._walk(q, k, args.causal, cfg)
-                    whole = (tail[0] if tail else units) // programs
-                    s = summary(rows, max(1, whole - 1))
+                    s = summary(rows, max(1, whole[name] - 1))
                     print(f"d={d} N={n} {'causal' if args.causal else 'full'} {name:12s} round {r}: "
                           f"end mean {s['end_mean']:8.1f} max {s['end_max']:8.1f} us  "
                           f"unit {s['unit_mean']:7.2f} us, spread {s['unit_spread_pct']:.1f} %  "
