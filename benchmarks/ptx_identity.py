@@ -92,10 +92,6 @@ def hopper_cases():
                           "-rt", "-pers-rt", "-pers-rt-sk"):
                 cases[f"hopper-fwd-d{d}-{d}-{'causal' if causal else 'full'}{extra}"] = (
                     "hopper", "fwd-flags", d, d, causal, extra, False)
-    for causal in (False, True):   # d = 64's loop without turns: warpgroup 1 two key tiles behind (4 ring stages)
-        for extra in ("-rt-sg2", "-pers-rt-sg2"):
-            cases[f"hopper-fwd-d64-64-{'causal' if causal else 'full'}{extra}"] = (
-                "hopper", "fwd-flags", 64, 64, causal, extra, False)
     for (d, dv) in configs.HOPPER_BWD:
         for causal in (False, True):
             for sinks in ((False, True) if d == dv else (False,)):
@@ -125,11 +121,9 @@ def _compile_hopper(case):
     if kind == "fwd":
         return hopper.compile_sm90(d, configs.HOPPER_FWD[(d, dv)], causal, "bf16", False, head_dim_v=dv)
     if kind == "fwd-flags":   # "-pers" with "-dfo" or "-sinks" (and "-remainder"), "-rt" with or without it, "-sk"
-        on = set(flag.split("-"))   # "-sg2": stagger=2 with four ring stages
-        base, stagger = configs.HOPPER_FWD[(d, dv)], 2 if "sg2" in on else 0
-        cfg = dataclasses.replace(base, persistent="pers" in on, defer_o="dfo" in on, row_tree="rt" in on,
-                                  stream_k="sk" in on, stagger=stagger,
-                                  num_stages=stagger + 2 if stagger else base.num_stages)
+        on = set(flag.split("-"))
+        cfg = dataclasses.replace(configs.HOPPER_FWD[(d, dv)], persistent="pers" in on, defer_o="dfo" in on,
+                                  row_tree="rt" in on, stream_k="sk" in on)
         return hopper.compile_sm90(d, cfg, causal, "bf16", "sinks" in on, head_dim_v=dv, remainder="remainder" in on)
     if kind == "bwd":
         cfg = dataclasses.replace(configs.HOPPER_BWD[(d, dv)], pair_blocks=paired or None)

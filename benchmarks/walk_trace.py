@@ -11,8 +11,9 @@ rounds interleaved: the programs' mean and latest end (µs from the first
 start; the mean is the busy time a perfect balance would end at), and the
 whole units' mean time and its spread over programs (slowest program's mean
 over the fastest's: how much a static assignment loses to the SMs' own
-speeds).  A program's first 126 works are recorded (its end is then the
-126th's).  ``--json FILE`` keeps every round's raw rows.
+speeds).  A program's first ``kernels/fwd_hopper.TRACE_SLOTS`` - 2 works
+are recorded (its end is then the last of those).  ``--json FILE`` keeps
+every round's raw rows.
 """
 from __future__ import annotations
 
@@ -26,18 +27,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-SLOTS = 128   # kernels/fwd_hopper.TRACE_SLOTS
 
 
 def variant(head_dim: int, name: str):
     """The table's config made persistent; in the name ``-sk``: with the
-    stream-K tail, ``-s<n>``: n ring stages, ``-sg<n>``: ``stagger=n``."""
+    stream-K tail, ``-s<n>``: n ring stages."""
     from tileattn.configs import HOPPER_FWD
     base = HOPPER_FWD[(head_dim, head_dim)]
-    stages, stagger = re.search(r"-s(\d+)\b", name), re.search(r"-sg(\d+)", name)
+    stages = re.search(r"-s(\d+)\b", name)
     return dataclasses.replace(base, persistent=True, stream_k="-sk" in name,
-                               num_stages=int(stages.group(1)) if stages else base.num_stages,
-                               stagger=int(stagger.group(1)) if stagger else 0)
+                               num_stages=int(stages.group(1)) if stages else base.num_stages)
 
 
 def summary(rows: list[list[int]], whole: int) -> dict:
@@ -64,6 +63,7 @@ def main(argv=None) -> None:
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
     import torch
+    from tileattn.kernels.fwd_hopper import TRACE_SLOTS
     from tileattn.launch import hopper
     raw = {}
     for d in args.head_dim:
@@ -71,7 +71,7 @@ def main(argv=None) -> None:
             h, b = 2048 // d, max(1, 16384 // n)
             q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             programs = hopper._walk(q, k, args.causal, variant(d, "x"))[1]
-            trace = torch.zeros(programs * SLOTS, dtype=torch.int64, device="cuda")
+            trace = torch.zeros(programs, TRACE_SLOTS.value, dtype=torch.int64, device="cuda")
             cfgs = {name: variant(d, name) for name in args.variants}
             whole = {}   # a config's whole units a program (the stream-K tail's pieces not counted)
             for name, cfg in cfgs.items():   # compile and warm
@@ -83,7 +83,7 @@ def main(argv=None) -> None:
                     trace.zero_()
                     hopper.attn_fwd(q, k, v, args.causal, d ** -0.5, config=cfg, trace=trace)
                     torch.cuda.synchronize()
-                    rows = trace.view(programs, SLOTS).tolist()
+                    rows = trace.tolist()
                     raw.setdefault(f"d{d}-N{n}-{name}", []).append(rows)
                     s = summary(rows, max(1, whole[name] - 1))
                     print(f"d={d} N={n} {'causal' if args.causal else 'full'} {name:12s} round {r}: "

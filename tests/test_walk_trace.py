@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import walk_trace  # noqa: E402
+from tileattn.kernels.fwd_hopper import TRACE_SLOTS  # noqa: E402
 
 
 def _row(sm: int, start_ns: int, steps_ns: list[int]) -> list[int]:
@@ -20,7 +21,7 @@ def _row(sm: int, start_ns: int, steps_ns: list[int]) -> list[int]:
     for s in steps_ns:
         t += s
         row.append(t)
-    return row + [0] * (walk_trace.SLOTS - len(row))
+    return row + [0] * (TRACE_SLOTS.value - len(row))
 
 
 def test_summary_reads_ends_and_spread():
@@ -45,8 +46,8 @@ def test_summary_skips_unwritten_entries():
 @pytest.mark.parametrize("name,want", [
     ("pers-rt", "hopper-M64x2-N128-s2-ov-pers-rt"),
     ("pers-rt-sk", "hopper-M64x2-N128-s2-ov-pers-rt-sk"),
-    ("pers-rt-s4-sg2", "hopper-M64x2-N128-s4-ov-pers-rt-sg2"),
-    ("pers-rt-sk-s5-sg3", "hopper-M64x2-N128-s5-ov-pers-rt-sk-sg3"),
+    ("pers-rt-s4", "hopper-M64x2-N128-s4-ov-pers-rt"),
+    ("pers-rt-sk-s5", "hopper-M64x2-N128-s5-ov-pers-rt-sk"),
 ])
 def test_variant_names(name, want):
     assert walk_trace.variant(64, name).name == want

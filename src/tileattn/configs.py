@@ -327,7 +327,6 @@ class HopperFwdConfig:
     defer_o: bool = False       # persistent: O's (and a staged remainder's) copy waited on under the next tile
     row_tree: bool = False      # a tile's row max as a tree of register blocks; row sums a thread's own till the end
     stream_k: bool = False      # persistent, non-causal: the last wave's key tiles cut evenly over the programs
-    stagger: int = 0            # no ping-pong turns: softmax warpgroup 1 runs this many key tiles behind 0
     group_rows: int | None = None   # causal, not persistent: as HopperBwdConfig's (query tiles of G (head, batch))
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
@@ -336,8 +335,7 @@ class HopperFwdConfig:
     @property
     def name(self) -> str:
         flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent), ("-dfo", self.defer_o),
-                 ("-rt", self.row_tree), ("-sk", self.stream_k), (f"-sg{self.stagger}", self.stagger),
-                 (f"-g{self.group_rows}", self.group_rows))
+                 ("-rt", self.row_tree), ("-sk", self.stream_k), (f"-g{self.group_rows}", self.group_rows))
         return f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}" + "".join(f for f, on in flags if on)
 
 

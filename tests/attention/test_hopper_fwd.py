@@ -61,12 +61,6 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((64, 64), HopperFwdConfig(num_stages=2, pingpong=False, persistent=True, row_tree=True, stream_k=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, persistent=True, row_tree=True, stream_k=True)),
     ((128, 128), HopperFwdConfig(num_stages=2, overlap=False, persistent=True, defer_o=True, stream_k=True)),
-    # d = 64 (no turns): softmax warpgroup 1 starts 1-2 key tiles behind 0 (one program a tile, persistent,
-    # with the stream-K tail)
-    ((64, 64), HopperFwdConfig(num_stages=3, pingpong=False, row_tree=True, stagger=1)),
-    ((64, 64), HopperFwdConfig(num_stages=4, pingpong=False, persistent=True, row_tree=True, stagger=2)),
-    ((64, 64), HopperFwdConfig(num_stages=4, pingpong=False, persistent=True, row_tree=True, stream_k=True,
-                               stagger=2)),
     # causal: the query tiles of 2, 4 and all 8 of the test's (head, batch) pairs at a time
     ((128, 128), HopperFwdConfig(num_stages=2, group_rows=2)),
     ((192, 128), HopperFwdConfig(num_stages=2, group_rows=4)),
@@ -274,6 +268,25 @@ def test_persistent_config_refuses_wide_head_dims():
     v = torch.empty(1, 2, 256, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="config: a persistent"):
         launch_hopper.attn_fwd(q, k, v, False, 0.1, HopperFwdConfig(persistent=True))
+
+
+@pytest.mark.parametrize("case", ["one-program-a-tile", "row-too-narrow", "int32", "too-few-rows"])
+def test_trace_buffer_checked_before_launch(case):
+    """``trace`` (benchmarks/walk_trace.py's clock reads) must be a
+    contiguous int64 (programs, TRACE_SLOTS) tensor and the config
+    persistent: a ValueError naming it, before any launch (CPU: one program)."""
+    from tileattn.kernels.fwd_hopper import TRACE_SLOTS
+    q, k, v = (torch.empty(1, 2, 256, 64, dtype=torch.bfloat16) for _ in range(3))
+    cfg = HopperFwdConfig(pingpong=False, persistent=case != "one-program-a-tile")
+    rows, width, dtype = 1, TRACE_SLOTS.value, torch.int64
+    if case == "row-too-narrow":
+        width -= 1
+    elif case == "int32":
+        dtype = torch.int32
+    elif case == "too-few-rows":
+        rows = 0
+    with pytest.raises(ValueError, match="trace: a persistent config's contiguous int64"):
+        launch_hopper.attn_fwd(q, k, v, False, 0.125, cfg, trace=torch.zeros(rows, width, dtype=dtype))
 
 
 @needs_hopper

@@ -35,10 +35,7 @@ loader needs it only for the item after next).  With ``STREAM_K``
 (``HopperFwdConfig.stream_k``, non-causal, opt-in) the walk's last two
 waves are cut into one even range of key tiles a program; a piece short of
 its unit stores a partial softmax that ``stream_k.py`` merges after the
-kernel (``fwd_hopper_load._work``, ``launch/stream_k.py``).  With
-``STAGGER`` = n (``HopperFwdConfig.stagger``, the loop without turns,
-opt-in) the second softmax warpgroup starts n key tiles behind the first,
-so that their items' ends do not fall together; ``TRACE`` (an int64 buffer,
+kernel (``fwd_hopper_load._work``, ``launch/stream_k.py``).  ``TRACE`` (an int64 buffer,
 ``benchmarks/walk_trace.py``) gets a persistent program's SM, start and
 work ends from the global timer.
 
@@ -118,20 +115,6 @@ def _your_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _start_other(turns, now, WG: gl.constexpr, STAGGER: gl.constexpr):
-    """``STAGGER`` (no ping-pong turns, whose second barrier it borrows):
-    warpgroup 0 lets warpgroup 1 start once ``now`` (its first item's tile
-    STAGGER, or that item's end where it has no more tiles), so that the two
-    run that many key tiles apart and their items' ends (the last P V, the
-    epilogue, the next first Q Kᵀ and softmax) do not leave the tensor cores
-    idle together (perf-notes v47)."""
-    if STAGGER > 0:
-        if WG == 0:
-            if now:
-                mbarrier.arrive(turns.index(1), count=1)
-
-
-@gluon.jit
 def _release_q(q_empty, prev_qi, DEFER_O: gl.constexpr):
     """``DEFER_O``: once O's copy out of Q buffer ``prev_qi`` (the previous
     work item's, -1 for none) has read it, hand the buffer back to the loader."""
@@ -150,8 +133,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, ROW_TREE: gl.constexpr,
                   HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                   qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr,
-                  j0=0, slot=-1, WS_O=None, WS_ML=None, STREAM_K: gl.constexpr = False,
-                  STAGGER: gl.constexpr = 0, go=False):
+                  j0=0, slot=-1, WS_O=None, WS_ML=None, STREAM_K: gl.constexpr = False):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
     is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
     the ring's ``kc``-th and whose first turn is the ``tc``-th.  Both
@@ -219,7 +201,6 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                 acc = _wait_pv(acc)
                 mbarrier.arrive(v_empty.index((kc + j - 1) % NUM_STAGES), count=1)
                 acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
-                _start_other(turns, go & (j == STAGGER), WG, STAGGER)
             _my_turn(turns, tc + n_tiles, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, kc + n_tiles - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
             _your_turn(turns, WG, PINGPONG)
@@ -247,7 +228,6 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     if DEFER_O:
         if n_tiles == 0:   # no tile released the previous item's buffer
             _release_q(q_empty, prev_qi, DEFER_O)
-    _start_other(turns, go & (n_tiles <= STAGGER), WG, STAGGER)
     l_i = _row_total(l_i, s_layout, ROW_TREE)
     if STREAM_K:
         if slot >= 0:
@@ -267,8 +247,7 @@ def _softmax_unit(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                   ROW_TREE: gl.constexpr, HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                   q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O: gl.constexpr,
-                  unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K: gl.constexpr,
-                  STAGGER: gl.constexpr):
+                  unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K: gl.constexpr):
     """A persistent program's work (``fwd_hopper_load._work``: key tiles
     [j0, j0 + n_sk) of ``unit``, all where n_sk < 0) for warpgroup ``WG``;
     returns the ring's, the turns' and the items' counts after it and the
@@ -283,7 +262,7 @@ def _softmax_unit(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                       v_empty, turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                       PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, qi, (it // 2) & 1,
-                      kc, tc, q_empty, prev_qi, DEFER_O, j0, slot, WS_O, WS_ML, STREAM_K, STAGGER, it == 0)
+                      kc, tc, q_empty, prev_qi, DEFER_O, j0, slot, WS_O, WS_ML, STREAM_K)
         if DEFER_O:
             prev_qi = qi
         else:
@@ -307,7 +286,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                        q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
                        PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr, SK_TILES, WS_O, WS_ML,
-                       STREAM_K: gl.constexpr, TRACE, STAGGER: gl.constexpr):
+                       STREAM_K: gl.constexpr, TRACE):
     """Softmax warpgroup ``WG``: its rows of the program's query tile, or
     with ``PERSISTENT`` of each of the program's work items in turn (Q
     buffers alternate between two pairs, released on ``q_empty`` once O's
@@ -316,9 +295,6 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
     the walk's last key tiles cut into a range a program,
     ``fwd_hopper_load._work``; ``TRACE``: the program's SM, its start and
     each work's end, :func:`_mark`)."""
-    if STAGGER > 0:   # warpgroup 1 starts STAGGER key tiles behind warpgroup 0 (_start_other)
-        if WG == 1:
-            mbarrier.wait(turns.index(1), 0)
     if PERSISTENT:
         kc = gl.program_id(0) * 0
         tc = kc
@@ -335,7 +311,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                         turns, o_desc, LSE, SINKS, N_Q, N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
                         TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc,
                         WRITE_REMAINDER, lo_smem, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O,
-                        unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K, STAGGER)
+                        unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K)
                 _mark(TRACE, 2 + w, WG)
         else:
             for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
@@ -344,7 +320,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                     turns, o_desc, LSE, SINKS, N_Q, N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
                     TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc,
                     WRITE_REMAINDER, lo_smem, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O,
-                    unit, 0, -1, -1, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K, STAGGER)
+                    unit, 0, -1, -1, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K)
                 _mark(TRACE, 2 + (unit - gl.program_id(0)) // gl.num_programs(0), WG)
         if DEFER_O:   # the last item's O copy
             tma.store_wait(0)
@@ -353,7 +329,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                       turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                       PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, WG, 0, 0, 0, q_empty, -1,
-                      False, 0, -1, None, None, False, STAGGER, True)
+                      False)
 
 
 @gluon.jit
@@ -367,7 +343,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1,
                             GROUPED: gl.constexpr = False, DEFER_O: gl.constexpr = False,
                             ROW_TREE: gl.constexpr = False, STREAM_K: gl.constexpr = False, SK_TILES=0, WS_O=None,
-                            WS_ML=None, TRACE=None, STAGGER: gl.constexpr = 0):
+                            WS_ML=None, TRACE=None):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
@@ -387,8 +363,6 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
     gl.static_assert(not DEFER_O or PERSISTENT, "DEFER_O: a persistent program's")
-    gl.static_assert(STAGGER == 0 or (OVERLAP and not PINGPONG and NUM_STAGES >= STAGGER + 2),
-                     "STAGGER: the overlapped loop without turns, and STAGGER + 2 ring stages")
     # heaviest causal tiles (last rows) first: better tail balance
     block, off_h, off_b, n_blocks = _grid_coords(N_HEADS, GROUPED)
     pid_m = n_blocks - 1 - block
@@ -445,14 +419,14 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
                               stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SK_TILES,
-                              WS_O, WS_ML, STREAM_K, TRACE, STAGGER)),
+                              WS_O, WS_ML, STREAM_K, TRACE)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
                               stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SK_TILES,
-                              WS_O, WS_ML, STREAM_K, TRACE, STAGGER)),
+                              WS_O, WS_ML, STREAM_K, TRACE)),
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                            BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES,

@@ -53,8 +53,7 @@ def _qk_descriptors(q: torch.Tensor, k: torch.Tensor, dv: int, cfg: HopperFwdCon
 
 
 def defers_o(cfg: HopperFwdConfig) -> bool:
-    """Whether a persistent forward leaves O's copy (and the remainder's) to
-    the next work item (``cfg.defer_o``)."""
+    """Whether a persistent forward leaves O's copy to the next item (``cfg.defer_o``)."""
     return cfg.persistent and cfg.defer_o
 
 
@@ -105,16 +104,17 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     denominator and the lse.  ``remainder``: (out, lse, out_lo) with out_lo
     the int8 code of O - out (the float32 result's rounding remainder, in
     out's layout; ``tileattn.sinks``).  ``workspace``: :func:`fwd_workspace`'s
-    tensors for a stream-K cut (made here when not given).  ``trace``: int64,
-    128 entries a persistent program (``kernels/fwd_hopper._mark``)."""
+    tensors for a stream-K cut (made here when not given).  ``trace``: clock
+    reads of a persistent config (``kernels/fwd_hopper._mark``)."""
     b, hq, n_q, d = q.shape
     hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or config_for(d, dv, causal, n_k)
     if cfg.persistent and (d != dv or d > 128):
         raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
-    if cfg.stagger and (cfg.pingpong or not cfg.overlap or cfg.num_stages < cfg.stagger + 2):
-        raise ValueError(f"config: stagger={cfg.stagger} needs overlap, no pingpong, num_stages >= stagger + 2")
-    from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel
+    from ..kernels.fwd_hopper import TRACE_SLOTS, _attn_fwd_hopper_kernel
+    if trace is not None and not (cfg.persistent and trace.dtype == torch.int64 and trace.is_contiguous()
+                                  and trace.shape == (_walk(q, k, causal, cfg)[1], TRACE_SLOTS.value)):
+        raise ValueError(f"trace: a persistent config's contiguous int64 (programs, {TRACE_SLOTS.value}) tensor")
     o, lse = fwd_outputs(q, v)
     o_lo = remainder_like(o) if remainder else None
     if poison:   # NaN, and a code the remainder takes rarely (bf16: ~0.4 % of values; fp16: never)
@@ -144,7 +144,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
         NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, ROW_TREE=cfg.row_tree,
-        HAS_SINKS=sinks is not None, STAGGER=cfg.stagger,
+        HAS_SINKS=sinks is not None,
         **extra))
     if tail is not None:
         stream_k.combine(o, o_lo, lse, sinks, ws["ws_o"], ws["ws_ml"], n_m_tiles, hq, tail, grid[0],
@@ -185,7 +185,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, ROW_TREE=cfg.row_tree,
                  HAS_SINKS=sinks,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
-                 PERSISTENT=cfg.persistent, DEFER_O=defers_o(cfg), TRACE=None, STAGGER=cfg.stagger)
+                 PERSISTENT=cfg.persistent, DEFER_O=defers_o(cfg), TRACE=None)
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
