@@ -116,18 +116,19 @@ def all_cases():
 def _compile_hopper(case):
     import dataclasses
     from tileattn import configs
-    from tileattn.launch import decode_hopper, hopper
+    from tileattn.launch import decode_hopper, hopper_compile
     _, kind, d, dv, causal, flag, paired = case
     if kind == "fwd":
-        return hopper.compile_sm90(d, configs.HOPPER_FWD[(d, dv)], causal, "bf16", False, head_dim_v=dv)
+        return hopper_compile.compile_sm90(d, configs.HOPPER_FWD[(d, dv)], causal, "bf16", False, head_dim_v=dv)
     if kind == "fwd-flags":   # "-pers" with "-dfo" or "-sinks" (and "-remainder"), "-rt" with or without it, "-sk"
         on = set(flag.split("-"))
         cfg = dataclasses.replace(configs.HOPPER_FWD[(d, dv)], persistent="pers" in on, defer_o="dfo" in on,
                                   row_tree="rt" in on, stream_k="sk" in on)
-        return hopper.compile_sm90(d, cfg, causal, "bf16", "sinks" in on, head_dim_v=dv, remainder="remainder" in on)
+        return hopper_compile.compile_sm90(d, cfg, causal, "bf16", "sinks" in on, head_dim_v=dv,
+                                           remainder="remainder" in on)
     if kind == "bwd":
         cfg = dataclasses.replace(configs.HOPPER_BWD[(d, dv)], pair_blocks=paired or None)
-        return hopper.compile_bwd_sm90(d, cfg, causal, "bf16", flag, head_dim_v=dv)
+        return hopper_compile.compile_bwd_sm90(d, cfg, causal, "bf16", flag, head_dim_v=dv)
     return decode_hopper.compile_sm90(dv, flag, "bf16", causal)
 
 

@@ -105,9 +105,10 @@ def reports():
     TRITON_INTERPRET, which this test process runs with, Gluon cannot compile."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     code = (
-        "import json, sys; from tileattn.configs import HopperBwdConfig; from tileattn.launch import hopper\n"
+        "import json, sys; from tileattn.configs import HopperBwdConfig; from tileattn.launch import hopper_compile\n"
         "cases = json.loads(sys.argv[1])\n"
-        "print(json.dumps([hopper.compile_bwd_report(d, HopperBwdConfig(**c), causal, sinks=sinks, head_dim_v=dv)\n"
+        "print(json.dumps([hopper_compile.compile_bwd_report(d, HopperBwdConfig(**c), causal, sinks=sinks,\n"
+        "                                                     head_dim_v=dv)\n"
         "                  for (d, dv), c, causal, sinks in cases]))")
     arg = json.dumps([(dims, dataclasses.asdict(c), causal, sinks) for dims, c, causal, sinks in COMPILED])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -81,13 +81,13 @@ def _compile_reports():
     cannot compile."""
     cases = COMPILED
     code = (
-        "import json, sys; from tileattn.configs import HopperFwdConfig; from tileattn.launch import hopper as launch_hopper\n"
+        "import json, sys; from tileattn.configs import HopperFwdConfig; from tileattn.launch import hopper_compile\n"
         "cases = json.loads(sys.argv[1])\n"
-        "print(json.dumps([launch_hopper.compile_report(d, HopperFwdConfig(**c), causal, sinks=sinks, head_dim_v=dv,\n"
-        "                                                remainder=rem)\n"
-        "                  for (d, dv), c, causal, sinks, rem in cases]))")
-    arg = json.dumps([(dims, dataclasses.asdict(c), causal, "-sinks" in name, name.endswith("-remainder"))
-                      for dims, c, causal, name in cases])
+        "print(json.dumps([hopper_compile.compile_report(d, HopperFwdConfig(**c), causal, sinks=sinks, head_dim_v=dv,\n"
+        "                                                remainder=rem, window=win)\n"
+        "                  for (d, dv), c, causal, sinks, rem, win in cases]))")
+    arg = json.dumps([(dims, dataclasses.asdict(c), causal, "-sinks" in name, name.endswith("-remainder"),
+                       "-window" in name) for dims, c, causal, name in cases])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -108,7 +108,10 @@ COMPILED = ([(dims, c, True, c.name) for dims, c in FORCED]
             + [(dims, c, True, c.name + "-sinks") for dims, c in configs.HOPPER_FWD.items()]
             + [(dims, c, True, c.name + "-sinks-remainder") for dims, c in configs.HOPPER_FWD.items()]
             + [(dims, c, False, c.name) for dims, c in PERSISTENT]
-            + [(dims, c, True, c.name + "-sinks-remainder") for dims, c in PERSISTENT])
+            + [(dims, c, True, c.name + "-sinks-remainder") for dims, c in PERSISTENT]
+            # a sliding window (causal folded into it), also with sinks and the remainder (gpt-oss's sliding layers)
+            + [(dims, configs.HOPPER_FWD[dims], False, configs.HOPPER_FWD[dims].name + extra)
+               for dims in ((64, 64), (128, 128)) for extra in ("-window", "-window-sinks-remainder")])
 
 
 @pytest.mark.parametrize("dims,cfg,causal,name", COMPILED,
@@ -162,7 +165,7 @@ def _inputs(*args, **kwargs):
     return hopper_inputs(*args, **kwargs)[:3]   # (q, k, v): the forward takes no dO
 
 
-def _references(q, k, v, causal, sinks=None):
+def _references(q, k, v, causal, sinks=None, window=None):
     """(out, lse) of float64 and of low-precision standard attention, one
     batch element at a time: a many-items case's float64 scores alone take
     ~0.8 GB, and a test run's workers share one GPU."""
@@ -171,8 +174,8 @@ def _references(q, k, v, causal, sinks=None):
     for i in range(q.shape[0]):
         qi, ki, vi = q[i:i + 1], k[i:i + 1], v[i:i + 1]
         ref = standard_attention(qi.double(), ki.double(), vi.double(), causal=causal, return_lse=True,
-                                 **{n: t.double() for n, t in kw.items()})
-        parts.append(ref + standard_attention(qi, ki, vi, causal=causal, return_lse=True, **kw))
+                                 window=window, **{n: t.double() for n, t in kw.items()})
+        parts.append(ref + standard_attention(qi, ki, vi, causal=causal, return_lse=True, window=window, **kw))
     return tuple(torch.cat(ts) for ts in zip(*parts))
 
 
@@ -297,6 +300,56 @@ def test_large_logits_and_strided_layout(causal):
     _check("large-logits-bnhd", q, k, v, causal)
 
 
+# sliding windows on the one-program-a-tile Hopper forward: (b, hq, hkv, n_q, n_k, d, causal, window)
+WINDOW_CASES = {
+    "gpt-oss-128-causal-2048": (1, 4, 1, 2048, 2048, 64, True, (128, -1)),
+    "mistral-4096-causal-odd": (2, 4, 2, 1500, 1500, 128, True, (600, 0)),
+    "both-sides-nq<nk": (1, 2, 2, 333, 1000, 128, False, (100, 37)),
+    "left-only-unbounded-right": (1, 2, 2, 700, 700, 64, False, (50, -1)),
+    "right-only-nq>nk": (1, 2, 2, 1000, 129, 128, False, (-1, 5)),   # rows < 866 see no key: out 0, lse -inf
+    "narrower-than-a-tile": (2, 2, 2, 517, 517, 64, True, (3, 0)),
+    "causal-window-past-the-keys": (1, 2, 2, 640, 640, 128, True, (5000, 7)),   # causal folds right to 0
+}
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", list(WINDOW_CASES))
+def test_window_against_float64(case, dtype):
+    """A sliding window through the default dispatch (forced onto the Hopper
+    kernel at every size, poisoned outputs): out and lse against float64
+    standard attention with the same window, under the accuracy rule; and
+    with sinks and the output's remainder (gpt-oss's sliding layers)."""
+    b, hq, hkv, n_q, n_k, d, causal, window = WINDOW_CASES[case]
+    q, k, v = _inputs(b, hq, hkv, n_q, n_k, d, dtype, seed=case_number(case) % 1000)
+    runtime.POISON_OUTPUTS = True
+    cfg = launch_hopper.config_for(d, d)
+    with counting_calls(launch_hopper, "attn_fwd") as calls:
+        out, lse = launch.attn_fwd(q, k, v, causal, d ** -0.5, config=cfg, window=window)
+    assert calls and calls[0][1]["window"] is not None, "the window did not run on the Hopper kernel"
+    ref, ref_lse, low, low_lse = _references(q, k, v, causal, window=window)
+    check_accuracy(f"{case} out", out, ref, low, dtype)
+    check_accuracy(f"{case} lse", lse, ref_lse, low_lse.float(), dtype)
+    sinks = torch.linspace(-3.0, 3.0, hq, device="cuda")
+    out, lse, out_lo = launch.attn_fwd(q, k, v, causal, d ** -0.5, config=cfg, window=window, sinks=sinks,
+                                       remainder=True)
+    ref, ref_lse, low, low_lse = _references(q, k, v, causal, sinks=sinks, window=window)
+    check_accuracy(f"{case} sinks out", out, ref, low, dtype)
+    check_accuracy(f"{case} sinks lse", lse, ref_lse, low_lse.float(), dtype)
+    check_remainder(out, out_lo)
+
+
+def test_window_refuses_a_persistent_config():
+    """A forced persistent config with a window: a ValueError naming the
+    window, before any launch (CPU tensors: nothing runs)."""
+    q, k, v = (torch.empty(1, 2, 256, 64, dtype=torch.bfloat16) for _ in range(3))
+    with pytest.raises(ValueError, match="window: the Hopper forward runs a window one program a tile"):
+        launch_hopper.attn_fwd(q, k, v, False, 0.125, HopperFwdConfig(pingpong=False, persistent=True),
+                               window=(16, 0))
+    with pytest.raises(ValueError, match="window: .* causal folded into it"):
+        launch_hopper.attn_fwd(q, k, v, True, 0.125, HopperFwdConfig(pingpong=False), window=(16, 0))
+
+
 @needs_hopper
 def test_dispatch_plain_only():
     q, k, v = _inputs(1, 2, 2, 2048, 2048, 128, torch.bfloat16, seed=3)
@@ -305,12 +358,15 @@ def test_dispatch_plain_only():
         assert calls, "a plain bf16 d=128 call did not take the Hopper kernel"
         calls.clear()
         tileattn.attention(q, k, v, causal=True, window=(64, 0))
+        assert calls, "a sliding window (bf16, d = 128, 2k keys) did not take the Hopper kernel"
+        calls.clear()
+        tileattn.attention(q, k, v, window=(64, 0), softcap=30.0)
         tileattn.attention(q.float(), k.float(), v.float())
         tileattn.attention(q[..., :96].contiguous(), k[..., :96].contiguous(), v[..., :96].contiguous())
         short = [t[:, :, :1024].contiguous() for t in (q, k, v)]
         tileattn.attention(*short, causal=True)
         tileattn.attention(*(torch.cat([t, t], -1) for t in short), causal=True)   # 256 below its bound
-        assert not calls, "a variant, fp32, an unsupported head dim or a short sequence took the Hopper kernel"
+        assert not calls, "softcap, fp32, an unsupported head dim or a short sequence took the Hopper kernel"
 
 
 @needs_hopper

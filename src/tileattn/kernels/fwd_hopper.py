@@ -35,7 +35,11 @@ loader needs it only for the item after next).  With ``STREAM_K``
 (``HopperFwdConfig.stream_k``, non-causal, opt-in) the walk's last two
 waves are cut into one even range of key tiles a program; a piece short of
 its unit stores a partial softmax that ``stream_k.py`` merges after the
-kernel (``fwd_hopper_load._work``, ``launch/stream_k.py``).  ``TRACE`` (an int64 buffer,
+kernel (``fwd_hopper_load._work``, ``launch/stream_k.py``).  A sliding
+window (``WIN_LEFT`` / ``WIN_RIGHT``, one program a tile, causal folded
+into the right bound) copies and runs only the key tiles its rows can see,
+the mask on the tiles at either edge (``fwd_hopper_load._window_tiles``).
+``TRACE`` (an int64 buffer,
 ``benchmarks/walk_trace.py``) gets a persistent program's SM, start and
 work ends from the global timer.
 
@@ -74,7 +78,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma_wait
 
-from .fwd_hopper_load import _grid_coords, _key_tiles, _load_partition, _n_work, _unit_size, _unit_tile, _work
+from .fwd_hopper_load import (_grid_coords, _key_tiles, _load_partition, _n_work, _unit_size, _unit_tile, _window_tiles,
+                               _work)
 from .fwd_hopper_mma import _issue_pv, _issue_qk, _wait_pv
 from .fwd_hopper_softmax import _epilogue, _lane_sums, _row_total, _softmax_tile, _store_partial
 
@@ -133,7 +138,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, ROW_TREE: gl.constexpr,
                   HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                   qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr,
-                  j0=0, slot=-1, WS_O=None, WS_ML=None, STREAM_K: gl.constexpr = False):
+                  j0=0, slot=-1, WS_O=None, WS_ML=None, STREAM_K: gl.constexpr = False, WIN_LEFT=None,
+                  WIN_RIGHT=None):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
     is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
     the ring's ``kc``-th and whose first turn is the ``tc``-th.  Both
@@ -149,7 +155,9 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     (``HAS_SINKS``) enters after the key tiles.  ``STREAM_K``: the tile's
     key tiles are j0, ..., j0 + n_tiles - 1, and where ``slot`` >= 0 (a
     piece short of all of them) the rows' partial softmax goes to that
-    workspace slot instead of the epilogue (:func:`_store_partial`)."""
+    workspace slot instead of the epilogue (:func:`_store_partial`).  A
+    sliding window (``WIN_LEFT`` not None, one program a tile): the key tiles
+    are j0, ... as well, masked outside this warpgroup's [full_lo, n_full)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -157,7 +165,11 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     row0 = start_m + WG * BLOCK_M
-    n_full, _ = _key_tiles(row0, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    if WIN_LEFT is None:
+        n_full, _ = _key_tiles(row0, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        full_lo = None
+    else:
+        _, full_lo, n_full, _ = _window_tiles(row0, N_Q, N_K, WIN_LEFT, WIN_RIGHT, BLOCK_M, BLOCK_N)
     offs_m = row0 + gl.arange(0, BLOCK_M, layout=row_layout)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
     if ROW_TREE:   # partial sums, one a lane of the row's quad
@@ -187,7 +199,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             mbarrier.arrive(k_empty.index(kc % NUM_STAGES), count=1)
             _release_q(q_empty, prev_qi, DEFER_O)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                               BLOCK_N, IS_CAUSAL, ROW_TREE)
+                                               BLOCK_N, IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT, WIN_RIGHT)
             for j in range(1, n_tiles):
                 _my_turn(turns, tc + j, WG, PINGPONG)
                 qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc + j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
@@ -197,7 +209,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
                 p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0 + j, n_full, offs_m, N_Q, N_K, qk_scale,
-                                                   s_layout, BLOCK_N, IS_CAUSAL, ROW_TREE)
+                                                   s_layout, BLOCK_N, IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT,
+                                                   WIN_RIGHT)
                 acc = _wait_pv(acc)
                 mbarrier.arrive(v_empty.index((kc + j - 1) % NUM_STAGES), count=1)
                 acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
@@ -217,7 +230,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             if j == 0:
                 _release_q(q_empty, prev_qi, DEFER_O)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0 + j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                               BLOCK_N, IS_CAUSAL, ROW_TREE)
+                                               BLOCK_N, IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT, WIN_RIGHT)
             acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, tc + 2 * j + 1, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, kc + j, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
@@ -286,7 +299,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                        q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
                        PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr, SK_TILES, WS_O, WS_ML,
-                       STREAM_K: gl.constexpr, TRACE):
+                       STREAM_K: gl.constexpr, TRACE, j0, WIN_LEFT, WIN_RIGHT):
     """Softmax warpgroup ``WG``: its rows of the program's query tile, or
     with ``PERSISTENT`` of each of the program's work items in turn (Q
     buffers alternate between two pairs, released on ``q_empty`` once O's
@@ -294,7 +307,8 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
     ``DEFER_O``: the next item's first tile waits for that copy; ``STREAM_K``:
     the walk's last key tiles cut into a range a program,
     ``fwd_hopper_load._work``; ``TRACE``: the program's SM, its start and
-    each work's end, :func:`_mark`)."""
+    each work's end, :func:`_mark`; one program a tile: its key tiles from
+    ``j0``, a sliding window where ``WIN_LEFT`` is not None)."""
     if PERSISTENT:
         kc = gl.program_id(0) * 0
         tc = kc
@@ -329,7 +343,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                       turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                       PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, WG, 0, 0, 0, q_empty, -1,
-                      False)
+                      False, j0, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT)
 
 
 @gluon.jit
@@ -343,7 +357,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1,
                             GROUPED: gl.constexpr = False, DEFER_O: gl.constexpr = False,
                             ROW_TREE: gl.constexpr = False, STREAM_K: gl.constexpr = False, SK_TILES=0, WS_O=None,
-                            WS_ML=None, TRACE=None):
+                            WS_ML=None, TRACE=None, WIN_LEFT=None, WIN_RIGHT=None):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
@@ -358,17 +372,26 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     shared memory).  ``STREAM_K`` (persistent, non-causal): the units from
     ``TOTAL`` on are the tail, their ``SK_TILES`` key tiles cut evenly over
     the programs; pieces short of a whole unit leave partial softmaxes in
-    ``WS_O`` / ``WS_ML`` for ``kernels/stream_k.py``'s combine."""
+    ``WS_O`` / ``WS_ML`` for ``kernels/stream_k.py``'s combine.  A sliding
+    window (``WIN_LEFT``, ``WIN_RIGHT``: ``kernels.common``'s bounds, causal
+    folded into the right one; one program a tile) loads and runs only the
+    key tiles its rows can see (:func:`_window_tiles`)."""
     gl.static_assert(not STREAM_K or (PERSISTENT and not IS_CAUSAL), "STREAM_K: a non-causal persistent walk's")
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
     gl.static_assert(not DEFER_O or PERSISTENT, "DEFER_O: a persistent program's")
+    gl.static_assert(WIN_LEFT is None or not (PERSISTENT or IS_CAUSAL), "a window: one program a tile, causal folded")
     # heaviest causal tiles (last rows) first: better tail balance
     block, off_h, off_b, n_blocks = _grid_coords(N_HEADS, GROUPED)
     pid_m = n_blocks - 1 - block
     off_hk = off_h // GROUP_SIZE
     start_m = pid_m * (2 * BLOCK_M)
-    _, n_tiles = _key_tiles(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
+    if WIN_LEFT is None:
+        _, n_tiles = _key_tiles(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
+        j0 = 0
+    else:
+        j0, _, _, hi = _window_tiles(start_m, N_Q, N_K, WIN_LEFT, WIN_RIGHT, 2 * BLOCK_M, BLOCK_N)
+        n_tiles = hi - j0
     lse_row0 = off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
 
     dtype: gl.constexpr = q_desc.dtype
@@ -419,18 +442,18 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
                               stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SK_TILES,
-                              WS_O, WS_ML, STREAM_K, TRACE)),
+                              WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
                               stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SK_TILES,
-                              WS_O, WS_ML, STREAM_K, TRACE)),
+                              WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT)),
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                            BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES,
-                           N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT, SK_TILES, STREAM_K)),
+                           N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT, SK_TILES, STREAM_K, j0)),
     ], [4, 1], [240, 24])
 
     for i in gl.static_range(2):

@@ -60,6 +60,26 @@ def _key_tiles(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, 
 
 
 @gluon.jit
+def _window_tiles(start_m, N_Q, N_K, WIN_LEFT, WIN_RIGHT, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """(lo, full_lo, full_end, hi) key tiles of the query rows [start_m,
+    start_m + BLOCK_M) under a sliding window (``kernels.common.window_key_bounds``
+    in tiles: row i sees keys [i + diag - WIN_LEFT, i + diag + WIN_RIGHT],
+    both ends growing with i, so the first and last rows decide): tiles
+    [full_lo, full_end) need no mask, [lo, full_lo) and [full_end, hi) the
+    window's (and N_K's), none outside [lo, hi) is loaded."""
+    diag = N_K - N_Q
+    last = gl.minimum(start_m + BLOCK_M, N_Q) - 1
+    lo = gl.minimum(gl.maximum(start_m + diag - WIN_LEFT, 0), N_K) // BLOCK_N
+    hi = (gl.minimum(gl.maximum(last + diag + WIN_RIGHT + 1, 0), N_K) + BLOCK_N - 1) // BLOCK_N
+    hi = gl.maximum(hi, lo)
+    full_lo = (gl.maximum(last + diag - WIN_LEFT, 0) + BLOCK_N - 1) // BLOCK_N
+    full_lo = gl.minimum(gl.maximum(full_lo, lo), hi)
+    full_end = gl.minimum(gl.maximum(start_m + diag + WIN_RIGHT + 1, 0) // BLOCK_N, N_K // BLOCK_N)
+    full_end = gl.minimum(gl.maximum(full_end, full_lo), hi)
+    return lo, full_lo, full_end, hi
+
+
+@gluon.jit
 def _load_rows(desc, tail_desc, coords, bar, smem, tail_smem, TAIL_DIM: gl.constexpr):
     """One tile of Q or K: its first HEAD_DIM - TAIL_DIM columns through
     ``desc`` and, with a tail, the last TAIL_DIM through ``tail_desc`` (a
@@ -198,11 +218,12 @@ def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_
                     k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
                     q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES, N_HEADS, TOTAL, IS_CAUSAL: gl.constexpr,
-                    PERSISTENT: gl.constexpr, SK_TILES=0, STREAM_K: gl.constexpr = False):
-    """The load warp: the program's query tile, or with ``PERSISTENT`` each
-    of its works in turn (:func:`_work`), the next one's Q into the other
-    pair of Q buffers once both warpgroups released them (``q_empty``), its
-    K and V tiles into the ring behind the previous item's."""
+                    PERSISTENT: gl.constexpr, SK_TILES=0, STREAM_K: gl.constexpr = False, j0=0):
+    """The load warp: the program's query tile (its key tiles from ``j0``),
+    or with ``PERSISTENT`` each of its works in turn (:func:`_work`), the
+    next one's Q into the other pair of Q buffers once both warpgroups
+    released them (``q_empty``), its K and V tiles into the ring behind the
+    previous item's."""
     if PERSISTENT:
         kc = gl.program_id(0) * 0
         it = kc
@@ -223,4 +244,4 @@ def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_
     else:
         _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
                    k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, 0, 0,
-                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM)
+                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, j0)

@@ -60,7 +60,8 @@ def _row_total(l_i, s_layout: gl.constexpr, ROW_TREE: gl.constexpr):
 
 @gluon.jit
 def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, ROW_TREE: gl.constexpr):
+                  IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, ROW_TREE: gl.constexpr, WIN_LEFT=None,
+                  WIN_RIGHT=None):
     """The running softmax of key tile ``j``: (p, alpha, m_new, l_new).
 
     The max runs over the raw scores and is scaled once per row, so each
@@ -73,6 +74,9 @@ def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.cons
         visible = (offs_n < N_K)[None, :]
         if IS_CAUSAL:
             visible = visible & (offs_n[None, :] <= offs_m[:, None] + (N_K - N_Q))
+        if WIN_LEFT is not None:   # a sliding window (causal folded into its right side)
+            rel = offs_n[None, :] - (offs_m[:, None] + (N_K - N_Q))
+            visible = visible & (rel >= -WIN_LEFT) & (rel <= WIN_RIGHT)
         qk = gl.where(visible, qk, float("-inf"))
     SPLIT: gl.constexpr = 4 if ROW_TREE else 1
     m_new = gl.maximum(m_i, _row_max(qk, s_layout, SPLIT) * qk_scale)
@@ -92,14 +96,21 @@ def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.cons
 
 @gluon.jit
 def _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr,
-                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_TREE: gl.constexpr):
-    """:func:`_softmax_step` with the mask where tile ``j`` needs one."""
-    if j < n_full:
+                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_TREE: gl.constexpr, full_lo=None,
+                  WIN_LEFT=None, WIN_RIGHT=None):
+    """:func:`_softmax_step` with the mask where tile ``j`` needs one: from
+    ``n_full`` on, and with a sliding window (``WIN_LEFT`` not None) also
+    before ``full_lo``."""
+    if WIN_LEFT is None:
+        unmasked = j < n_full
+    else:
+        unmasked = (j >= full_lo) & (j < n_full)
+    if unmasked:
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
                                            IS_CAUSAL, False, ROW_TREE)
     else:
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
-                                           IS_CAUSAL, True, ROW_TREE)
+                                           IS_CAUSAL, True, ROW_TREE, WIN_LEFT, WIN_RIGHT)
     return p, alpha, m_i, l_i
 
 

@@ -166,6 +166,14 @@ def check_shared_memory(q: torch.Tensor, v: torch.Tensor, kinds: tuple) -> None:
         _check_fits(tuple(kinds), q.shape[-1], v.shape[-1], q.dtype, limit)
 
 
+def window_bounds(causal: bool, window: tuple[int, int], len_q: int, len_k: int) -> tuple[int, int]:
+    """The kernels' (left, right) of a sliding window: causal folded into
+    the right side, an unbounded side (-1) a bound past every sequence (no
+    int32 overflow)."""
+    left, right = fold_causal(causal, *window)
+    return (len_k if left < 0 else min(left, len_k)), (len_q if right < 0 else min(right, len_q))
+
+
 class _Variants:
     """The kernel arguments of the variants that are on (none for a plain call).
 
@@ -185,12 +193,8 @@ class _Variants:
         self.args = {}
         if self.varlen:
             self.args.update(CU_SEQLENS_Q=cu_seqlens_q, CU_SEQLENS_K=cu_seqlens_k, IS_VARLEN=True)
-        if window is not None:
-            left, right = fold_causal(causal, *window)
-            # unbounded sides: a bound past every sequence (no int32 overflow)
-            left = self.len_k if left < 0 else min(left, self.len_k)
-            right = self.len_q if right < 0 else min(right, self.len_q)
-            # causal is folded into the window's right side
+        if window is not None:   # causal is folded into the window's right side
+            left, right = window_bounds(causal, window, self.len_q, self.len_k)
             self.args.update(win_left=left, win_right=right, HAS_WINDOW=True)
             self.causal = False
         if softcap:
@@ -240,9 +244,13 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     rounding remainder O - out in out's dtype and layout, for
     :func:`attn_bwd`'s sinks gradient (rowsum(dO o O) from the rounded out
     loses digits that gradient sums over every row)."""
-    if (not variants and (config is None or isinstance(config, HopperFwdConfig))
+    window_only = variants.keys() == {"window"}   # a sliding window runs on the Hopper forward too
+    if ((not variants or window_only) and (config is None or isinstance(config, HopperFwdConfig))
             and dispatch.hopper_fwd_eligible(q, k, v)
             and (config is not None or dispatch.hopper_fwd_preferred(q.shape[-1], causal, k.shape[2]))):
+        if window_only:
+            window = window_bounds(causal, variants["window"], q.shape[2], k.shape[2])
+            return hopper_calls.fwd(q, k, v, False, scale, config, sinks, remainder, window)
         return hopper_calls.fwd(q, k, v, causal, scale, config, sinks, remainder)
     b, hq, n_q, d = q.shape
     n_k = k.shape[2]

@@ -117,9 +117,9 @@ def launch(q, k_hi, v_lo, cache_seqlens, block_table, o_part, l_part, *, n_new: 
 
 def compile_sm90(block_m: int = 16, paged: bool = False, dtype: str = "bf16", causal: bool = False):
     """Compile the kernel for sm_90a without a GPU (Triton bundles ptxas); not
-    under ``TRITON_INTERPRET`` (see ``launch.hopper.compile_sm90``)."""
+    under ``TRITON_INTERPRET`` (see ``launch.hopper_compile.compile_sm90``)."""
     from ..kernels.decode_hopper import _decode_absorbed_hopper_kernel as kernel
-    from .hopper import compile_gluon
+    from .hopper_compile import compile_gluon
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
     d, dv = HEAD_DIMS
     cache = torch.empty(2, 1, 256, d, dtype=torch_dtype)

@@ -1,7 +1,7 @@
 """Launchers of the Hopper kernels (Gluon): the forward (``kernels/fwd_hopper.py``)
 and the backward's dK/dV kernels with the float32 dQ sum (``kernels/bwd_hopper.py``;
 ``bwd_hopper_wide.py`` for V narrower than QK, ``bwd_hopper_split.py`` for d = 256),
-and their sm_90a compile reports (compiled without a GPU).
+(their sm_90a compiles without a GPU: ``hopper_compile.py``).
 
 Which calls run them is ``dispatch.hopper_fwd_eligible`` /
 ``hopper_bwd_eligible``'s decision (a CUDA device of compute capability 9.0,
@@ -98,17 +98,22 @@ def fwd_workspace(q, k, v, causal: bool, cfg: HopperFwdConfig) -> dict:
 
 def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None = None, poison: bool = False,
              sinks: torch.Tensor | None = None, remainder: bool = False, workspace: dict | None = None,
-             trace: torch.Tensor | None = None):
+             trace: torch.Tensor | None = None, window: tuple[int, int] | None = None):
     """Forward on the Hopper kernel. Returns (out like q, as wide as v; lse
     float32 (B, Hq, Nq)); ``sinks`` (float32 (Hq,)) enter every row's
     denominator and the lse.  ``remainder``: (out, lse, out_lo) with out_lo
     the int8 code of O - out (the float32 result's rounding remainder, in
     out's layout; ``tileattn.sinks``).  ``workspace``: :func:`fwd_workspace`'s
     tensors for a stream-K cut (made here when not given).  ``trace``: clock
-    reads of a persistent config (``kernels/fwd_hopper._mark``)."""
+    reads of a persistent config (``kernels/fwd_hopper._mark``).  ``window``:
+    a sliding window's (left, right) key bounds as ``launch.attention``
+    gives the portable kernels (causal folded into right, unbounded sides
+    past the keys; ``causal`` then False), one program a query tile."""
     b, hq, n_q, d = q.shape
     hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
-    cfg = config or config_for(d, dv, causal, n_k)
+    cfg = config or config_for(d, dv, causal, None if window else n_k)
+    if window is not None and (cfg.persistent or causal):
+        raise ValueError("window: the Hopper forward runs a window one program a tile, causal folded into it")
     if cfg.persistent and (d != dv or d > 128):
         raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
     from ..kernels.fwd_hopper import TRACE_SLOTS, _attn_fwd_hopper_kernel
@@ -121,6 +126,8 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         for t in (o, lse) if o_lo is None else (o, lse, o_lo):
             t.fill_(-128 if t is o_lo else float("nan"))
     extra = {} if o_lo is None else dict(olo_desc=_descriptor(o_lo, cfg.block_m), WRITE_REMAINDER=True)
+    if window is not None:
+        extra.update(WIN_LEFT=int(window[0]), WIN_RIGHT=int(window[1]))
     n_m_tiles = triton.cdiv(n_q, 2 * cfg.block_m)
     tail = None
     if cfg.persistent:   # one program an SM (or fewer) walks the work units: causal, two tiles each
@@ -161,73 +168,6 @@ def fwd_outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.T
     if o is None or not tma_addressable(o):   # a V width of its own, or an unaddressable layout: a dense one
         o = torch.empty((b, hq, n_q, dv), dtype=q.dtype, device=q.device)
     return o, torch.empty((b, hq, n_q), device=q.device, dtype=torch.float32)
-
-
-def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False,
-                 head_dim_v: int | None = None, remainder: bool = False):
-    """Compile the kernel for sm_90a without a GPU (Triton bundles ptxas);
-    ``remainder``: the build that also stores O's rounding remainder.
-    Not under ``TRITON_INTERPRET``: Gluon cannot be compiled once the
-    interpreter has wrapped its library, so callers in an interpreted
-    process run this in a fresh one (see tests/attention/test_hopper_fwd.py)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-    from ..kernels.fwd_hopper import _attn_fwd_hopper_kernel as kernel
-    dv = head_dim if head_dim_v is None else head_dim_v
-    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
-    t, tv = (torch.empty(1, 2, 256, w, dtype=torch_dtype) for w in (head_dim, dv))
-    descs = dict(_qk_descriptors(t, t, dv, cfg), v_desc=_descriptor(tv, cfg.block_n),
-                 o_desc=_descriptor(tv, cfg.block_m))
-    if remainder:
-        descs["olo_desc"] = _descriptor(torch.empty(tv.shape, dtype=torch.int8), cfg.block_m)
-    const = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
-                 NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, ROW_TREE=cfg.row_tree,
-                 HAS_SINKS=sinks,
-                 HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
-                 PERSISTENT=cfg.persistent, DEFER_O=defers_o(cfg), TRACE=None)
-    sig = {name: mangle_type(x) for name, x in descs.items()}
-    sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
-               N_K="i32", qk_scale="fp32")
-    grouped = grid_order.compiled_grouped(causal, cfg, other_grid=cfg.persistent)
-    const.update(GROUPED=grouped)
-    cut_tail = cfg.stream_k and cfg.persistent and not causal
-    const.update(STREAM_K=cut_tail)
-    if cut_tail:
-        sig.update(SK_TILES="i32", WS_O="*fp32", WS_ML="*fp32")
-    else:
-        const.update(SK_TILES=0, WS_O=None, WS_ML=None)
-    if cfg.persistent:
-        sig.update(N_M_TILES="i32", N_HEADS="i32", TOTAL="i32")
-    else:   # as a launch specializes them: 1 (N_HEADS: the grouped grid's heads)
-        const.update(N_M_TILES=1, TOTAL=1, **({} if grouped else {"N_HEADS": 1}))
-        if grouped:
-            sig.update(N_HEADS="i32")
-    sig.update({name: "constexpr" for name in const})
-    if dv == head_dim:   # no tail: its descriptors are None
-        sig.update(qt_desc="constexpr", kt_desc="constexpr")
-        const.update(qt_desc=None, kt_desc=None)
-    if not remainder:
-        sig.update(olo_desc="constexpr")
-        const.update(olo_desc=None)
-    sig = {name: sig[name] for name in kernel.arg_names}
-    src = GluonASTSource(fn=kernel, signature=sig,
-                         constexprs={(kernel.arg_names.index(k),): v for k, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg))
-
-
-def compile_report(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16",
-                   sinks: bool = False, head_dim_v: int | None = None, remainder: bool = False) -> dict:
-    """What the sm_90a compile says of one config: shared memory, the
-    instructions the design relies on, local memory in the PTX, and the
-    assembler's word on it (:func:`runtime.ptxas_report`)."""
-    compiled = compile_sm90(head_dim, cfg, causal, dtype, sinks, head_dim_v, remainder)
-    ptx = compiled.asm["ptx"]
-    return {"shared": int(compiled.metadata.shared), "wgmma": ptx.count("wgmma.mma_async"),
-            "tma": "cp.async.bulk.tensor" in ptx, "setmaxnreg": sorted(set(
-                line.split()[-1].rstrip(";") for line in ptx.splitlines() if "setmaxnreg" in line)),
-            "local": ".local" in ptx, **runtime.ptxas_report(ptx)}
 
 
 def stats_rows(b: int, hq: int, n_q: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -431,70 +371,3 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     if sums is not None:
         dk.copy_(sums[0])
         dv.copy_(sums[1])
-
-
-def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False,
-                     head_dim_v: int | None = None):
-    """:func:`compile_sm90` for the backward kernel (``sinks``: with the dS
-    row sums their gradient needs; ``head_dim_v`` narrower than ``head_dim``:
-    the wide kernel; QK = V head dim above 128: the split kernel)."""
-    w = head_dim if head_dim_v is None else head_dim_v
-    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
-    t, tv = (torch.empty(1, 2, 256, x, dtype=torch_dtype) for x in (head_dim, w))
-    lse = torch.empty(1, 2, 256)
-    if transposed_dq(head_dim, w):
-        kernel, build = _transposed_kernel(head_dim, w)
-        args = dict(build(tv, t, t, tv, dq_sum_transposed(t), t, tv, lse, lse, causal, 1.0, cfg), N_ROWS=16,
-                    GROUPED=grid_order.compiled_grouped(causal, cfg))
-        const = {"BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "GROUPED"} | (
-            {"HEAD_DIM"} if split_kernel(head_dim, w) else {"HEAD_DIM_V", "TAIL_DIM", "DQ_BUFS"})
-    else:
-        from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel as kernel
-        f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
-        args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, torch.empty(1, 2, 256) if sinks else None,
-                         paired=bool(causal) and cfg.pair_blocks is True)
-        args.update(N_ROWS=16, GROUPED=grid_order.compiled_grouped(causal, cfg, other_grid=cfg.pair_blocks is True))
-        if (cfg.head_slices or 1) > 1:   # the float32 dK/dV sums (the group's size is a run-time argument)
-            args.update(DK=f, DV=f, ADD_DKDV=True)
-        const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "PAIRED",
-                 "DEFER_SUMS", "STATS_TMA", "ADD_DKDV", "GROUPED"}
-    return compile_gluon(kernel, args, const, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg))
-
-
-_POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32"}
-
-
-def compile_gluon(kernel, args: dict, const: set, options: dict):
-    """Compile a Gluon kernel for sm_90a from its keyword arguments (the
-    names in ``const`` as constexprs), without a GPU."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-    sig = {}
-    for name in kernel.arg_names:
-        value = args[name]
-        if name in const:
-            sig[name] = "constexpr"
-        elif isinstance(value, torch.Tensor):
-            sig[name] = _POINTER_TYPES[value.dtype]
-        elif isinstance(value, float):
-            sig[name] = "fp32"
-        elif isinstance(value, int):
-            sig[name] = "i32"
-        else:
-            sig[name] = mangle_type(value)
-    src = GluonASTSource(fn=kernel, signature=sig, constexprs={(kernel.arg_names.index(k),): args[k] for k in const})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-
-
-def compile_bwd_report(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16",
-                       sinks: bool = False, head_dim_v: int | None = None) -> dict:
-    """:func:`compile_report` for the backward kernel, with the count of
-    the copy engine's bulk reduces (dQ)."""
-    compiled = compile_bwd_sm90(head_dim, cfg, causal, dtype, sinks, head_dim_v)
-    ptx = compiled.asm["ptx"]
-    return {"shared": int(compiled.metadata.shared), "wgmma": ptx.count("wgmma.mma_async"),
-            "tma": "cp.async.bulk.tensor" in ptx, "reduce": ptx.count("cp.reduce.async.bulk.tensor"),
-            "setmaxnreg": sorted(set(line.split()[-1].rstrip(";") for line in ptx.splitlines()
-                                     if "setmaxnreg" in line)),
-            "local": ".local" in ptx, **runtime.ptxas_report(ptx)}
