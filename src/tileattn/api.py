@@ -107,7 +107,9 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
     # rounding remainder, so its backward needs no dS sums for their gradient
     remainder = ops.keeps_remainder(q, sinks, ops.wants_remainder(q, k, v, sinks))
     if det is None:
-        det = dispatch.default_deterministic(q, k, v, plain, sinks is not None and not remainder)
+        # the Hopper backward runs plain calls and sliding windows alone (d <= 128)
+        hopper_ok = plain or ((cap, slopes, mask) == (0.0, None, None) and dispatch.hopper_window_bwd(q, v))
+        det = dispatch.default_deterministic(q, k, v, hopper_ok, sinks is not None and not remainder)
     check_shared_memory(q, k, v, sinks, det)
     if dispatch.eager_applies(q, k, v):
         # same launchers, without the custom-op dispatch (host time; see ops.py)

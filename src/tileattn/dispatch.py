@@ -227,12 +227,21 @@ def hopper_bwd_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: t
     return _hopper_eligible(q, k, v) and tma_addressable(do)
 
 
+def hopper_window_bwd(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether a sliding window's backward may run the Hopper dK/dV kernel
+    (``kernels/bwd_hopper.py``, QK = V head dim <= 128; the wide and split
+    kernels have no window), given :func:`hopper_bwd_eligible`."""
+    return q.shape[-1] == v.shape[-1] <= 128
+
+
 def default_deterministic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plain: bool,
                           sinks: bool = False) -> bool:
     """``deterministic=None`` resolved: the atomic Hopper backward where it
     runs (the faster one there, docs/perf-notes.md v12), the deterministic
     kernels everywhere else (where the portable atomic kernel is slower) and
-    whenever ``torch.use_deterministic_algorithms`` is on."""
+    whenever ``torch.use_deterministic_algorithms`` is on.  ``plain``: the
+    call has no variant the Hopper backward lacks (none, or a sliding window
+    alone where :func:`hopper_window_bwd`)."""
     if torch.are_deterministic_algorithms_enabled():
         return True
     do = q if v.shape[-1] == q.shape[-1] else v   # dO is as wide as V

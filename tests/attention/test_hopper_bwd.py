@@ -172,10 +172,10 @@ def _hopper_calls():
     return counting_calls(launch_hopper, "attn_bwd_dkdv")
 
 
-def _reference_grads(q, k, v, do, causal, dlse=None):
+def _reference_grads(q, k, v, do, causal, dlse=None, window=None):
     def grads(*ts):
         leaves = [t.detach().requires_grad_() for t in ts[:3]]
-        out, lse = standard_attention(*leaves, causal=causal, return_lse=True)
+        out, lse = standard_attention(*leaves, causal=causal, return_lse=True, window=window)
         outs, gouts = [out], [ts[3]]
         if dlse is not None:
             outs.append(lse)
@@ -370,6 +370,65 @@ def test_large_logits_strided_and_dlse(causal):
     _check("large-logits-bnhd-dlse", q, k, v, do, causal, dlse=dlse)
 
 
+# sliding windows on the d <= 128 Hopper backward: (b, hq, hkv, n_q, n_k, d, causal, window)
+WINDOW_CASES = {
+    "gpt-oss-128-causal-1024": (1, 4, 1, 1024, 1024, 64, True, (128, -1)),
+    "causal-odd-gqa": (2, 4, 2, 777, 777, 128, True, (300, 0)),
+    "both-sides-nq<nk": (1, 2, 2, 333, 1000, 128, False, (100, 37)),
+    "right-only-nq>nk": (1, 2, 2, 1000, 129, 64, False, (-1, 5)),   # rows < 866 see no key
+    "narrower-than-a-tile": (1, 2, 2, 517, 517, 128, True, (3, 0)),
+}
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", list(WINDOW_CASES))
+def test_window_against_float64(case, dtype):
+    """A sliding window's gradients through ``tileattn.attention`` (the
+    default, non-deterministic call on Hopper: both the forward and the
+    dK/dV kernel take the window) against float64 standard attention with
+    the same window, under the accuracy rule; then with sinks."""
+    b, hq, hkv, n_q, n_k, d, causal, window = WINDOW_CASES[case]
+    q, k, v, do = _inputs(b, hq, hkv, n_q, n_k, d, dtype, seed=case_number(case) % 1000)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    with _hopper_calls() as calls:
+        out = tileattn.attention(*leaves, causal=causal, window=window, deterministic=False)
+        got = torch.autograd.grad(out, leaves, do)
+    assert calls and calls[0][1]["window"] is not None, "the window's backward did not run on the Hopper kernel"
+    ref, low = _reference_grads(q, k, v, do, causal, window=window)
+    for part, g, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
+        check_accuracy(f"{case} {part}", g, r, lo, dtype)
+    sinks = torch.linspace(-2.0, 2.0, hq, device="cuda", requires_grad=True)
+    out = tileattn.attention(*leaves, causal=causal, window=window, sinks=sinks, deterministic=False)
+    got = torch.autograd.grad(out, leaves + [sinks], do)
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)] + [sinks.detach().double().requires_grad_()]
+    ref_out = standard_attention(*ref_leaves[:3], causal=causal, window=window, sinks=ref_leaves[3])
+    ref = torch.autograd.grad(ref_out, ref_leaves, do.double())
+    low_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)] + [sinks.detach().clone().requires_grad_()]
+    low_out = standard_attention(*low_leaves[:3], causal=causal, window=window, sinks=low_leaves[3])
+    low = torch.autograd.grad(low_out, low_leaves, do)
+    for part, g, r, lo in zip(("dq", "dk", "dv", "dsinks"), got, ref, low):
+        check_accuracy(f"{case} sinks {part}", g, r, lo, dtype)
+
+
+def test_window_compiles_for_sm90():
+    """The d = 64 / 128 table configs' window builds (with and without the
+    dS sums of sinks) compile for sm_90a without local memory or serialized
+    warpgroup MMAs, in the plain build's shared memory."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    code = (
+        "import json; from tileattn import configs; from tileattn.launch import hopper_compile\n"
+        "print(json.dumps([[hopper_compile.compile_bwd_report(d, configs.HOPPER_BWD[(d, d)], False, sinks=s,\n"
+        "                                                      window=w) for w in (False, True)]\n"
+        "                  for d in (64, 128) for s in (False, True)]))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for plain, win in json.loads(proc.stdout.splitlines()[-1]):
+        assert win["wgmma"] == plain["wgmma"] and win["shared"] == plain["shared"]
+        assert not win["local"] and not win["wgmma_serialized"]
+
+
 @needs_hopper
 def test_dispatch_nondeterministic_plain_only():
     q, k, v, do = _inputs(1, 4, 2, 1024, 1024, 128, torch.bfloat16, seed=3)
@@ -378,10 +437,13 @@ def test_dispatch_nondeterministic_plain_only():
         tileattn.attention(*leaves, causal=True, deterministic=False).backward(do)
         assert calls, "a plain non-deterministic bf16 d=128 backward did not take the Hopper kernel"
         calls.clear()
-        for kw in (dict(deterministic=True), dict(deterministic=False, window=(64, 0)),
-                   dict(deterministic=False, softcap=20.0)):
+        tileattn.attention(*leaves, causal=True, deterministic=False, window=(64, 0)).backward(do)
+        assert calls and calls[0][1]["window"] == (64, 0), "a sliding window did not take the Hopper backward"
+        calls.clear()
+        for kw in (dict(deterministic=True), dict(deterministic=True, window=(64, 0)),
+                   dict(deterministic=False, softcap=20.0), dict(deterministic=False, window=(64, 0), softcap=20.0)):
             tileattn.attention(*leaves, causal=True, **kw).backward(do)
-        assert not calls, "a deterministic call or a variant took the Hopper backward"
+        assert not calls, "a deterministic call or a variant other than a window took the Hopper backward"
 
 
 @needs_hopper

@@ -93,7 +93,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                        NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
                        SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr, t0, kv_phase, kv_empty,
                        ARRIVE_KV: gl.constexpr, lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr,
-                       ADD_DKDV: gl.constexpr):
+                       ADD_DKDV: gl.constexpr, WIN_LEFT=None, WIN_RIGHT=None):
     """One key block of the program: ``t0`` ring tiles came before it and its
     K and V tiles complete ``kv_bar`` in phase ``kv_phase`` (a pair's second
     block: 1); with ``ARRIVE_KV`` the warpgroup arrives on ``kv_empty`` after
@@ -102,7 +102,9 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     (rows past N_Q read as 0 there: harmless, their dO rows are 0, so are
     their dP and dS), else from global memory.  The block walks ``HEADS``
     query heads from ``hq0``; with ``ADD_DKDV`` (head slices) dK and dV are
-    added into float32 sums, else stored."""
+    added into float32 sums, else stored.  A sliding window (``WIN_LEFT``
+    not None, not causal): tiles whose every (query, key) pair lies inside
+    it need no mask."""
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     # the dQ sum's box says who forms dQ: D/2 wide, each warpgroup half the
@@ -171,6 +173,13 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                 pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, True)
             else:
                 pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, False)
+        elif WIN_LEFT is not None:
+            # only tiles with a pair outside the window need its mask
+            if ((key0 + BLOCK_N - 1 - (m + diag) <= WIN_RIGHT)
+                    & (key0 - (m + BLOCK_M - 1 + diag) >= -WIN_LEFT)):
+                pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, False)
+            else:
+                pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, True, WIN_LEFT, WIN_RIGHT)
         else:
             pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, False)
         # Δ is read once lse₂ is dead (a query-indexed vector costs 16 registers a thread here)
@@ -312,7 +321,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
                             SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr = False, PAIRED: gl.constexpr = False,
                             STATS_TMA: gl.constexpr = False, HEADS=1, ADD_DKDV: gl.constexpr = False, N_ROWS=1,
-                            GROUPED: gl.constexpr = False):
+                            GROUPED: gl.constexpr = False, WIN_LEFT=None, WIN_RIGHT=None):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup; with
     PAIRED (causal) two such key blocks, the grid's first half of them and
     their mirror images, so that every program has the same work.  With
@@ -322,7 +331,10 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
     head slices (``HEADS`` < ``GROUP_SIZE``, ``ADD_DKDV``: ``DK``/``DV`` are
     zeroed float32 sums) grid row ``pid_h`` is slice ``pid_h % slices`` of kv
     head ``pid_h // slices``, so the programs running at once read the Q and
-    dO of few query heads (a causal grid's programs drift apart in the walk)."""
+    dO of few query heads (a causal grid's programs drift apart in the walk).
+    A sliding window (``WIN_LEFT`` / ``WIN_RIGHT``: ``kernels.common``'s
+    bounds, causal folded in; not paired) walks only the query tiles that
+    see the program's keys."""
     # causal: the first key blocks see the most query tiles, run them first
     pid_n, pid_h, off_b, _ = _grid_coords(N_ROWS, GROUPED)
     if ADD_DKDV:
@@ -333,7 +345,8 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
         off_hk = pid_h
         hq0 = pid_h * GROUP_SIZE
     start_n = pid_n * (2 * BLOCK_N)
-    m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL)
+    gl.static_assert(WIN_LEFT is None or not (IS_CAUSAL or PAIRED), "a window: causal folded into it, not paired")
+    m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL, WIN_LEFT, WIN_RIGHT, 2 * BLOCK_N)
 
     dtype: gl.constexpr = q_desc.dtype
     k_smem, v_smem, q_smem, do_smem = _ring_buffers(q_desc, k_desc, v_desc, do_desc, NUM_STAGES)
@@ -403,7 +416,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                   off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS, N_HEADS, N_Q, N_K, qk_scale,
                                   sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
                                   SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, lse_smem, delta_smem, stat_ready,
-                                  STATS_TMA, ADD_DKDV)),
+                                  STATS_TMA, ADD_DKDV, WIN_LEFT, WIN_RIGHT)),
             (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                                   q_empty,
                                   do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
@@ -411,7 +424,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                   off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS, N_HEADS, N_Q, N_K, qk_scale,
                                   sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
                                   SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, lse_smem, delta_smem, stat_ready,
-                                  STATS_TMA, ADD_DKDV)),
+                                  STATS_TMA, ADD_DKDV, WIN_LEFT, WIN_RIGHT)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS,
                                BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, 0, kv_bar, False, LSE2, DELTA,

@@ -28,11 +28,20 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _query_tiles(start_n, N_Q, N_K, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
+def _query_tiles(start_n, N_Q, N_K, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr, WIN_LEFT=None,
+                 WIN_RIGHT=None, KEYS: gl.constexpr = 0):
     """(m_lo, n_m): the program's query tiles start at row m_lo (a multiple
     of BLOCK_M) and there are n_m of them.  Bottom-right causal: row i sees
     key j iff j <= i + N_K - N_Q, so rows before start_n - (N_K - N_Q) see
-    none of the program's keys."""
+    none of the program's keys.  A sliding window (``WIN_LEFT`` not None,
+    the program's ``KEYS`` keys from start_n): row i sees keys [i + diag -
+    WIN_LEFT, i + diag + WIN_RIGHT], so only rows [start_n - diag -
+    WIN_RIGHT, last key - diag + WIN_LEFT] see any of them."""
+    if WIN_LEFT is not None:
+        diag = N_K - N_Q
+        m_lo = (gl.minimum(gl.maximum(start_n - diag - WIN_RIGHT, 0), N_Q) // BLOCK_M) * BLOCK_M
+        hi = gl.minimum(gl.maximum(gl.minimum(start_n + KEYS, N_K) - 1 - diag + WIN_LEFT + 1, 0), N_Q)
+        return m_lo, gl.maximum(gl.cdiv(hi - m_lo, BLOCK_M), 0)
     if IS_CAUSAL:
         first = gl.maximum(start_n - (N_K - N_Q), 0)
         m_lo = (first // BLOCK_M) * BLOCK_M
@@ -147,10 +156,16 @@ def _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGE
 
 
 @gluon.jit
-def _probs(st, lse2, offs_n, offs_m, diag, qk_scale, MASKED: gl.constexpr):
+def _probs(st, lse2, offs_n, offs_m, diag, qk_scale, MASKED: gl.constexpr, WIN_LEFT=None, WIN_RIGHT=None):
     """Pᵀ from the raw scores Sᵀ (keys x queries): exp2(s c - lse₂), 0 where
-    the causal mask hides the key (row i sees key j iff j <= i + diag)."""
+    the causal mask hides the key (row i sees key j iff j <= i + diag), or
+    with a sliding window (``WIN_LEFT`` not None) where j - i - diag is
+    outside [-WIN_LEFT, WIN_RIGHT]."""
     pt = gl.exp2(st * qk_scale - lse2[None, :])
     if MASKED:
-        pt = gl.where(offs_n[:, None] <= offs_m[None, :] + diag, pt, 0.0)
+        if WIN_LEFT is None:
+            pt = gl.where(offs_n[:, None] <= offs_m[None, :] + diag, pt, 0.0)
+        else:
+            rel = offs_n[:, None] - (offs_m[None, :] + diag)
+            pt = gl.where((rel >= -WIN_LEFT) & (rel <= WIN_RIGHT), pt, 0.0)
     return pt

@@ -334,8 +334,12 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     n_k = k.shape[2]
     deterministic = bool(deterministic)
     sums_ds = sinks is not None and o_lo is None   # the kernels sum dS for the sinks' gradient
-    if (not deterministic and not variants and (config is None or isinstance(config, HopperBwdConfig))
+    window_only = variants.keys() == {"window"} and dispatch.hopper_window_bwd(q, v)
+    if (not deterministic and (not variants or window_only) and (config is None or isinstance(config, HopperBwdConfig))
             and dispatch.hopper_bwd_eligible(q, k, v, do, sums_ds)):
+        if window_only:   # causal folded into the window's bounds
+            window = window_bounds(causal, variants["window"], n_q, n_k)
+            return hopper_calls.bwd(do, q, k, v, o, lse, dlse, False, scale, config, sinks, o_lo, window)
         return hopper_calls.bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks, o_lo)
     plan_key = None
     if not variants and sinks is None and config is None and q.is_cuda:

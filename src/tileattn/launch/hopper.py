@@ -245,10 +245,11 @@ def dq_turns(cfg: HopperBwdConfig, ds_sum) -> bool:
     return cfg.dq_turns and ds_sum is None
 
 
-def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum=None, paired=False, slices=1):
+def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum=None, paired=False, slices=1,
+              window=None):
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
-    return dict(
+    return dict(**({} if window is None else dict(WIN_LEFT=int(window[0]), WIN_RIGHT=int(window[1]))),
         q_desc=_descriptor(q, cfg.block_m), k_desc=_descriptor(k, 2 * cfg.block_n),
         v_desc=_descriptor(v, 2 * cfg.block_n), do_desc=_descriptor(do, cfg.block_m),
         dq_desc=_dq_descriptor(dq_acc, cfg.block_m, d if dq_turns(cfg, ds_sum) else d // 2), DK=dk, DV=dv,
@@ -329,18 +330,23 @@ def _transposed_kernel(head_dim: int, head_dim_v: int):
 
 
 def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale: float,
-                  config: HopperBwdConfig | None = None, ds_sum=None):
+                  config: HopperBwdConfig | None = None, ds_sum=None, window=None):
     """dK, dV (written) and the float32 dQ sum (added into ``dq_acc``) on the
     Hopper backward kernel.  ``lse2``/``delta`` come from the portable
     preprocess kernel; the portable convert kernel turns ``dq_acc`` into dq.
     ``ds_sum``: a zeroed float32 (B, Hq, N_Q) tensor that gets each query
     row's sum of dS over the keys (for the sinks' gradient), or None.  With
     V narrower than Q (the wide kernel) or d > 128 (the split kernel)
-    ``dq_acc`` is :func:`dq_sum_transposed`'s view and ``ds_sum`` must be None."""
+    ``dq_acc`` is :func:`dq_sum_transposed`'s view and ``ds_sum`` must be None.
+    ``window``: a sliding window's kernel bounds (as :func:`attn_fwd`'s; the
+    d <= 128 kernel, ``causal`` False, no pairs or head slices)."""
     b, hq, n_q, d = q.shape
     hkv, n_k, w = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or bwd_config_for(d, w)
     check_slices(cfg, d, w)
+    if window is not None and (causal or transposed_dq(d, w) or (cfg.head_slices or 1) > 1 or cfg.pair_blocks):
+        raise ValueError("window: the Hopper backward runs a window on the d <= 128 kernel, causal folded into it, "
+                         "without head slices or pairs")
     if cfg.stats_tma and any(t.stride(1) % 4 or t.data_ptr() % 16 for t in (lse2, delta)):
         padded = stats_rows(b, hq, n_q, q.device)   # rows the copy engine cannot address: copies that it can
         for dst, src in zip(padded, (delta, lse2)):
@@ -366,7 +372,7 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     sums = torch.zeros((2,) + k.shape, device=k.device, dtype=torch.float32) if slices > 1 else None
     runtime.run(_attn_bwd_hopper_kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
                 dict(_bwd_args(do, q, k, v, dq_acc, dk if sums is None else sums[0], dv if sums is None else sums[1],
-                               lse2, delta, causal, scale, cfg, ds_sum, pair, slices), N_ROWS=hkv * slices,
+                               lse2, delta, causal, scale, cfg, ds_sum, pair, slices, window), N_ROWS=hkv * slices,
                      GROUPED=grouped))
     if sums is not None:
         dk.copy_(sums[0])

@@ -80,10 +80,11 @@ def _stats(q, cfg):
     return output_f32((b, hq, n_q), q.device), output_f32((b, hq, n_q), q.device)
 
 
-def bwd(do, q, k, v, o, lse, dlse, causal: bool, scale: float, config=None, sinks=None, o_lo=None):
+def bwd(do, q, k, v, o, lse, dlse, causal: bool, scale: float, config=None, sinks=None, o_lo=None, window=None):
     """The atomic-dQ backward, Hopper's dK/dV kernel between the portable
     preprocess and convert: (dq, dk, dv), then the sinks' gradient if any
-    (from ``o_lo`` where given, else the dS row sums)."""
+    (from ``o_lo`` where given, else the dS row sums); ``window``: a sliding
+    window's kernel bounds, ``causal`` folded into them."""
     b, hq, n_q, d = q.shape
     cfg = config or hopper.bwd_config_for(d, v.shape[-1])
     chunks = bwd_memory.memory_chunks(q, k, v, causal, cfg)   # checks head_slices before any launch
@@ -91,7 +92,7 @@ def bwd(do, q, k, v, o, lse, dlse, causal: bool, scale: float, config=None, sink
     if (config is None and sinks is None and len(chunks) == 1 and not hopper.transposed_dq(d, v.shape[-1])
             and hopper.head_slices(q, k, causal, cfg) == 1):
         key = runtime.plan_key("hopper_bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), cfg,
-                               grid_order.paired(q, k, causal, cfg))
+                               grid_order.paired(q, k, causal, cfg), window)
         plan = runtime.PLANS.get(key) if key is not None else None
         if plan is not None:
             tensors = _bwd_tensors(do, q, k, v, o, lse, dlse, cfg)
@@ -102,7 +103,7 @@ def bwd(do, q, k, v, o, lse, dlse, causal: bool, scale: float, config=None, sink
     if key is not None:
         runtime.begin_record()
     try:
-        got = _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_lo)
+        got = _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_lo, window)
     except BaseException:
         runtime.abandon_record()
         raise
@@ -121,7 +122,7 @@ def _bwd_tensors(do, q, k, v, o, lse, dlse, cfg) -> dict:
     return tensors
 
 
-def _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_lo) -> tuple:
+def _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_lo, window=None) -> tuple:
     """The launches; returns (dq, dk, dv[, dsinks], tensors by name for a plan)."""
     b, hq, n_q, d = q.shape
     one = len(chunks) == 1
@@ -145,7 +146,8 @@ def _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_
         else:
             dq_acc.zero_()
         hopper.attn_bwd_dkdv(part(do, hs), part(q, hs), part(k, hks), part(v, hks), dq_acc, part(dk, hks),
-                             part(dv, hks), part(lse2, hs), part(delta, hs), causal, scale, cfg, part(ds_sum, hs))
+                             part(dv, hks), part(lse2, hs), part(delta, hs), causal, scale, cfg, part(ds_sum, hs),
+                             window=window)
         bwd_steps.dq_convert(dq_acc, part(dq, hs), scale)
     grads = (dq, dk, dv) if sinks is None else (
         dq, dk, dv, dsinks if dsinks is not None else kernel_sink_grad(sinks, lse, dlse, delta, ds_sum))
