@@ -227,11 +227,23 @@ def hopper_bwd_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: t
     return _hopper_eligible(q, k, v) and tma_addressable(do)
 
 
-def hopper_window_bwd(q: torch.Tensor, v: torch.Tensor) -> bool:
+# ``HOPPER_WINDOW = False`` (or TILEATTN_HOPPER_WINDOW=0) keeps the default
+# dispatch of sliding-window calls on the portable kernels (a forced Hopper
+# config still runs one).
+HOPPER_WINDOW = True
+
+
+def hopper_window(forced: bool = False) -> bool:
+    """Whether a call whose only variant is a sliding window may take the
+    Hopper kernels (``forced``: a Hopper config was given)."""
+    return forced or (HOPPER_WINDOW and env("TILEATTN_HOPPER_WINDOW", "1") != "0")
+
+
+def hopper_window_bwd(q: torch.Tensor, v: torch.Tensor, forced: bool = False) -> bool:
     """Whether a sliding window's backward may run the Hopper dK/dV kernel
     (``kernels/bwd_hopper.py``, QK = V head dim <= 128; the wide and split
     kernels have no window), given :func:`hopper_bwd_eligible`."""
-    return q.shape[-1] == v.shape[-1] <= 128
+    return q.shape[-1] == v.shape[-1] <= 128 and hopper_window(forced)
 
 
 def default_deterministic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plain: bool,

@@ -339,6 +339,22 @@ def test_window_against_float64(case, dtype):
     check_remainder(out, out_lo)
 
 
+def test_window_switch(monkeypatch):
+    """``TILEATTN_HOPPER_WINDOW=0`` / ``dispatch.HOPPER_WINDOW = False`` keep
+    the default dispatch of windowed calls off the Hopper kernels; a forced
+    Hopper config still takes them; the backward's rule also wants QK = V
+    head dim <= 128."""
+    q64, q192, v128 = torch.empty(1, 1, 1, 64), torch.empty(1, 1, 1, 192), torch.empty(1, 1, 1, 128)
+    assert dispatch.hopper_window() and dispatch.hopper_window_bwd(q64, q64)
+    assert not dispatch.hopper_window_bwd(q192, v128) and not dispatch.hopper_window_bwd(v128, q64)
+    monkeypatch.setenv("TILEATTN_HOPPER_WINDOW", "0")
+    assert not dispatch.hopper_window() and not dispatch.hopper_window_bwd(q64, q64)
+    assert dispatch.hopper_window(forced=True) and dispatch.hopper_window_bwd(q64, q64, forced=True)
+    monkeypatch.delenv("TILEATTN_HOPPER_WINDOW")
+    monkeypatch.setattr(dispatch, "HOPPER_WINDOW", False)
+    assert not dispatch.hopper_window() and dispatch.hopper_window(forced=True)
+
+
 def test_window_refuses_a_persistent_config():
     """A forced persistent config with a window: a ValueError naming the
     window, before any launch (CPU tensors: nothing runs)."""

@@ -244,7 +244,8 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     rounding remainder O - out in out's dtype and layout, for
     :func:`attn_bwd`'s sinks gradient (rowsum(dO o O) from the rounded out
     loses digits that gradient sums over every row)."""
-    window_only = variants.keys() == {"window"}   # a sliding window runs on the Hopper forward too
+    # a sliding window alone runs on the Hopper forward too
+    window_only = variants.keys() == {"window"} and dispatch.hopper_window(isinstance(config, HopperFwdConfig))
     if ((not variants or window_only) and (config is None or isinstance(config, HopperFwdConfig))
             and dispatch.hopper_fwd_eligible(q, k, v)
             and (config is not None or dispatch.hopper_fwd_preferred(q.shape[-1], causal, k.shape[2]))):
@@ -334,7 +335,8 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     n_k = k.shape[2]
     deterministic = bool(deterministic)
     sums_ds = sinks is not None and o_lo is None   # the kernels sum dS for the sinks' gradient
-    window_only = variants.keys() == {"window"} and dispatch.hopper_window_bwd(q, v)
+    window_only = (variants.keys() == {"window"}
+                   and dispatch.hopper_window_bwd(q, v, isinstance(config, HopperBwdConfig)))
     if (not deterministic and (not variants or window_only) and (config is None or isinstance(config, HopperBwdConfig))
             and dispatch.hopper_bwd_eligible(q, k, v, do, sums_ds)):
         if window_only:   # causal folded into the window's bounds
