@@ -239,6 +239,18 @@ def hopper_window(forced: bool = False) -> bool:
     return forced or (HOPPER_WINDOW and env("TILEATTN_HOPPER_WINDOW", "1") != "0")
 
 
+def hopper_window_fwd(q: torch.Tensor, v: torch.Tensor, bounds: tuple[int, int], forced: bool = False) -> bool:
+    """Whether a sliding window's forward (its kernel ``bounds``, causal
+    folded in) takes the Hopper kernel, given :func:`hopper_fwd_eligible`:
+    QK = V head dim 64 or 128 and a window at least
+    ``configs.HOPPER_FWD_WINDOW_MIN_SPAN`` keys wide (narrower ones ran
+    faster on the portable kernel), or a forced Hopper config."""
+    if forced:
+        return True
+    span = configs.HOPPER_FWD_WINDOW_MIN_SPAN.get(q.shape[-1]) if q.shape[-1] == v.shape[-1] else None
+    return span is not None and bounds[0] + bounds[1] + 1 >= span and hopper_window()
+
+
 def hopper_window_bwd(q: torch.Tensor, v: torch.Tensor, forced: bool = False) -> bool:
     """Whether a sliding window's backward may run the Hopper dK/dV kernel
     (``kernels/bwd_hopper.py``, QK = V head dim <= 128; the wide and split

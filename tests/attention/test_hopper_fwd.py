@@ -353,6 +353,14 @@ def test_window_switch(monkeypatch):
     monkeypatch.delenv("TILEATTN_HOPPER_WINDOW")
     monkeypatch.setattr(dispatch, "HOPPER_WINDOW", False)
     assert not dispatch.hopper_window() and dispatch.hopper_window(forced=True)
+    monkeypatch.setattr(dispatch, "HOPPER_WINDOW", True)
+    # the forward's width rule: configs.HOPPER_FWD_WINDOW_MIN_SPAN keys (left + right + 1), QK = V head dim
+    q128 = torch.empty(1, 1, 1, 128)
+    least = configs.HOPPER_FWD_WINDOW_MIN_SPAN[128]
+    assert dispatch.hopper_window_fwd(q128, q128, (least - 1, 0))
+    assert not dispatch.hopper_window_fwd(q128, q128, (least - 2, 0))
+    assert dispatch.hopper_window_fwd(q128, q128, (3, 0), forced=True)
+    assert not dispatch.hopper_window_fwd(q192, v128, (100_000, 0))
 
 
 def test_window_refuses_a_persistent_config():
@@ -373,16 +381,18 @@ def test_dispatch_plain_only():
         tileattn.attention(q, k, v, causal=True)
         assert calls, "a plain bf16 d=128 call did not take the Hopper kernel"
         calls.clear()
-        tileattn.attention(q, k, v, causal=True, window=(64, 0))
-        assert calls, "a sliding window (bf16, d = 128, 2k keys) did not take the Hopper kernel"
+        tileattn.attention(q, k, v, causal=True, window=(1500, 0))
+        assert calls, "a 1,501-key sliding window (bf16, d = 128, 2k keys) did not take the Hopper kernel"
         calls.clear()
-        tileattn.attention(q, k, v, window=(64, 0), softcap=30.0)
+        tileattn.attention(q, k, v, causal=True, window=(64, 0))   # narrower than HOPPER_FWD_WINDOW_MIN_SPAN
+        tileattn.attention(q, k, v, window=(1500, 0), softcap=30.0)
         tileattn.attention(q.float(), k.float(), v.float())
         tileattn.attention(q[..., :96].contiguous(), k[..., :96].contiguous(), v[..., :96].contiguous())
         short = [t[:, :, :1024].contiguous() for t in (q, k, v)]
         tileattn.attention(*short, causal=True)
         tileattn.attention(*(torch.cat([t, t], -1) for t in short), causal=True)   # 256 below its bound
-        assert not calls, "softcap, fp32, an unsupported head dim or a short sequence took the Hopper kernel"
+        assert not calls, ("a narrow window, softcap, fp32, an unsupported head dim or a short sequence took the "
+                           "Hopper kernel")
 
 
 @needs_hopper

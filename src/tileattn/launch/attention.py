@@ -244,13 +244,14 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     rounding remainder O - out in out's dtype and layout, for
     :func:`attn_bwd`'s sinks gradient (rowsum(dO o O) from the rounded out
     loses digits that gradient sums over every row)."""
-    # a sliding window alone runs on the Hopper forward too
-    window_only = variants.keys() == {"window"} and dispatch.hopper_window(isinstance(config, HopperFwdConfig))
+    # a sliding window alone runs on the Hopper forward too, where it is wide enough
+    window = window_bounds(causal, variants["window"], q.shape[2], k.shape[2]) if "window" in variants else None
+    window_only = variants.keys() == {"window"} and dispatch.hopper_window_fwd(q, v, window,
+                                                                               isinstance(config, HopperFwdConfig))
     if ((not variants or window_only) and (config is None or isinstance(config, HopperFwdConfig))
             and dispatch.hopper_fwd_eligible(q, k, v)
             and (config is not None or dispatch.hopper_fwd_preferred(q.shape[-1], causal, k.shape[2]))):
         if window_only:
-            window = window_bounds(causal, variants["window"], q.shape[2], k.shape[2])
             return hopper_calls.fwd(q, k, v, False, scale, config, sinks, remainder, window)
         return hopper_calls.fwd(q, k, v, causal, scale, config, sinks, remainder)
     b, hq, n_q, d = q.shape
