@@ -1,6 +1,6 @@
 """Benchmark of the attention variants on one GPU (H200, bf16 by default).
 
-Three sections, each a table of rows written to ``--out`` as
+Four sections, each a table of rows written to ``--out`` as
 ``variants.csv`` and ``variants.json`` (with the GPU, versions and commit):
 
 * ``varlen``: 16 packed sequences of mixed lengths totalling 16k tokens
@@ -11,6 +11,13 @@ Three sections, each a table of rows written to ``--out`` as
   and against N at a fixed window (the time should follow the window, not N).
 * ``block_sparse``: time against the density of random block layouts at fixed
   N, beside the dense kernel and the cost model's block-sparse prediction.
+* ``window_paths``: a causal sliding window (FA2 protocol: 16k tokens, hidden
+  ``--heads`` x ``--head-dim``) on three paths, rounds interleaved (odd ones
+  reversed), medians: the Hopper kernels for every width (the forward's
+  ``configs.HOPPER_FWD_WINDOW_MIN_SPAN`` set to 1 for the run), the portable
+  kernels (``dispatch.HOPPER_FWD`` / ``HOPPER_BWD`` off), and the default
+  dispatch; forward, and forward + the default backward (perf-notes v48).
+  On a machine without Hopper all three are the portable path.
 
     python benchmarks/variants_bench.py --out results/variants
     python benchmarks/variants_bench.py --quick --out /tmp/v     # fewer points
@@ -119,6 +126,43 @@ def bench_window(a, device, dtype, rows):
             _log(rows[-1])
 
 
+def bench_window_paths(a, device, dtype, rows):
+    import tileattn
+    from tileattn import configs, dispatch
+    h, d = a.heads, a.head_dim
+    every_width = {k: 1 for k in configs.HOPPER_FWD_WINDOW_MIN_SPAN}
+
+    def on(path):   # (HOPPER_FWD and HOPPER_BWD, the forward's width rule) of a path
+        return {"hopper": (True, every_width), "portable": (False, configs.HOPPER_FWD_WINDOW_MIN_SPAN),
+                "default": (True, configs.HOPPER_FWD_WINDOW_MIN_SPAN)}[path]
+    saved = dispatch.HOPPER_FWD, dispatch.HOPPER_BWD, configs.HOPPER_FWD_WINDOW_MIN_SPAN
+    try:
+        for n in a.paths_ns:
+            b = max(1, a.paths_tokens // n)
+            q, k, v = (torch.randn(b, h, n, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+            for w in a.paths_windows:
+                for mode in ("fwd", "fwd_bwd"):
+                    ms = {}
+                    for r in range(a.rounds):
+                        order = ("hopper", "portable", "default")
+                        for path in order if r % 2 == 0 else order[::-1]:
+                            hopper, span = on(path)
+                            dispatch.HOPPER_FWD = dispatch.HOPPER_BWD = hopper
+                            configs.HOPPER_FWD_WINDOW_MIN_SPAN = span
+
+                            def fn():
+                                return tileattn.attention(q, k, v, causal=True, window=(w, 0))
+                            ms.setdefault(path, []).append(_time_mode(fn, (q, k, v), mode, device, a.rep_ms))
+                    med = {p: sorted(x)[len(x) // 2] for p, x in ms.items()}
+                    rows.append({"section": "window_paths", "mode": mode, "causal": True, "heads": h,
+                                 "head_dim": d, "batch": b, "seqlen": n, "window": w, "ms": med["default"],
+                                 "hopper_ms": med["hopper"], "portable_ms": med["portable"],
+                                 "portable_over_hopper": med["portable"] / med["hopper"]})
+                    _log(rows[-1])
+    finally:
+        dispatch.HOPPER_FWD, dispatch.HOPPER_BWD, configs.HOPPER_FWD_WINDOW_MIN_SPAN = saved
+
+
 def bench_block_sparse(a, device, dtype, rows):
     import tileattn
     from tileattn.block_mask import BLOCK_K, BLOCK_Q, density as layout_density
@@ -164,7 +208,8 @@ def bench_block_sparse(a, device, dtype, rows):
 
 def _log(row):
     keys = [k for k in ("section", "sweep", "mode", "causal", "seqlen", "window", "density", "ms", "tflops",
-                        "dense_tflops", "tflops_ratio", "time_vs_dense", "model_ms") if row.get(k) is not None]
+                        "dense_tflops", "tflops_ratio", "time_vs_dense", "model_ms", "hopper_ms", "portable_ms",
+                        "portable_over_hopper") if row.get(k) is not None]
     print("  ".join(f"{k}={row[k]:.4g}" if isinstance(row[k], float) else f"{k}={row[k]}" for k in keys),
           flush=True)
 
@@ -189,7 +234,7 @@ def parse(argv=None):
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--sections", nargs="+", default=["varlen", "window", "block_sparse"],
-                    choices=["varlen", "window", "block_sparse"])
+                    choices=["varlen", "window", "block_sparse", "window_paths"])
     ap.add_argument("--varlen-seqs", type=int, default=16)
     ap.add_argument("--varlen-tokens", type=int, default=16384)
     ap.add_argument("--window-n", type=int, default=16384, help="N of the time-vs-window sweep")
@@ -197,6 +242,11 @@ def parse(argv=None):
                     help="left window sizes (-1: plain causal)")
     ap.add_argument("--window-fixed", type=int, default=1024, help="window of the time-vs-N sweep")
     ap.add_argument("--window-ns", type=int, nargs="+", default=[2048, 4096, 8192, 16384, 32768])
+    ap.add_argument("--paths-windows", type=int, nargs="+", default=[128, 1024, 4096],
+                    help="window_paths: left windows (causal)")
+    ap.add_argument("--paths-ns", type=int, nargs="+", default=[4096, 16384], help="window_paths: sequence lengths")
+    ap.add_argument("--paths-tokens", type=int, default=16384, help="window_paths: tokens a batch (batch = this / N)")
+    ap.add_argument("--rounds", type=int, default=3, help="window_paths: interleaved rounds")
     ap.add_argument("--sparse-n", type=int, default=16384)
     ap.add_argument("--densities", type=float, nargs="+", default=[0.9, 0.7, 0.5, 0.3, 0.2, 0.1, 0.05])
     ap.add_argument("--hw", default="nvidia-h200", help="cost-model hardware for the block-sparse prediction")
@@ -213,6 +263,7 @@ def parse(argv=None):
         a.heads, a.head_dim, a.varlen_seqs, a.varlen_tokens = 2, 32, 4, 512
         a.window_n, a.windows, a.window_fixed, a.window_ns = 512, [64, -1], 64, [256, 512]
         a.sparse_n, a.densities, a.rep_ms = 512, [0.5], 10
+        a.paths_windows, a.paths_ns, a.paths_tokens, a.rounds = [64], [256], 512, 2
     return a
 
 
@@ -295,7 +346,8 @@ def main(argv=None) -> int:
     t0 = time.time()
     for section in a.sections:
         print(f"== {section}", flush=True)
-        {"varlen": bench_varlen, "window": bench_window, "block_sparse": bench_block_sparse}[section](
+        {"varlen": bench_varlen, "window": bench_window, "block_sparse": bench_block_sparse,
+         "window_paths": bench_window_paths}[section](
             a, device, dtype, rows)
     meta["wall_s"] = round(time.time() - t0, 1)
     paths = write(rows, meta, Path(a.out))

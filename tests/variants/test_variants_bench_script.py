@@ -23,3 +23,21 @@ def test_smoke_run_then_plots(tmp_path):
     for name in ("window.png", "block_sparse.png"):
         png = tmp_path / "fig" / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_window_paths_section_restores_the_switches(tmp_path, monkeypatch):
+    """The window_paths section (Hopper / portable / default dispatch,
+    interleaved) runs on the CPU (all three the portable path there), writes
+    one row per (N, window, mode) with each path's time, and leaves the
+    dispatch switches and the width rule as it found them."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    monkeypatch.setenv("TILEATTN_AUTOTUNE", "0")   # what main() sets by default, undone after the test
+    import variants_bench
+    from tileattn import configs, dispatch
+    before = dispatch.HOPPER_FWD, dispatch.HOPPER_BWD, configs.HOPPER_FWD_WINDOW_MIN_SPAN
+    assert variants_bench.main(["--device", "cpu", "--smoke", "--sections", "window_paths",
+                                "--out", str(tmp_path)]) == 0
+    assert (dispatch.HOPPER_FWD, dispatch.HOPPER_BWD, configs.HOPPER_FWD_WINDOW_MIN_SPAN) == before
+    rows = json.loads((tmp_path / "variants.json").read_text())["rows"]
+    assert sorted((r["seqlen"], r["window"], r["mode"]) for r in rows) == [(256, 64, "fwd"), (256, 64, "fwd_bwd")]
+    assert all(r["hopper_ms"] > 0 and r["portable_ms"] > 0 and r["ms"] > 0 for r in rows)
