@@ -53,7 +53,7 @@ def _qk_descriptors(q: torch.Tensor, k: torch.Tensor, dv: int, cfg: HopperFwdCon
 
 
 def defers_o(cfg: HopperFwdConfig) -> bool:
-    """Whether a persistent forward leaves O's copy to the next item (``cfg.defer_o``)."""
+    """Whether a persistent forward leaves O's (and the remainder's) copy to the next item (``cfg.defer_o``)."""
     return cfg.persistent and cfg.defer_o
 
 
