@@ -110,8 +110,9 @@ COMPILED = ([(dims, c, True, c.name) for dims, c in FORCED]
             + [(dims, c, False, c.name) for dims, c in PERSISTENT]
             + [(dims, c, True, c.name + "-sinks-remainder") for dims, c in PERSISTENT]
             # a sliding window (causal folded into it), also with sinks and the remainder (gpt-oss's sliding layers)
-            + [(dims, configs.HOPPER_FWD[dims], False, configs.HOPPER_FWD[dims].name + extra)
-               for dims in ((64, 64), (128, 128)) for extra in ("-window", "-window-sinks-remainder")])
+            + [(dims, c, False, c.name + extra) for dims in ((64, 64), (128, 128))
+               for c in (configs.HOPPER_FWD[dims], dataclasses.replace(configs.HOPPER_FWD[dims], persistent=True))
+               for extra in ("-window", "-window-sinks-remainder")])
 
 
 @pytest.mark.parametrize("dims,cfg,causal,name", COMPILED,
@@ -314,16 +315,18 @@ WINDOW_CASES = {
 
 @needs_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("walk", ["per-tile", "persistent"])
 @pytest.mark.parametrize("case", list(WINDOW_CASES))
-def test_window_against_float64(case, dtype):
+def test_window_against_float64(case, walk, dtype):
     """A sliding window through the default dispatch (forced onto the Hopper
-    kernel at every size, poisoned outputs): out and lse against float64
-    standard attention with the same window, under the accuracy rule; and
-    with sinks and the output's remainder (gpt-oss's sliding layers)."""
+    kernel at every size, one program a tile or persistent, poisoned
+    outputs): out and lse against float64 standard attention with the same
+    window, under the accuracy rule; and with sinks and the output's
+    remainder (gpt-oss's sliding layers)."""
     b, hq, hkv, n_q, n_k, d, causal, window = WINDOW_CASES[case]
     q, k, v = _inputs(b, hq, hkv, n_q, n_k, d, dtype, seed=case_number(case) % 1000)
     runtime.POISON_OUTPUTS = True
-    cfg = launch_hopper.config_for(d, d)
+    cfg = dataclasses.replace(launch_hopper.config_for(d, d), persistent=walk == "persistent")
     with counting_calls(launch_hopper, "attn_fwd") as calls:
         out, lse = launch.attn_fwd(q, k, v, causal, d ** -0.5, config=cfg, window=window)
     assert calls and calls[0][1]["window"] is not None, "the window did not run on the Hopper kernel"
@@ -363,13 +366,14 @@ def test_window_switch(monkeypatch):
     assert not dispatch.hopper_window_fwd(q192, v128, (100_000, 0))
 
 
-def test_window_refuses_a_persistent_config():
-    """A forced persistent config with a window: a ValueError naming the
-    window, before any launch (CPU tensors: nothing runs)."""
+def test_window_refuses_stream_k_and_causal():
+    """A forced stream-K config with a window, or causal not folded into
+    it: a ValueError naming the window, before any launch (CPU tensors:
+    nothing runs)."""
     q, k, v = (torch.empty(1, 2, 256, 64, dtype=torch.bfloat16) for _ in range(3))
-    with pytest.raises(ValueError, match="window: the Hopper forward runs a window one program a tile"):
-        launch_hopper.attn_fwd(q, k, v, False, 0.125, HopperFwdConfig(pingpong=False, persistent=True),
-                               window=(16, 0))
+    with pytest.raises(ValueError, match="window: the Hopper forward runs a window without the stream-K cut"):
+        launch_hopper.attn_fwd(q, k, v, False, 0.125,
+                               HopperFwdConfig(pingpong=False, persistent=True, stream_k=True), window=(16, 0))
     with pytest.raises(ValueError, match="window: .* causal folded into it"):
         launch_hopper.attn_fwd(q, k, v, True, 0.125, HopperFwdConfig(pingpong=False), window=(16, 0))
 

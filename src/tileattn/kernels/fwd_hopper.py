@@ -36,9 +36,10 @@ loader needs it only for the item after next).  With ``STREAM_K``
 waves are cut into one even range of key tiles a program; a piece short of
 its unit stores a partial softmax that ``stream_k.py`` merges after the
 kernel (``fwd_hopper_load._work``, ``launch/stream_k.py``).  A sliding
-window (``WIN_LEFT`` / ``WIN_RIGHT``, one program a tile, causal folded
-into the right bound) copies and runs only the key tiles its rows can see,
-the mask on the tiles at either edge (``fwd_hopper_load._window_tiles``).
+window (``WIN_LEFT`` / ``WIN_RIGHT``, causal folded into the right bound;
+one program a tile, or persistent without the stream-K cut) copies and runs
+only the key tiles a query tile's rows can see, the mask on the tiles at
+either edge (``fwd_hopper_load._window_tiles``).
 ``TRACE`` (an int64 buffer,
 ``benchmarks/walk_trace.py``) gets a persistent program's SM, start and
 work ends from the global timer.
@@ -139,7 +140,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                   qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr,
                   j0=0, slot=-1, WS_O=None, WS_ML=None, STREAM_K: gl.constexpr = False, WIN_LEFT=None,
-                  WIN_RIGHT=None):
+                  WIN_RIGHT=None, WIN_ROWS: gl.constexpr = False):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
     is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
     the ring's ``kc``-th and whose first turn is the ``tc``-th.  Both
@@ -156,8 +157,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     key tiles are j0, ..., j0 + n_tiles - 1, and where ``slot`` >= 0 (a
     piece short of all of them) the rows' partial softmax goes to that
     workspace slot instead of the epilogue (:func:`_store_partial`).  A
-    sliding window (``WIN_LEFT`` not None, one program a tile): the key tiles
-    are j0, ... as well, masked outside this warpgroup's [full_lo, n_full)."""
+    sliding window (``WIN_LEFT`` not None): the key tiles are j0, ... as
+    well, masked outside this warpgroup's [full_lo, n_full)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -165,9 +166,14 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     row0 = start_m + WG * BLOCK_M
+    tile_row0 = None   # WIN_ROWS: each tile's mask decided from row0, no bound live through the loop
     if WIN_LEFT is None:
         n_full, _ = _key_tiles(row0, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
         full_lo = None
+    elif WIN_ROWS:
+        full_lo = None
+        n_full = None
+        tile_row0 = row0
     else:
         _, full_lo, n_full, _ = _window_tiles(row0, N_Q, N_K, WIN_LEFT, WIN_RIGHT, BLOCK_M, BLOCK_N)
     offs_m = row0 + gl.arange(0, BLOCK_M, layout=row_layout)
@@ -199,7 +205,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             mbarrier.arrive(k_empty.index(kc % NUM_STAGES), count=1)
             _release_q(q_empty, prev_qi, DEFER_O)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                               BLOCK_N, IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT, WIN_RIGHT)
+                                               BLOCK_N, IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT, WIN_RIGHT, tile_row0)
             for j in range(1, n_tiles):
                 _my_turn(turns, tc + j, WG, PINGPONG)
                 qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc + j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
@@ -210,7 +216,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                 mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
                 p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0 + j, n_full, offs_m, N_Q, N_K, qk_scale,
                                                    s_layout, BLOCK_N, IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT,
-                                                   WIN_RIGHT)
+                                                   WIN_RIGHT, tile_row0)
                 acc = _wait_pv(acc)
                 mbarrier.arrive(v_empty.index((kc + j - 1) % NUM_STAGES), count=1)
                 acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
@@ -230,7 +236,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             if j == 0:
                 _release_q(q_empty, prev_qi, DEFER_O)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0 + j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                               BLOCK_N, IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT, WIN_RIGHT)
+                                               BLOCK_N, IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT, WIN_RIGHT, tile_row0)
             acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, tc + 2 * j + 1, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, kc + j, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
@@ -260,22 +266,30 @@ def _softmax_unit(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                   ROW_TREE: gl.constexpr, HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                   q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O: gl.constexpr,
-                  unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K: gl.constexpr):
+                  unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K: gl.constexpr, WIN_LEFT=None,
+                  WIN_RIGHT=None):
     """A persistent program's work (``fwd_hopper_load._work``: key tiles
-    [j0, j0 + n_sk) of ``unit``, all where n_sk < 0) for warpgroup ``WG``;
-    returns the ring's, the turns' and the items' counts after it and the
-    Q buffer whose O copy is pending (``DEFER_O``)."""
+    [j0, j0 + n_sk) of ``unit``, all where n_sk < 0; a sliding window's
+    from ``_unit_tile``) for warpgroup ``WG``; returns the ring's, the
+    turns' and the items' counts after it and the Q buffer whose O copy is
+    pending (``DEFER_O``)."""
     bh, k, n_half = _unit_size(unit, N_M_TILES, IS_CAUSAL)
     for half in range(n_half):
-        t_b, t_h, t_m, t_n = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        t_b, t_h, t_m, t_n, t_j0 = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M, BLOCK_N,
+                                              IS_CAUSAL, WIN_LEFT, WIN_RIGHT)
         t_n = gl.where(n_sk >= 0, n_sk, t_n)
+        if WIN_LEFT is None:
+            t_first = j0
+        else:
+            t_first = t_j0
         t_row0 = t_b.to(gl.int64) * stride_lb + t_h.to(gl.int64) * stride_lh
         qi = 2 * (it % 2) + WG
         _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                       v_empty, turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                       PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, qi, (it // 2) & 1,
-                      kc, tc, q_empty, prev_qi, DEFER_O, j0, slot, WS_O, WS_ML, STREAM_K)
+                      kc, tc, q_empty, prev_qi, DEFER_O, t_first, slot, WS_O, WS_ML, STREAM_K, WIN_LEFT, WIN_RIGHT,
+                      True)
         if DEFER_O:
             prev_qi = qi
         else:
@@ -334,7 +348,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                     turns, o_desc, LSE, SINKS, N_Q, N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
                     TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc,
                     WRITE_REMAINDER, lo_smem, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O,
-                    unit, 0, -1, -1, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K)
+                    unit, 0, -1, -1, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K, WIN_LEFT, WIN_RIGHT)
                 _mark(TRACE, 2 + (unit - gl.program_id(0)) // gl.num_programs(0), WG)
         if DEFER_O:   # the last item's O copy
             tma.store_wait(0)
@@ -374,13 +388,13 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     the programs; pieces short of a whole unit leave partial softmaxes in
     ``WS_O`` / ``WS_ML`` for ``kernels/stream_k.py``'s combine.  A sliding
     window (``WIN_LEFT``, ``WIN_RIGHT``: ``kernels.common``'s bounds, causal
-    folded into the right one; one program a tile) loads and runs only the
-    key tiles its rows can see (:func:`_window_tiles`)."""
+    folded into the right one; no stream-K cut) loads and runs only the key
+    tiles a query tile's rows can see (:func:`_window_tiles`)."""
     gl.static_assert(not STREAM_K or (PERSISTENT and not IS_CAUSAL), "STREAM_K: a non-causal persistent walk's")
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
     gl.static_assert(not DEFER_O or PERSISTENT, "DEFER_O: a persistent program's")
-    gl.static_assert(WIN_LEFT is None or not (PERSISTENT or IS_CAUSAL), "a window: one program a tile, causal folded")
+    gl.static_assert(WIN_LEFT is None or not (STREAM_K or IS_CAUSAL), "a window: no stream-K cut, causal folded")
     # heaviest causal tiles (last rows) first: better tail balance
     block, off_h, off_b, n_blocks = _grid_coords(N_HEADS, GROUPED)
     pid_m = n_blocks - 1 - block
@@ -453,7 +467,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                            BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES,
-                           N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT, SK_TILES, STREAM_K, j0)),
+                           N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT, SK_TILES, STREAM_K, j0, WIN_LEFT, WIN_RIGHT)),
     ], [4, 1], [240, 24])
 
     for i in gl.static_range(2):

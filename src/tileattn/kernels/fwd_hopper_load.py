@@ -155,13 +155,19 @@ def _work(w, TOTAL, SK_TILES, N_K, BLOCK_N: gl.constexpr, STREAM_K: gl.constexpr
 
 @gluon.jit
 def _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               IS_CAUSAL: gl.constexpr):
-    """(off_b, off_h, start_m, key tiles) of tile ``half`` of a unit
-    (``_unit_size``): the one step of the walk the loader and the softmax
-    warpgroups share."""
+               IS_CAUSAL: gl.constexpr, WIN_LEFT=None, WIN_RIGHT=None):
+    """(off_b, off_h, start_m, key tiles, first key tile) of tile ``half``
+    of a unit (``_unit_size``): the one step of the walk the loader and the
+    softmax warpgroups share.  The first key tile is 0 but under a sliding
+    window (``WIN_LEFT`` not None: :func:`_window_tiles`)."""
     start_m = gl.where(half == 0, N_M_TILES - 1 - k, k) * (2 * BLOCK_M)
-    _, n_tiles = _key_tiles(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
-    return bh // N_HEADS, bh % N_HEADS, start_m, n_tiles
+    if WIN_LEFT is None:
+        _, n_tiles = _key_tiles(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
+        j0 = 0
+    else:
+        j0, _, _, hi = _window_tiles(start_m, N_Q, N_K, WIN_LEFT, WIN_RIGHT, 2 * BLOCK_M, BLOCK_N)
+        n_tiles = hi - j0
+    return bh // N_HEADS, bh % N_HEADS, start_m, n_tiles, j0
 
 
 @gluon.jit
@@ -193,21 +199,27 @@ def _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem,
 def _load_unit(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready,
                v_ready, k_empty, v_empty, q_empty, unit, j0, n_sk, kc, it, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr, GROUP_SIZE, N_Q, N_K,
-               N_M_TILES, N_HEADS, IS_CAUSAL: gl.constexpr):
+               N_M_TILES, N_HEADS, IS_CAUSAL: gl.constexpr, WIN_LEFT=None, WIN_RIGHT=None):
     """A persistent program's copies for one work (:func:`_work`: key tiles
-    [j0, j0 + n_sk) of the unit, all of them where n_sk < 0), each query
-    tile's Q into the pair of buffers ``it % 2`` once both warpgroups
-    released it; returns the ring's and the items' counts after it."""
+    [j0, j0 + n_sk) of the unit, all of them where n_sk < 0; a sliding
+    window's from :func:`_unit_tile`), each query tile's Q into the pair of
+    buffers ``it % 2`` once both warpgroups released it; returns the ring's
+    and the items' counts after it."""
     bh, k, n_half = _unit_size(unit, N_M_TILES, IS_CAUSAL)
     for half in range(n_half):
-        t_b, t_h, t_m, t_n = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        t_b, t_h, t_m, t_n, t_j0 = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M, BLOCK_N,
+                                              IS_CAUSAL, WIN_LEFT, WIN_RIGHT)
         t_n = gl.where(n_sk >= 0, n_sk, t_n)
+        if WIN_LEFT is None:
+            t_first = j0
+        else:
+            t_first = t_j0
         qb = it % 2
         for wg in gl.static_range(2):   # a pair of buffers starts empty: the first wait passes
             mbarrier.wait(q_empty.index(2 * qb + wg), ((it // 2) & 1) ^ 1)
         _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                    q_bars, k_ready, v_ready, k_empty, v_empty, t_b, t_h, t_h // GROUP_SIZE, t_m, t_n, qb, kc,
-                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, j0)
+                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, t_first)
         kc += t_n
         it += 1
     return kc, it
@@ -218,7 +230,8 @@ def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_
                     k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
                     q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES, N_HEADS, TOTAL, IS_CAUSAL: gl.constexpr,
-                    PERSISTENT: gl.constexpr, SK_TILES=0, STREAM_K: gl.constexpr = False, j0=0):
+                    PERSISTENT: gl.constexpr, SK_TILES=0, STREAM_K: gl.constexpr = False, j0=0, WIN_LEFT=None,
+                    WIN_RIGHT=None):
     """The load warp: the program's query tile (its key tiles from ``j0``),
     or with ``PERSISTENT`` each of its works in turn (:func:`_work`), the
     next one's Q into the other pair of Q buffers once both warpgroups
@@ -240,7 +253,7 @@ def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_
                 kc, it = _load_unit(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem,
                                     kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty, q_empty, unit, 0, -1, kc, it,
                                     BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, GROUP_SIZE, N_Q, N_K, N_M_TILES,
-                                    N_HEADS, IS_CAUSAL)
+                                    N_HEADS, IS_CAUSAL, WIN_LEFT, WIN_RIGHT)
     else:
         _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
                    k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, 0, 0,

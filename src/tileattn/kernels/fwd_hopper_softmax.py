@@ -61,7 +61,7 @@ def _row_total(l_i, s_layout: gl.constexpr, ROW_TREE: gl.constexpr):
 @gluon.jit
 def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, ROW_TREE: gl.constexpr, WIN_LEFT=None,
-                  WIN_RIGHT=None):
+                  WIN_RIGHT=None, WIN_ROWS: gl.constexpr = False):
     """The running softmax of key tile ``j``: (p, alpha, m_new, l_new).
 
     The max runs over the raw scores and is scaled once per row, so each
@@ -75,8 +75,13 @@ def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.cons
         if IS_CAUSAL:
             visible = visible & (offs_n[None, :] <= offs_m[:, None] + (N_K - N_Q))
         if WIN_LEFT is not None:   # a sliding window (causal folded into its right side)
-            rel = offs_n[None, :] - (offs_m[:, None] + (N_K - N_Q))
-            visible = visible & (rel >= -WIN_LEFT) & (rel <= WIN_RIGHT)
+            if WIN_ROWS:   # each row's first and last key: no (row, key) offset tile held in registers
+                lo = offs_m + (N_K - N_Q - WIN_LEFT)
+                hi = offs_m + (N_K - N_Q + WIN_RIGHT)
+                visible = visible & (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] <= hi[:, None])
+            else:
+                rel = offs_n[None, :] - (offs_m[:, None] + (N_K - N_Q))
+                visible = visible & (rel >= -WIN_LEFT) & (rel <= WIN_RIGHT)
         qk = gl.where(visible, qk, float("-inf"))
     SPLIT: gl.constexpr = 4 if ROW_TREE else 1
     m_new = gl.maximum(m_i, _row_max(qk, s_layout, SPLIT) * qk_scale)
@@ -97,20 +102,27 @@ def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.cons
 @gluon.jit
 def _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr,
                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_TREE: gl.constexpr, full_lo=None,
-                  WIN_LEFT=None, WIN_RIGHT=None):
+                  WIN_LEFT=None, WIN_RIGHT=None, row0=None):
     """:func:`_softmax_step` with the mask where tile ``j`` needs one: from
     ``n_full`` on, and with a sliding window (``WIN_LEFT`` not None) also
-    before ``full_lo``."""
+    before ``full_lo``; or, given ``row0`` (the persistent walk, where no
+    bound is kept live through the loop), wherever a key of the tile lies
+    outside the window of one of the rows [row0, row0 + BLOCK_M) or past N_K."""
     if WIN_LEFT is None:
         unmasked = j < n_full
-    else:
+    elif row0 is None:
         unmasked = (j >= full_lo) & (j < n_full)
+    else:
+        first = j * BLOCK_N
+        diag = N_K - N_Q
+        unmasked = ((first >= row0 + (offs_m.shape[0] - 1) + diag - WIN_LEFT)
+                    & (first + BLOCK_N - 1 <= row0 + diag + WIN_RIGHT) & (first + BLOCK_N <= N_K))
     if unmasked:
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
                                            IS_CAUSAL, False, ROW_TREE)
     else:
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
-                                           IS_CAUSAL, True, ROW_TREE, WIN_LEFT, WIN_RIGHT)
+                                           IS_CAUSAL, True, ROW_TREE, WIN_LEFT, WIN_RIGHT, row0 is not None)
     return p, alpha, m_i, l_i
 
 

@@ -108,12 +108,12 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     reads of a persistent config (``kernels/fwd_hopper._mark``).  ``window``:
     a sliding window's (left, right) key bounds as ``launch.attention``
     gives the portable kernels (causal folded into right, unbounded sides
-    past the keys; ``causal`` then False), one program a query tile."""
+    past the keys; ``causal`` then False), no stream-K cut."""
     b, hq, n_q, d = q.shape
     hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or config_for(d, dv, causal, None if window else n_k)
-    if window is not None and (cfg.persistent or causal):
-        raise ValueError("window: the Hopper forward runs a window one program a tile, causal folded into it")
+    if window is not None and (cfg.stream_k or causal):
+        raise ValueError("window: the Hopper forward runs a window without the stream-K cut, causal folded into it")
     if cfg.persistent and (d != dv or d > 128):
         raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
     from ..kernels.fwd_hopper import TRACE_SLOTS, _attn_fwd_hopper_kernel
