@@ -17,7 +17,9 @@ Four sections, each a table of rows written to ``--out`` as
   ``configs.HOPPER_FWD_WINDOW_MIN_SPAN`` set to 1 for the run), the portable
   kernels (``dispatch.HOPPER_FWD`` / ``HOPPER_BWD`` off), and the default
   dispatch; forward, and forward + the default backward (perf-notes v48).
-  On a machine without Hopper all three are the portable path.
+  On a machine without Hopper all three are the portable path.  Where the
+  Hopper forward runs, the forward rows also time the persistent Hopper
+  forward (``HopperFwdConfig(persistent=True)`` forced, ``hopper_persistent_ms``).
 
     python benchmarks/variants_bench.py --out results/variants
     python benchmarks/variants_bench.py --quick --out /tmp/v     # fewer points
@@ -127,10 +129,14 @@ def bench_window(a, device, dtype, rows):
 
 
 def bench_window_paths(a, device, dtype, rows):
+    import dataclasses
     import tileattn
-    from tileattn import configs, dispatch
+    from tileattn import configs, dispatch, launch
     h, d = a.heads, a.head_dim
     every_width = {k: 1 for k in configs.HOPPER_FWD_WINDOW_MIN_SPAN}
+    persistent = None
+    if (d, d) in configs.HOPPER_FWD and d <= 128:
+        persistent = dataclasses.replace(configs.HOPPER_FWD[(d, d)], persistent=True)
 
     def on(path):   # (HOPPER_FWD and HOPPER_BWD, the forward's width rule) of a path
         return {"hopper": (True, every_width), "portable": (False, configs.HOPPER_FWD_WINDOW_MIN_SPAN),
@@ -140,24 +146,33 @@ def bench_window_paths(a, device, dtype, rows):
         for n in a.paths_ns:
             b = max(1, a.paths_tokens // n)
             q, k, v = (torch.randn(b, h, n, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+            pers = persistent is not None and dispatch.hopper_fwd_eligible(q, k, v)
             for w in a.paths_windows:
                 for mode in ("fwd", "fwd_bwd"):
                     ms = {}
                     for r in range(a.rounds):
-                        order = ("hopper", "portable", "default")
+                        order = ("hopper", "portable", "default") + (("persistent",) if pers and mode == "fwd" else ())
                         for path in order if r % 2 == 0 else order[::-1]:
-                            hopper, span = on(path)
-                            dispatch.HOPPER_FWD = dispatch.HOPPER_BWD = hopper
-                            configs.HOPPER_FWD_WINDOW_MIN_SPAN = span
+                            if path == "persistent":   # the forward alone, its config forced
+                                dispatch.HOPPER_FWD = dispatch.HOPPER_BWD = True
 
-                            def fn():
-                                return tileattn.attention(q, k, v, causal=True, window=(w, 0))
+                                def fn():
+                                    return launch.attn_fwd(q, k, v, True, d ** -0.5, config=persistent,
+                                                           window=(w, 0))[0]
+                            else:
+                                hopper, span = on(path)
+                                dispatch.HOPPER_FWD = dispatch.HOPPER_BWD = hopper
+                                configs.HOPPER_FWD_WINDOW_MIN_SPAN = span
+
+                                def fn():
+                                    return tileattn.attention(q, k, v, causal=True, window=(w, 0))
                             ms.setdefault(path, []).append(_time_mode(fn, (q, k, v), mode, device, a.rep_ms))
                     med = {p: sorted(x)[len(x) // 2] for p, x in ms.items()}
                     rows.append({"section": "window_paths", "mode": mode, "causal": True, "heads": h,
                                  "head_dim": d, "batch": b, "seqlen": n, "window": w, "ms": med["default"],
                                  "hopper_ms": med["hopper"], "portable_ms": med["portable"],
-                                 "portable_over_hopper": med["portable"] / med["hopper"]})
+                                 "portable_over_hopper": med["portable"] / med["hopper"],
+                                 "hopper_persistent_ms": med.get("persistent")})
                     _log(rows[-1])
     finally:
         dispatch.HOPPER_FWD, dispatch.HOPPER_BWD, configs.HOPPER_FWD_WINDOW_MIN_SPAN = saved
@@ -209,7 +224,7 @@ def bench_block_sparse(a, device, dtype, rows):
 def _log(row):
     keys = [k for k in ("section", "sweep", "mode", "causal", "seqlen", "window", "density", "ms", "tflops",
                         "dense_tflops", "tflops_ratio", "time_vs_dense", "model_ms", "hopper_ms", "portable_ms",
-                        "portable_over_hopper") if row.get(k) is not None]
+                        "portable_over_hopper", "hopper_persistent_ms") if row.get(k) is not None]
     print("  ".join(f"{k}={row[k]:.4g}" if isinstance(row[k], float) else f"{k}={row[k]}" for k in keys),
           flush=True)
 
