@@ -28,7 +28,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-
 def variant(head_dim: int, name: str):
     """The table's config made persistent; in the name ``-sk``: with the
     stream-K tail, ``-s<n>``: n ring stages."""

@@ -79,8 +79,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma_wait
 
-from .fwd_hopper_load import (_grid_coords, _key_tiles, _load_partition, _n_work, _unit_size, _unit_tile, _window_tiles,
-                               _work)
+from .fwd_hopper_load import (_grid_coords, _key_tiles, _load_partition, _n_work, _tile_range, _unit_size, _unit_tile,
+                               _window_tiles, _work)
 from .fwd_hopper_mma import _issue_pv, _issue_qk, _wait_pv
 from .fwd_hopper_softmax import _epilogue, _lane_sums, _row_total, _softmax_tile, _store_partial
 
@@ -400,12 +400,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     pid_m = n_blocks - 1 - block
     off_hk = off_h // GROUP_SIZE
     start_m = pid_m * (2 * BLOCK_M)
-    if WIN_LEFT is None:
-        _, n_tiles = _key_tiles(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
-        j0 = 0
-    else:
-        j0, _, _, hi = _window_tiles(start_m, N_Q, N_K, WIN_LEFT, WIN_RIGHT, 2 * BLOCK_M, BLOCK_N)
-        n_tiles = hi - j0
+    j0, n_tiles = _tile_range(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL, WIN_LEFT, WIN_RIGHT)
     lse_row0 = off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
 
     dtype: gl.constexpr = q_desc.dtype

@@ -80,6 +80,21 @@ def _window_tiles(start_m, N_Q, N_K, WIN_LEFT, WIN_RIGHT, BLOCK_M: gl.constexpr,
 
 
 @gluon.jit
+def _tile_range(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                WIN_LEFT=None, WIN_RIGHT=None):
+    """(first key tile, key tiles) a query tile of BLOCK_M rows from
+    ``start_m`` runs: from 0 (:func:`_key_tiles`), or under a sliding window
+    (``WIN_LEFT`` not None) the window's [lo, hi) (:func:`_window_tiles`)."""
+    if WIN_LEFT is None:
+        _, n_tiles = _key_tiles(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        j0 = 0
+    else:
+        j0, _, _, hi = _window_tiles(start_m, N_Q, N_K, WIN_LEFT, WIN_RIGHT, BLOCK_M, BLOCK_N)
+        n_tiles = hi - j0
+    return j0, n_tiles
+
+
+@gluon.jit
 def _load_rows(desc, tail_desc, coords, bar, smem, tail_smem, TAIL_DIM: gl.constexpr):
     """One tile of Q or K: its first HEAD_DIM - TAIL_DIM columns through
     ``desc`` and, with a tail, the last TAIL_DIM through ``tail_desc`` (a
@@ -161,12 +176,7 @@ def _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M: gl.constexpr,
     softmax warpgroups share.  The first key tile is 0 but under a sliding
     window (``WIN_LEFT`` not None: :func:`_window_tiles`)."""
     start_m = gl.where(half == 0, N_M_TILES - 1 - k, k) * (2 * BLOCK_M)
-    if WIN_LEFT is None:
-        _, n_tiles = _key_tiles(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL)
-        j0 = 0
-    else:
-        j0, _, _, hi = _window_tiles(start_m, N_Q, N_K, WIN_LEFT, WIN_RIGHT, 2 * BLOCK_M, BLOCK_N)
-        n_tiles = hi - j0
+    j0, n_tiles = _tile_range(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL, WIN_LEFT, WIN_RIGHT)
     return bh // N_HEADS, bh % N_HEADS, start_m, n_tiles, j0
 
 
