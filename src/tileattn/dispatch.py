@@ -258,6 +258,28 @@ def hopper_window_bwd(q: torch.Tensor, v: torch.Tensor, forced: bool = False) ->
     return q.shape[-1] == v.shape[-1] <= 128 and hopper_window(forced)
 
 
+# ``HOPPER_VARLEN = False`` (or TILEATTN_HOPPER_VARLEN=0) keeps the default
+# dispatch of packed sequences on the portable kernels (a forced Hopper
+# config still runs them).
+HOPPER_VARLEN = True
+
+
+def hopper_varlen_fwd(q: torch.Tensor, v: torch.Tensor, causal: bool, max_seqlen_k: int,
+                      forced: bool = False) -> bool:
+    """Whether packed sequences' forward (no variant but a sliding window,
+    which :func:`hopper_window_fwd` decides apart) takes the Hopper kernel,
+    given :func:`hopper_fwd_eligible` of the (1, H, total, D) views: QK = V
+    head dim 64 or 128 (no sinks in the kernel: ``attention_varlen`` applies
+    them after it) and a longest sequence of at least
+    :func:`hopper_fwd_preferred`'s keys, or a forced Hopper config."""
+    if q.shape[-1] != v.shape[-1] or q.shape[-1] not in (64, 128):
+        return False
+    if forced:
+        return True
+    return (HOPPER_VARLEN and env("TILEATTN_HOPPER_VARLEN", "1") != "0"
+            and hopper_fwd_preferred(q.shape[-1], causal, max_seqlen_k))
+
+
 def default_deterministic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plain: bool,
                           sinks: bool = False) -> bool:
     """``deterministic=None`` resolved: the atomic Hopper backward where it

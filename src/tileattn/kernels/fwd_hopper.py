@@ -39,19 +39,17 @@ kernel (``fwd_hopper_load._work``, ``launch/stream_k.py``).  A sliding
 window (``WIN_LEFT`` / ``WIN_RIGHT``, causal folded into the right bound;
 one program a tile, or persistent without the stream-K cut) copies and runs
 only the key tiles a query tile's rows can see, the mask on the tiles at
-either edge (``fwd_hopper_load._window_tiles``).
-``TRACE`` (an int64 buffer,
-``benchmarks/walk_trace.py``) gets a persistent program's SM, start and
-work ends from the global timer.
+either edge (``fwd_hopper_load._window_tiles``).  Packed sequences
+(``IS_VARLEN``, one program a tile): the grid's batch axis runs over them.
+``TRACE`` (an int64 buffer, ``benchmarks/walk_trace.py``) gets a persistent
+program's SM, start and work ends from the global timer.
 
 With ``ROW_TREE`` (``HopperFwdConfig.row_tree``, on in the d = 64 and 128
-tables) each row's max over a key tile is reduced as a tree: a thread's
-share of the row as four blocks of whole column groups, combined
-element-wise, then the block's columns (a chain of 3 + 7 dependent
-instructions at 128 keys where the plain reduction's is 31; the max sits
-between the S product's wait and the first exp2 of every tile); and its
-running sum stays one partial sum a thread of the row's four, added across
-them once after the key tiles instead of with two shuffles every tile.
+tables) each row's max over a key tile is a tree (``_row_max``: a chain of
+3 + 7 dependent instructions at 128 keys where the plain reduction's is 31,
+between the S product's wait and the tile's first exp2), and its running
+sum one partial sum a thread of the row's four, added across them once
+after the key tiles instead of with two shuffles every tile.
 
 The math is the portable kernel's (``fwd.py``): log2-unit scores
 (``qk_scale = scale * log2 e``), the same masked/unmasked split of the key
@@ -79,8 +77,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma_wait
 
-from .fwd_hopper_load import (_grid_coords, _key_tiles, _load_partition, _n_work, _tile_range, _unit_size, _unit_tile,
-                               _window_tiles, _work)
+from .fwd_hopper_load import (_grid_coords, _key_tiles, _load_partition, _n_work, _sequence, _tile_range, _unit_size,
+                               _unit_tile, _window_tiles, _work)
 from .fwd_hopper_mma import _issue_pv, _issue_qk, _wait_pv
 from .fwd_hopper_softmax import _epilogue, _lane_sums, _row_total, _softmax_tile, _store_partial
 
@@ -140,7 +138,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                   qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr,
                   j0=0, slot=-1, WS_O=None, WS_ML=None, STREAM_K: gl.constexpr = False, WIN_LEFT=None,
-                  WIN_RIGHT=None, WIN_ROWS: gl.constexpr = False):
+                  WIN_RIGHT=None, WIN_ROWS: gl.constexpr = False, q_base=0, O=None, stride_on=0, stride_oh=0):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
     is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
     the ring's ``kc``-th and whose first turn is the ``tc``-th.  Both
@@ -158,7 +156,9 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     piece short of all of them) the rows' partial softmax goes to that
     workspace slot instead of the epilogue (:func:`_store_partial`).  A
     sliding window (``WIN_LEFT`` not None): the key tiles are j0, ... as
-    well, masked outside this warpgroup's [full_lo, n_full)."""
+    well, masked outside this warpgroup's [full_lo, n_full).  A packed
+    sequence's rows start at ``q_base``; ``O`` (its pointer, not None) stores
+    rows that end inside the tile (:func:`_epilogue`)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -256,7 +256,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                       off_h, N_Q, o_row_layout, WG, BLOCK_M, HEAD_DIM_V, HAS_SINKS, WRITE_REMAINDER, DEFER_O)
     else:
         _epilogue(acc, m_i, l_i, offs_m, row0, q2, q_tile, lo_smem, o_desc, olo_desc, LSE, SINKS, lse_row0, off_b,
-                  off_h, N_Q, o_row_layout, WG, BLOCK_M, HEAD_DIM_V, HAS_SINKS, WRITE_REMAINDER, DEFER_O)
+                  off_h, N_Q, o_row_layout, WG, BLOCK_M, HEAD_DIM_V, HAS_SINKS, WRITE_REMAINDER, DEFER_O, q_base, O,
+                  stride_on, stride_oh)
 
 
 @gluon.jit
@@ -313,7 +314,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                        q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
                        PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr, SK_TILES, WS_O, WS_ML,
-                       STREAM_K: gl.constexpr, TRACE, j0, WIN_LEFT, WIN_RIGHT):
+                       STREAM_K: gl.constexpr, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on, stride_oh):
     """Softmax warpgroup ``WG``: its rows of the program's query tile, or
     with ``PERSISTENT`` of each of the program's work items in turn (Q
     buffers alternate between two pairs, released on ``q_empty`` once O's
@@ -322,7 +323,8 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
     the walk's last key tiles cut into a range a program,
     ``fwd_hopper_load._work``; ``TRACE``: the program's SM, its start and
     each work's end, :func:`_mark`; one program a tile: its key tiles from
-    ``j0``, a sliding window where ``WIN_LEFT`` is not None)."""
+    ``j0``, a sliding window where ``WIN_LEFT`` is not None, a packed
+    sequence's rows from ``q_base``, ``O`` not None)."""
     if PERSISTENT:
         kc = gl.program_id(0) * 0
         tc = kc
@@ -357,7 +359,8 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                       turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                       PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, WG, 0, 0, 0, q_empty, -1,
-                      False, j0, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT)
+                      False, j0, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT, q_base=q_base, O=O, stride_on=stride_on,
+                      stride_oh=stride_oh)
 
 
 @gluon.jit
@@ -371,7 +374,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             PERSISTENT: gl.constexpr = False, N_M_TILES=1, N_HEADS=1, TOTAL=1,
                             GROUPED: gl.constexpr = False, DEFER_O: gl.constexpr = False,
                             ROW_TREE: gl.constexpr = False, STREAM_K: gl.constexpr = False, SK_TILES=0, WS_O=None,
-                            WS_ML=None, TRACE=None, WIN_LEFT=None, WIN_RIGHT=None):
+                            WS_ML=None, TRACE=None, WIN_LEFT=None, WIN_RIGHT=None, IS_VARLEN: gl.constexpr = False,
+                            CU_SEQLENS_Q=None, CU_SEQLENS_K=None, O=None, stride_on=0, stride_oh=0):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
@@ -389,19 +393,32 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     ``WS_O`` / ``WS_ML`` for ``kernels/stream_k.py``'s combine.  A sliding
     window (``WIN_LEFT``, ``WIN_RIGHT``: ``kernels.common``'s bounds, causal
     folded into the right one; no stream-K cut) loads and runs only the key
-    tiles a query tile's rows can see (:func:`_window_tiles`)."""
+    tiles a query tile's rows can see (:func:`_window_tiles`).  Packed
+    sequences (``IS_VARLEN``; one program a tile): the descriptors cover the
+    (1, H, total, D) tensors, the grid's batch axis runs over the sequences,
+    whose rows start at ``CU_SEQLENS_Q`` / ``CU_SEQLENS_K`` (:func:`_sequence`;
+    ``N_Q`` / ``N_K`` are then each sequence's lengths); a tile's rows past
+    its sequence read the next one's (finite, dropped) and keys past it are
+    masked as N_K's edge; a sequence's last tile stores O through ``O``
+    (``stride_on``, ``stride_oh``: its row and head strides), masked."""
     gl.static_assert(not STREAM_K or (PERSISTENT and not IS_CAUSAL), "STREAM_K: a non-causal persistent walk's")
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
     gl.static_assert(not DEFER_O or PERSISTENT, "DEFER_O: a persistent program's")
     gl.static_assert(WIN_LEFT is None or not (STREAM_K or IS_CAUSAL), "a window: no stream-K cut, causal folded")
+    gl.static_assert(not IS_VARLEN or not (PERSISTENT or GROUPED or WRITE_REMAINDER or HAS_SINKS or TAIL_DIM > 0),
+                     "packed sequences: one program a tile, plain grid, QK = V head dim, sinks applied after")
     # heaviest causal tiles (last rows) first: better tail balance
     block, off_h, off_b, n_blocks = _grid_coords(N_HEADS, GROUPED)
     pid_m = n_blocks - 1 - block
     off_hk = off_h // GROUP_SIZE
     start_m = pid_m * (2 * BLOCK_M)
+    off_b, q_base, N_Q, k_base, N_K = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, off_b, N_Q, N_K, IS_VARLEN)
+    if IS_VARLEN:
+        if start_m >= N_Q:   # past this sequence's rows
+            return
     j0, n_tiles = _tile_range(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL, WIN_LEFT, WIN_RIGHT)
-    lse_row0 = off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
+    lse_row0 = off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh + q_base
 
     dtype: gl.constexpr = q_desc.dtype
     Q_BUFS: gl.constexpr = 4 if PERSISTENT else 2
@@ -451,18 +468,21 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
                               stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SK_TILES,
-                              WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT)),
+                              WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on,
+                              stride_oh)),
         (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                               v_empty, turns, o_desc,
                               LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
                               BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                               PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
                               stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SK_TILES,
-                              WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT)),
+                              WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on,
+                              stride_oh)),
         (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                            BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES,
-                           N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT, SK_TILES, STREAM_K, j0, WIN_LEFT, WIN_RIGHT)),
+                           N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT, SK_TILES, STREAM_K, j0, WIN_LEFT, WIN_RIGHT,
+                           q_base, k_base)),
     ], [4, 1], [240, 24])
 
     for i in gl.static_range(2):

@@ -41,6 +41,22 @@ def _grid_coords(N_ROWS, GROUPED: gl.constexpr):
 
 
 @gluon.jit
+def _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, off_b, N_Q, N_K, IS_VARLEN: gl.constexpr):
+    """(batch coordinate of the descriptors, first query row, query rows,
+    first key row, key rows) of grid batch index ``off_b``: packed sequences
+    (``IS_VARLEN``: the (1, H, total, D) tensors, ``off_b`` a sequence) start
+    at their cumulative lengths; a dense batch element at row 0 of its own."""
+    if IS_VARLEN:
+        q_base = gl.load(CU_SEQLENS_Q + off_b)
+        k_base = gl.load(CU_SEQLENS_K + off_b)
+        span = off_b * 0, q_base, gl.load(CU_SEQLENS_Q + off_b + 1) - q_base, k_base, \
+            gl.load(CU_SEQLENS_K + off_b + 1) - k_base
+    else:
+        span = off_b, 0, N_Q, 0, N_K
+    return span
+
+
+@gluon.jit
 def _key_tiles(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """(n_full, n_tiles) for the query tile at ``start_m``: key tiles
     [0, n_full) need no mask, [n_full, n_tiles) need the key-edge and/or
@@ -184,24 +200,25 @@ def _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M: gl.constexpr,
 def _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
                k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, qb, kc,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
-               j0=0):
+               j0=0, q_base=0, k_base=0):
     """One query tile's copies: its two Q tiles (one of BLOCK_M rows per
     softmax warpgroup) into Q buffers 2 qb and 2 qb + 1, then its key and
     value tiles j0, ..., j0 + n_tiles - 1 into the ring, whose count is at
-    ``kc``."""
+    ``kc``; a packed sequence's rows from ``q_base`` / ``k_base``
+    (:func:`_sequence`)."""
     for wg in gl.static_range(2):
-        _load_rows(q_desc, qt_desc, [off_b, off_h, start_m + wg * BLOCK_M, 0], q_bars.index(2 * qb + wg),
+        _load_rows(q_desc, qt_desc, [off_b, off_h, q_base + start_m + wg * BLOCK_M, 0], q_bars.index(2 * qb + wg),
                    q_smem.index(2 * qb + wg), qt_smem.index(2 * qb + wg), TAIL_DIM)
     for j in range(n_tiles):
         s = (kc + j) % NUM_STAGES
         # a slot starts empty: the first wait on each passes (phase 1)
         phase = (((kc + j) // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(s), phase)
-        _load_rows(k_desc, kt_desc, [off_b, off_hk, (j0 + j) * BLOCK_N, 0], k_ready.index(s), k_smem.index(s),
-                   kt_smem.index(s), TAIL_DIM)
+        _load_rows(k_desc, kt_desc, [off_b, off_hk, k_base + (j0 + j) * BLOCK_N, 0], k_ready.index(s),
+                   k_smem.index(s), kt_smem.index(s), TAIL_DIM)
         mbarrier.wait(v_empty.index(s), phase)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, (j0 + j) * BLOCK_N, 0], v_ready.index(s),
+        tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, k_base + (j0 + j) * BLOCK_N, 0], v_ready.index(s),
                                         v_smem.index(s))
 
 
@@ -241,8 +258,9 @@ def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
                     q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES, N_HEADS, TOTAL, IS_CAUSAL: gl.constexpr,
                     PERSISTENT: gl.constexpr, SK_TILES=0, STREAM_K: gl.constexpr = False, j0=0, WIN_LEFT=None,
-                    WIN_RIGHT=None):
-    """The load warp: the program's query tile (its key tiles from ``j0``),
+                    WIN_RIGHT=None, q_base=0, k_base=0):
+    """The load warp: the program's query tile (its key tiles from ``j0``,
+    a packed sequence's rows from ``q_base`` / ``k_base``),
     or with ``PERSISTENT`` each of its works in turn (:func:`_work`), the
     next one's Q into the other pair of Q buffers once both warpgroups
     released them (``q_empty``), its K and V tiles into the ring behind the
@@ -267,4 +285,4 @@ def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_
     else:
         _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
                    k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, 0, 0,
-                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, j0)
+                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, j0, q_base, k_base)

@@ -127,12 +127,25 @@ def _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout:
 
 
 @gluon.jit
+def _stage_o(out16, q2, q_tile, o_desc, off_b, off_h, row):
+    """O's rows from ``row``: the Q tile is dead, so O is staged in its
+    buffer (as wide as V) and copied out by the copy engine (not waited on)."""
+    q2.store(out16)
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row, 0], q_tile)
+
+
+@gluon.jit
 def _epilogue(acc, m_i, l_i, offs_m, row0, q2, q_tile, lo_smem, o_desc, olo_desc, LSE, SINKS, lse_row0, off_b, off_h,
               N_Q, o_row_layout: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-              HAS_SINKS: gl.constexpr, WRITE_REMAINDER: gl.constexpr, DEFER_O: gl.constexpr):
+              HAS_SINKS: gl.constexpr, WRITE_REMAINDER: gl.constexpr, DEFER_O: gl.constexpr, q_base=0, O=None,
+              stride_on=0, stride_oh=0):
     """A query tile's end for warpgroup ``WG``'s rows: the sink folded in,
     the lse stored, O normalised and staged in the (dead) Q tile ``q2`` for
-    the copy engine, the remainder's code in its own tile."""
+    the copy engine, the remainder's code in its own tile.  A packed
+    sequence (rows from ``q_base``; ``O`` its pointer, not None) whose rows
+    end inside this tile stores them from registers, masked, instead: the
+    copy engine's box would write into the next sequence's rows."""
     if HAS_SINKS:
         # the head's sink, one more score of every row, folded in as a second partial softmax of one score
         sink = gl.load(SINKS + off_h) * LOG2E
@@ -149,10 +162,15 @@ def _epilogue(acc, m_i, l_i, offs_m, row0, q2, q_tile, lo_smem, o_desc, olo_desc
     gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < N_Q)
     out = acc / gl.convert_layout(l_safe, o_row_layout)[:, None]
     out16 = out.to(q2.dtype)
-    # the Q tile is dead: stage O in its buffer (as wide as V) for the TMA store
-    q2.store(out16)
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], q_tile)
+    if O is None:
+        _stage_o(out16, q2, q_tile, o_desc, off_b, off_h, row0)
+    elif row0 + BLOCK_M > N_Q:   # a packed sequence's last rows
+        rows = row0 + gl.arange(0, BLOCK_M, layout=o_row_layout)
+        cols = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, out16.type.layout))
+        ptrs = O + off_h.to(gl.int64) * stride_oh + (q_base + rows).to(gl.int64)[:, None] * stride_on + cols[None, :]
+        gl.store(ptrs, out16, mask=(rows < N_Q)[:, None])
+    else:
+        _stage_o(out16, q2, q_tile, o_desc, off_b, off_h, q_base + row0)
     if WRITE_REMAINDER:   # O - O rounded as its int8 code, staged in a tile of its own
         lo_tile = lo_smem.index(WG)
         lo_tile.reshape([BLOCK_M, HEAD_DIM_V]).store(encode_remainder(out, out16))

@@ -230,6 +230,9 @@ class _Variants:
         return args
 
 
+_VARLEN_ARGS = {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"}
+
+
 def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = None, sinks=None,
              remainder: bool = False, **variants):
     """Forward launch. Returns (out (B, Hq, Nq, Dv) in q's dtype, lse float32
@@ -244,16 +247,19 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     rounding remainder O - out in out's dtype and layout, for
     :func:`attn_bwd`'s sinks gradient (rowsum(dO o O) from the rounded out
     loses digits that gradient sums over every row)."""
-    # a sliding window alone runs on the Hopper forward too, where it is wide enough
-    window = window_bounds(causal, variants["window"], q.shape[2], k.shape[2]) if "window" in variants else None
-    window_only = variants.keys() == {"window"} and dispatch.hopper_window_fwd(q, v, window,
-                                                                               isinstance(config, HopperFwdConfig))
-    if ((not variants or window_only) and (config is None or isinstance(config, HopperFwdConfig))
-            and dispatch.hopper_fwd_eligible(q, k, v)
-            and (config is not None or dispatch.hopper_fwd_preferred(q.shape[-1], causal, k.shape[2]))):
-        if window_only:
-            return hopper_calls.fwd(q, k, v, False, scale, config, sinks, remainder, window)
-        return hopper_calls.fwd(q, k, v, causal, scale, config, sinks, remainder)
+    # a sliding window alone runs on the Hopper forward too, where it is wide enough; packed sequences too
+    forced = isinstance(config, HopperFwdConfig)
+    varlen = _VARLEN_ARGS <= variants.keys()
+    lens = (variants["max_seqlen_q"], variants["max_seqlen_k"]) if varlen else (q.shape[2], k.shape[2])
+    window = window_bounds(causal, variants["window"], *lens) if "window" in variants else None
+    others = variants.keys() - (_VARLEN_ARGS if varlen else set())
+    window_only = others == {"window"} and dispatch.hopper_window_fwd(q, v, window, forced)
+    if ((not others or window_only) and (config is None or forced) and dispatch.hopper_fwd_eligible(q, k, v)
+            and (dispatch.hopper_varlen_fwd(q, v, causal, lens[1], forced) if varlen
+                 else forced or dispatch.hopper_fwd_preferred(q.shape[-1], causal, k.shape[2]))):
+        packed = (variants["cu_seqlens_q"], variants["cu_seqlens_k"], *lens) if varlen else None
+        return hopper_calls.fwd(q, k, v, causal and window is None, scale, config, sinks, remainder, window,
+                                varlen=packed)
     b, hq, n_q, d = q.shape
     n_k = k.shape[2]
     plan_key = None

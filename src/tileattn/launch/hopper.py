@@ -98,7 +98,7 @@ def fwd_workspace(q, k, v, causal: bool, cfg: HopperFwdConfig) -> dict:
 
 def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None = None, poison: bool = False,
              sinks: torch.Tensor | None = None, remainder: bool = False, workspace: dict | None = None,
-             trace: torch.Tensor | None = None, window: tuple[int, int] | None = None):
+             trace: torch.Tensor | None = None, window: tuple[int, int] | None = None, varlen: tuple | None = None):
     """Forward on the Hopper kernel. Returns (out like q, as wide as v; lse
     float32 (B, Hq, Nq)); ``sinks`` (float32 (Hq,)) enter every row's
     denominator and the lse.  ``remainder``: (out, lse, out_lo) with out_lo
@@ -108,12 +108,19 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     reads of a persistent config (``kernels/fwd_hopper._mark``).  ``window``:
     a sliding window's (left, right) key bounds as ``launch.attention``
     gives the portable kernels (causal folded into right, unbounded sides
-    past the keys; ``causal`` then False), no stream-K cut."""
+    past the keys; ``causal`` then False), no stream-K cut.  ``varlen``:
+    packed sequences, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k) with q, k, v the (1, H, total, D) views (one program a
+    query tile, QK = V head dim, no sinks or remainder: ``attention_varlen``
+    applies sinks after the kernel)."""
     b, hq, n_q, d = q.shape
     hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
-    cfg = config or config_for(d, dv, causal, None if window else n_k)
+    cfg = config or config_for(d, dv, causal, None if window or varlen else n_k)
     if window is not None and (cfg.stream_k or causal):
         raise ValueError("window: the Hopper forward runs a window without the stream-K cut, causal folded into it")
+    if varlen is not None and (cfg.persistent or sinks is not None or remainder or d != dv or b != 1):
+        raise ValueError("varlen: the Hopper forward runs packed (1, H, total, D) sequences one program a tile, "
+                         "QK = V head dim, without sinks or the output remainder")
     if cfg.persistent and (d != dv or d > 128):
         raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
     from ..kernels.fwd_hopper import TRACE_SLOTS, _attn_fwd_hopper_kernel
@@ -139,6 +146,11 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
             extra.update(STREAM_K=True, SK_TILES=sk_tiles, WS_O=ws["ws_o"], WS_ML=ws["ws_ml"])
         extra.update(PERSISTENT=True, N_M_TILES=n_m_tiles, N_HEADS=hq, TOTAL=total,
                      DEFER_O=defers_o(cfg), **({} if trace is None else {"TRACE": trace}))
+    elif varlen is not None:   # one program a query tile of the longest sequence, a grid row a sequence
+        cu_q, cu_k, max_q, _ = varlen
+        grid = (triton.cdiv(max_q, 2 * cfg.block_m), hq, cu_q.numel() - 1)
+        extra.update(IS_VARLEN=True, CU_SEQLENS_Q=cu_q, CU_SEQLENS_K=cu_k, O=o, stride_on=o.stride(2),
+                     stride_oh=o.stride(1))
     else:   # one program a query tile, heaviest first; causal: the tiles of G (head, batch) pairs at a time
         grid, grouped = grid_order.grid(n_m_tiles, hq, b, grid_order.group_rows(causal, n_m_tiles, hq * b, cfg,
                                                                                 sm_count(q.device)))

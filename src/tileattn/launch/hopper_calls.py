@@ -37,15 +37,17 @@ def _fwd_tensors(q, k, v, o, lse, sinks, o_lo, workspace) -> dict:
     return tensors
 
 
-def fwd(q, k, v, causal: bool, scale: float, config=None, sinks=None, remainder: bool = False, window=None):
+def fwd(q, k, v, causal: bool, scale: float, config=None, sinks=None, remainder: bool = False, window=None,
+        varlen=None):
     """``hopper.attn_fwd``, through a plan for a call with the table's
     config (with or without sinks and the output's remainder; ``window``:
-    a sliding window's kernel bounds, ``causal`` folded into them)."""
+    a sliding window's kernel bounds, ``causal`` folded into them;
+    ``varlen``: packed sequences, as the launcher takes them, no plan)."""
     key = None
     if sinks is not None:   # as the launcher passes them, so that a plan can name the tensor
         sinks = sinks.float().contiguous()
-    cfg = config or hopper.config_for(q.shape[-1], v.shape[-1], causal, None if window else k.shape[2])
-    if config is None and not runtime.POISON_OUTPUTS:
+    cfg = config or hopper.config_for(q.shape[-1], v.shape[-1], causal, None if window or varlen else k.shape[2])
+    if config is None and not runtime.POISON_OUTPUTS and varlen is None:
         key = runtime.plan_key("hopper_fwd", (q, k, v, sinks), bool(causal), float(scale), cfg, bool(remainder),
                                window)
         plan = runtime.PLANS.get(key) if key is not None else None
@@ -62,7 +64,7 @@ def fwd(q, k, v, causal: bool, scale: float, config=None, sinks=None, remainder:
         runtime.begin_record()
     try:
         out = hopper.attn_fwd(q, k, v, causal, scale, config, poison=runtime.POISON_OUTPUTS, sinks=sinks,
-                              remainder=remainder, workspace=workspace, window=window)
+                              remainder=remainder, workspace=workspace, window=window, varlen=varlen)
     except BaseException:
         runtime.abandon_record()
         raise

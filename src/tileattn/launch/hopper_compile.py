@@ -21,10 +21,10 @@ from .hopper import (_bwd_args, _descriptor, _qk_descriptors, _transposed_kernel
 
 
 def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False,
-                 head_dim_v: int | None = None, remainder: bool = False, window: bool = False):
+                 head_dim_v: int | None = None, remainder: bool = False, window: bool = False, varlen: bool = False):
     """The forward kernel's build of ``cfg`` for sm_90a; ``remainder``: the
     build that also stores O's rounding remainder; ``window``: a sliding
-    window's (``causal`` then False)."""
+    window's (``causal`` then False); ``varlen``: packed sequences'."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -44,7 +44,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
-    grouped = grid_order.compiled_grouped(causal, cfg, other_grid=cfg.persistent)
+    grouped = grid_order.compiled_grouped(causal, cfg, other_grid=cfg.persistent or varlen)
     const.update(GROUPED=grouped)
     cut_tail = cfg.stream_k and cfg.persistent and not causal
     const.update(STREAM_K=cut_tail)
@@ -62,6 +62,12 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
         sig.update(WIN_LEFT="i32", WIN_RIGHT="i32")
     else:
         const.update(WIN_LEFT=None, WIN_RIGHT=None)
+    if varlen:
+        const.update(IS_VARLEN=True)
+        sig.update(CU_SEQLENS_Q="*i32", CU_SEQLENS_K="*i32", O=sig["LSE"].replace("fp32", dtype),
+                   stride_on="i32", stride_oh="i32")
+    else:
+        const.update(IS_VARLEN=False, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, O=None, stride_on=0, stride_oh=0)
     sig.update({name: "constexpr" for name in const})
     if dv == head_dim:   # no tail: its descriptors are None
         sig.update(qt_desc="constexpr", kt_desc="constexpr")
@@ -78,11 +84,11 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
 
 def compile_report(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16",
                    sinks: bool = False, head_dim_v: int | None = None, remainder: bool = False,
-                   window: bool = False) -> dict:
+                   window: bool = False, varlen: bool = False) -> dict:
     """What the sm_90a compile says of one config: shared memory, the
     instructions the design relies on, local memory in the PTX, and the
     assembler's word on it (:func:`runtime.ptxas_report`)."""
-    compiled = compile_sm90(head_dim, cfg, causal, dtype, sinks, head_dim_v, remainder, window)
+    compiled = compile_sm90(head_dim, cfg, causal, dtype, sinks, head_dim_v, remainder, window, varlen)
     ptx = compiled.asm["ptx"]
     return {"shared": int(compiled.metadata.shared), "wgmma": ptx.count("wgmma.mma_async"),
             "tma": "cp.async.bulk.tensor" in ptx, "setmaxnreg": sorted(set(

@@ -1,0 +1,158 @@
+"""Packed sequences on the Hopper forward (``kernels/fwd_hopper.py`` with
+``IS_VARLEN``): a forced Hopper config through the launcher against a
+float64 reference per sequence (poisoned outputs; lengths around the
+kernel's 128-row warpgroup tiles and 128-key tiles, empty sequences, Nq != Nk,
+rows that see no key, GQA, a sliding window, bf16 and fp16, d = 64 and 128),
+the default dispatch of ``attention_varlen`` and its switch, and the
+launcher's refusals (CPU)."""
+import dataclasses
+
+import pytest
+import torch
+
+import tileattn
+from tileattn import dispatch, launch
+from tileattn.configs import HopperFwdConfig
+from tileattn.launch import hopper as launch_hopper, runtime
+from tileattn.reference import standard_attention
+from tileattn.testing import case_number, check_accuracy, counting_calls, cu_seqlens
+
+from conftest import HAS_CUDA
+
+ON_HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
+needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a compute capability 9.0 GPU")
+
+# name: (query lengths, key lengths or None (the same), hq, hkv, d, causal, window)
+CASES = {
+    "mixed-causal-d128": ((300, 1, 0, 257, 1024, 129), None, 4, 4, 128, True, None),
+    "mixed-full-d64": ((255, 256, 511, 3, 700), None, 4, 4, 64, False, None),
+    "nq<nk-causal-gqa": ((100, 40, 600), (900, 41, 1300), 8, 2, 128, True, None),
+    "nq>nk-causal-rows-see-nothing": ((700, 130), (129, 5), 2, 2, 64, True, None),   # early rows: out 0, lse -inf
+    "empty-keys": ((64, 300, 20), (0, 300, 0), 2, 1, 128, False, None),
+    "window-causal-d64": ((1500, 77, 900), None, 4, 2, 64, True, (128, -1)),
+    "window-both-sides-d128": ((333, 1000), (1000, 333), 2, 2, 128, False, (100, 37)),
+    "one-long-one-short": ((4100, 7), None, 2, 2, 128, True, None),
+}
+
+
+def _packed(lens, h, d, dtype, g):
+    return torch.randn(sum(lens), h, d, device="cuda", dtype=dtype, generator=g)
+
+
+def _references(q, k, v, lens_q, lens_k, causal, window):
+    """(out, lse) of float64 and of low-precision standard attention, one
+    sequence at a time, packed as the kernel's: out (total, H, D), lse (H, total)."""
+    parts = []
+    cq, ck = cu_seqlens(lens_q).tolist(), cu_seqlens(lens_k).tolist()
+    for i in range(len(lens_q)):
+        qi, ki, vi = (t[a:b].transpose(0, 1)[None] for t, a, b in ((q, cq[i], cq[i + 1]), (k, ck[i], ck[i + 1]),
+                                                                     (v, ck[i], ck[i + 1])))
+        if ki.shape[2] == 0:   # no key: out 0, lse -inf
+            zero = torch.zeros_like(qi, dtype=torch.float64)
+            lse = torch.full(qi.shape[:3], float("-inf"), device=qi.device, dtype=torch.float64)
+            parts.append((zero, lse, zero.to(qi.dtype), lse.float()))
+            continue
+        hq, hkv = qi.shape[1], ki.shape[1]
+        ki, vi = (t.repeat_interleave(hq // hkv, 1) for t in (ki, vi))
+        ref = standard_attention(qi.double(), ki.double(), vi.double(), causal=causal, window=window,
+                                 return_lse=True)
+        parts.append(ref + standard_attention(qi, ki, vi, causal=causal, window=window, return_lse=True))
+    outs = [torch.cat([p[j][0].transpose(0, 1) for p in parts]) for j in (0, 2)]
+    lses = [torch.cat([p[j][0] for p in parts], dim=-1) for j in (1, 3)]
+    return outs[0], lses[0], outs[1], lses[1]
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_varlen_against_float64(case, dtype):
+    """The forced table config on packed sequences (poisoned outputs): out
+    and lse against float64 per sequence, under the accuracy rule, and the
+    launch took the kernel's packed build."""
+    lens_q, lens_k, hq, hkv, d, causal, window = CASES[case]
+    lens_k = lens_q if lens_k is None else lens_k
+    g = torch.Generator(device="cuda").manual_seed(case_number(case) % 1000)
+    q, k, v = _packed(lens_q, hq, d, dtype, g), _packed(lens_k, hkv, d, dtype, g), _packed(lens_k, hkv, d, dtype, g)
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
+    view = (lambda t: t.transpose(0, 1)[None])   # (1, H, total, D), as the varlen op hands the launcher
+    runtime.POISON_OUTPUTS = True
+    cfg = launch_hopper.config_for(d, d)
+    variants = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+    if window is not None:
+        variants["window"] = window
+    with counting_calls(launch_hopper, "attn_fwd") as calls:
+        out, lse = launch.attn_fwd(view(q), view(k), view(v), causal, d ** -0.5, config=cfg, **variants)
+    assert calls and calls[0][1]["varlen"] is not None, "packed sequences did not run on the Hopper kernel"
+    out, lse = out[0].transpose(0, 1), lse[0]
+    ref, ref_lse, low, low_lse = _references(q, k, v, lens_q, lens_k, causal, window)
+    check_accuracy(f"{case} out", out, ref, low, dtype)
+    check_accuracy(f"{case} lse", lse, ref_lse, low_lse.float(), dtype)
+
+
+@needs_hopper
+def test_varlen_default_dispatch_and_switch(monkeypatch):
+    """``attention_varlen`` takes the Hopper forward for bf16 d = 128 packed
+    sequences whose longest has ``configs.HOPPER_FWD_MIN_KEYS`` keys, with
+    sinks applied after the kernel (out and lse against float64), not for a
+    short batch nor with ``TILEATTN_HOPPER_VARLEN=0``; the backward runs
+    after it (gradients finite)."""
+    lens = (2048, 300, 1)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (_packed(lens, 4, 128, torch.bfloat16, g).requires_grad_() for _ in range(3))
+    cu = cu_seqlens(lens)
+    sinks = torch.linspace(-2.0, 2.0, 4, device="cuda")
+    with counting_calls(launch_hopper, "attn_fwd") as calls:
+        out, lse = tileattn.attention_varlen(q, k, v, cu, cu, 2048, 2048, causal=True, sinks=sinks, return_lse=True)
+        assert calls, "a 2,048-token packed batch (bf16, d = 128) did not take the Hopper forward"
+        grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+        assert all(torch.isfinite(t).all() for t in grads)
+        calls.clear()
+        short = [t[:600].detach() for t in (q, k, v)]
+        cu_short = cu_seqlens((300, 300))
+        tileattn.attention_varlen(*short, cu_short, cu_short, 300, 300, causal=True)
+        monkeypatch.setenv("TILEATTN_HOPPER_VARLEN", "0")
+        tileattn.attention_varlen(q.detach(), k.detach(), v.detach(), cu, cu, 2048, 2048, causal=True)
+        assert not calls, "a short packed batch, or TILEATTN_HOPPER_VARLEN=0, took the Hopper forward"
+    cq, out, lse = cu.tolist(), out.detach(), lse.detach()
+    for i in range(len(lens)):
+        qi, ki, vi = (t.detach()[cq[i]:cq[i + 1]].transpose(0, 1)[None] for t in (q, k, v))
+        ref, ref_lse = standard_attention(qi.double(), ki.double(), vi.double(), causal=True, return_lse=True,
+                                          sinks=sinks.double())
+        low, low_lse = standard_attention(qi, ki, vi, causal=True, return_lse=True, sinks=sinks)
+        check_accuracy(f"seq {i} out", out[cq[i]:cq[i + 1]].transpose(0, 1)[None], ref, low, torch.bfloat16)
+        check_accuracy(f"seq {i} lse", lse[:, cq[i]:cq[i + 1]][None], ref_lse, low_lse.float(), torch.bfloat16)
+
+
+def test_varlen_rule():
+    """The default dispatch's rule for packed sequences (no GPU needed): QK = V
+    head dim 64 or 128, a longest sequence of at least the dense call's
+    ``HOPPER_FWD_MIN_KEYS`` keys, the switch; a forced config skips the length."""
+    from tileattn import configs
+    q64, q128, q192 = (torch.empty(1, 1, 1, d) for d in (64, 128, 192))
+    least = configs.HOPPER_FWD_MIN_KEYS[(128, True)]
+    assert dispatch.hopper_varlen_fwd(q128, q128, True, least)
+    assert not dispatch.hopper_varlen_fwd(q128, q128, True, least - 1)
+    assert dispatch.hopper_varlen_fwd(q64, q64, False, 1, forced=True)
+    assert not dispatch.hopper_varlen_fwd(q192, q128, False, 10**6, forced=True)
+    assert not dispatch.hopper_varlen_fwd(q128, q64, False, 10**6)
+    old = dispatch.HOPPER_VARLEN
+    try:
+        dispatch.HOPPER_VARLEN = False
+        assert not dispatch.hopper_varlen_fwd(q128, q128, True, 10**6)
+        assert dispatch.hopper_varlen_fwd(q128, q128, True, 10**6, forced=True)
+    finally:
+        dispatch.HOPPER_VARLEN = old
+
+
+@pytest.mark.parametrize("case", ["persistent", "sinks", "remainder", "dv-narrower"])
+def test_varlen_launcher_refuses(case):
+    """The Hopper launcher refuses what its packed build does not run, with a
+    ValueError naming varlen, before any launch (CPU tensors: nothing runs)."""
+    d, dv = 64, 32 if case == "dv-narrower" else 64
+    q, k = (torch.empty(1, 2, 300, d, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.empty(1, 2, 300, dv, dtype=torch.bfloat16)
+    cu = cu_seqlens((100, 200), device="cpu")
+    cfg = dataclasses.replace(HopperFwdConfig(pingpong=False), persistent=case == "persistent")
+    kw = dict(sinks=torch.zeros(2)) if case == "sinks" else dict(remainder=True) if case == "remainder" else {}
+    with pytest.raises(ValueError, match="varlen: the Hopper forward runs packed"):
+        launch_hopper.attn_fwd(q, k, v, True, 0.125, cfg, varlen=(cu, cu, 200, 200), **kw)
