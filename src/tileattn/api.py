@@ -181,8 +181,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     slopes = val.check_alibi(alibi_slopes, q, batch, hq)
     sinks = val.check_sinks(sinks, q, hq)
     det = val.check_deterministic(deterministic)
-    if det is None:   # packed sequences run the portable kernels: deterministic is the faster there
-        det = True
+    if det is None:   # the atomic Hopper backward where it runs (d <= 128, no softcap or ALiBi), else deterministic
+        qv, kv, vv = (t.transpose(0, 1)[None] for t in (q, k, v))
+        hopper_ok = ((cap, slopes) == (0.0, None) and dispatch.hopper_varlen_bwd(qv, vv)
+                     and ((left, right) == (-1, -1) or dispatch.hopper_window_bwd(qv, vv)))
+        det = dispatch.default_deterministic(qv, kv, vv, hopper_ok)
     check_shared_memory(q, k, v, sinks, det)
     out, lse = ops.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_q), int(max_k), causal, scale,
                                         left, right, cap, slopes, det)

@@ -274,10 +274,20 @@ def hopper_varlen_fwd(q: torch.Tensor, v: torch.Tensor, causal: bool, max_seqlen
     :func:`hopper_fwd_preferred`'s keys, or a forced Hopper config."""
     if q.shape[-1] != v.shape[-1] or q.shape[-1] not in (64, 128):
         return False
-    if forced:
-        return True
-    return (HOPPER_VARLEN and env("TILEATTN_HOPPER_VARLEN", "1") != "0"
-            and hopper_fwd_preferred(q.shape[-1], causal, max_seqlen_k))
+    return forced or (hopper_varlen() and hopper_fwd_preferred(q.shape[-1], causal, max_seqlen_k))
+
+
+def hopper_varlen(forced: bool = False) -> bool:
+    """Whether packed sequences may take the Hopper kernels (the switch;
+    ``forced``: a Hopper config was given)."""
+    return forced or (HOPPER_VARLEN and env("TILEATTN_HOPPER_VARLEN", "1") != "0")
+
+
+def hopper_varlen_bwd(q: torch.Tensor, v: torch.Tensor, forced: bool = False) -> bool:
+    """Whether packed sequences' backward may run the Hopper dK/dV kernel's
+    packed build (QK = V head dim <= 128), given :func:`hopper_bwd_eligible`
+    of the (1, H, total, D) views."""
+    return q.shape[-1] == v.shape[-1] <= 128 and hopper_varlen(forced)
 
 
 def default_deterministic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plain: bool,

@@ -1,10 +1,10 @@
-"""Packed sequences on the Hopper forward (``kernels/fwd_hopper.py`` with
-``IS_VARLEN``): a forced Hopper config through the launcher against a
-float64 reference per sequence (poisoned outputs; lengths around the
-kernel's 128-row warpgroup tiles and 128-key tiles, empty sequences, Nq != Nk,
-rows that see no key, GQA, a sliding window, bf16 and fp16, d = 64 and 128),
-the default dispatch of ``attention_varlen`` and its switch, and the
-launcher's refusals (CPU)."""
+"""Packed sequences on the Hopper kernels (``kernels/fwd_hopper.py`` and
+``kernels/bwd_hopper.py`` with ``IS_VARLEN``): forced Hopper configs through
+the launchers against a float64 reference per sequence (poisoned outputs;
+lengths around the kernels' tiles, empty sequences, Nq != Nk, rows that see
+no key, GQA, a sliding window, bf16 and fp16, d = 64 and 128), the default
+dispatch of ``attention_varlen`` and its switch, and the launchers'
+refusals (CPU)."""
 import dataclasses
 
 import pytest
@@ -12,7 +12,7 @@ import torch
 
 import tileattn
 from tileattn import dispatch, launch
-from tileattn.configs import HopperFwdConfig
+from tileattn.configs import HopperBwdConfig, HopperFwdConfig
 from tileattn.launch import hopper as launch_hopper, runtime
 from tileattn.reference import standard_attention
 from tileattn.testing import case_number, check_accuracy, counting_calls, cu_seqlens
@@ -89,6 +89,56 @@ def test_varlen_against_float64(case, dtype):
     check_accuracy(f"{case} lse", lse, ref_lse, low_lse.float(), dtype)
 
 
+def _reference_grads(q, k, v, do, lens_q, lens_k, causal, window):
+    """(dq, dk, dv) of float64 and of low-precision standard attention, one
+    sequence at a time (GQA: the key heads' gradients summed over their group)."""
+    cq, ck = cu_seqlens(lens_q).tolist(), cu_seqlens(lens_k).tolist()
+    out = []
+    for dtype in (torch.float64, q.dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        grads = [torch.zeros_like(t) for t in leaves]
+        for i in range(len(lens_q)):
+            sq, sk = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+            if cq[i] == cq[i + 1] or ck[i] == ck[i + 1]:
+                continue   # no query or no key: every gradient of the sequence is 0
+            qi, ki, vi = (t.transpose(0, 1)[None] for t in (leaves[0][sq], leaves[1][sk], leaves[2][sk]))
+            group = qi.shape[1] // ki.shape[1]
+            o = standard_attention(qi, ki.repeat_interleave(group, 1), vi.repeat_interleave(group, 1),
+                                   causal=causal, window=window)
+            gi = torch.autograd.grad(o, (leaves[0], leaves[1], leaves[2]), do[sq].to(dtype).transpose(0, 1)[None])
+            grads = [a + b for a, b in zip(grads, gi)]
+        out.append(grads)
+    return out
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_varlen_backward_against_float64(case, dtype):
+    """The forced backward table config (the atomic dQ sum) on packed
+    sequences after the Hopper forward: dq, dk, dv against float64 per
+    sequence, under the accuracy rule; the launch took the packed build."""
+    lens_q, lens_k, hq, hkv, d, causal, window = CASES[case]
+    lens_k = lens_q if lens_k is None else lens_k
+    g = torch.Generator(device="cuda").manual_seed(case_number(case) % 1000 + 1)
+    q, k, v = _packed(lens_q, hq, d, dtype, g), _packed(lens_k, hkv, d, dtype, g), _packed(lens_k, hkv, d, dtype, g)
+    do = _packed(lens_q, hq, d, dtype, g)
+    view = (lambda t: t.transpose(0, 1)[None])
+    variants = dict(cu_seqlens_q=cu_seqlens(lens_q), cu_seqlens_k=cu_seqlens(lens_k), max_seqlen_q=max(lens_q),
+                    max_seqlen_k=max(lens_k), **({} if window is None else dict(window=window)))
+    runtime.POISON_OUTPUTS = True
+    scale = d ** -0.5
+    out, lse = launch.attn_fwd(view(q), view(k), view(v), causal, scale, config=launch_hopper.config_for(d, d),
+                               **variants)
+    with counting_calls(launch_hopper, "attn_bwd_dkdv") as calls:
+        got = launch.attn_bwd(view(do), view(q), view(k), view(v), out, lse, causal, scale,
+                              config=launch_hopper.bwd_config_for(d, d), deterministic=False, **variants)
+    assert calls and calls[0][1]["varlen"] is not None, "packed sequences did not run the Hopper backward"
+    ref, low = _reference_grads(q, k, v, do, lens_q, lens_k, causal, window)
+    for part, gt, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
+        check_accuracy(f"{case} {part}", gt[0].transpose(0, 1), r, lo, dtype)
+
+
 @needs_hopper
 def test_varlen_default_dispatch_and_switch(monkeypatch):
     """``attention_varlen`` takes the Hopper forward for bf16 d = 128 packed
@@ -101,10 +151,11 @@ def test_varlen_default_dispatch_and_switch(monkeypatch):
     q, k, v = (_packed(lens, 4, 128, torch.bfloat16, g).requires_grad_() for _ in range(3))
     cu = cu_seqlens(lens)
     sinks = torch.linspace(-2.0, 2.0, 4, device="cuda")
-    with counting_calls(launch_hopper, "attn_fwd") as calls:
+    with counting_calls(launch_hopper, "attn_fwd") as calls, counting_calls(launch_hopper, "attn_bwd_dkdv") as bwd:
         out, lse = tileattn.attention_varlen(q, k, v, cu, cu, 2048, 2048, causal=True, sinks=sinks, return_lse=True)
         assert calls, "a 2,048-token packed batch (bf16, d = 128) did not take the Hopper forward"
         grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+        assert bwd, "its backward (deterministic=None) did not take the Hopper backward"
         assert all(torch.isfinite(t).all() for t in grads)
         calls.clear()
         short = [t[:600].detach() for t in (q, k, v)]
@@ -142,6 +193,22 @@ def test_varlen_rule():
         assert dispatch.hopper_varlen_fwd(q128, q128, True, 10**6, forced=True)
     finally:
         dispatch.HOPPER_VARLEN = old
+
+
+@pytest.mark.parametrize("case", ["slices", "pairs", "dv-narrower"])
+def test_varlen_backward_launcher_refuses(case):
+    """The Hopper backward launcher refuses packed sequences where its packed
+    build does not run, with a ValueError naming varlen (CPU tensors)."""
+    d, dv = (192, 128) if case == "dv-narrower" else (128, 128)
+    q, k = (torch.empty(1, 4, 300, d, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.empty(1, 4, 300, dv, dtype=torch.bfloat16)
+    cfg = dataclasses.replace(launch_hopper.bwd_config_for(d, dv), head_slices=2 if case == "slices" else None,
+                              pair_blocks=True if case == "pairs" else None)
+    cu = cu_seqlens((100, 200), device="cpu")
+    stats = torch.empty(1, 4, 300)
+    with pytest.raises(ValueError, match="varlen: the Hopper backward runs packed"):
+        launch_hopper.attn_bwd_dkdv(v, q, k, v, torch.zeros(1, 4, 300, d), k, v, stats, stats, True, 0.1, cfg,
+                                    varlen=(cu, cu, 200, 200))
 
 
 @pytest.mark.parametrize("case", ["persistent", "sinks", "remainder", "dv-narrower"])

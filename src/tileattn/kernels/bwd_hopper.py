@@ -56,8 +56,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .bwd_hopper_common import (_barriers, _invalidate, _load_partition, _probs, _query_tiles,
-                                 _ring_buffers, _tma_reduce_add)
-from .fwd_hopper_load import _grid_coords
+                                 _ring_buffers, _sequence_edge, _tma_reduce_add)
+from .fwd_hopper_load import _grid_coords, _sequence
 
 
 @gluon.jit
@@ -93,7 +93,8 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                        NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
                        SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr, t0, kv_phase, kv_empty,
                        ARRIVE_KV: gl.constexpr, lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr,
-                       ADD_DKDV: gl.constexpr, WIN_LEFT=None, WIN_RIGHT=None):
+                       ADD_DKDV: gl.constexpr, WIN_LEFT=None, WIN_RIGHT=None, IS_VARLEN: gl.constexpr = False,
+                       q_base=0, k_base=0, ROWS_Q=None):
     """One key block of the program: ``t0`` ring tiles came before it and its
     K and V tiles complete ``kv_bar`` in phase ``kv_phase`` (a pair's second
     block: 1); with ``ARRIVE_KV`` the warpgroup arrives on ``kv_empty`` after
@@ -104,7 +105,10 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     query heads from ``hq0``; with ``ADD_DKDV`` (head slices) dK and dV are
     added into float32 sums, else stored.  A sliding window (``WIN_LEFT``
     not None, not causal): tiles whose every (query, key) pair lies inside
-    it need no mask."""
+    it need no mask.  A packed sequence (``IS_VARLEN``; ``N_Q``/``N_K`` its
+    lengths, its rows from ``q_base``/``k_base``, ``ROWS_Q`` the stats' rows
+    a head): tiles that run past it read the next sequence's rows, so their
+    Pᵀ is masked at both edges (:func:`_sequence_edge`)."""
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     # the dQ sum's box says who forms dQ: D/2 wide, each warpgroup half the
@@ -149,7 +153,10 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         s = tg % NUM_STAGES
         phase = (tg // NUM_STAGES) & 1
         offs_m = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_m
+        if IS_VARLEN:
+            row = hq.to(gl.int64) * ROWS_Q + q_base + offs_m
+        else:
+            row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_m
         if not STATS_TMA:
             lse2 = gl.load(LSE2 + row, mask=offs_m < N_Q, other=float("inf"))
 
@@ -182,6 +189,9 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                 pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, True, WIN_LEFT, WIN_RIGHT)
         else:
             pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, False)
+        if IS_VARLEN:
+            if (m + BLOCK_M > N_Q) | (key0 + BLOCK_N > N_K):
+                pt = _sequence_edge(pt, offs_n, offs_m, N_Q, N_K)
         # Δ is read once lse₂ is dead (a query-indexed vector costs 16 registers a thread here)
         if STATS_TMA:
             delta = delta_smem.index(s).reshape([BLOCK_M]).load(gl.SliceLayout(0, s_layout))
@@ -221,7 +231,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                 zero_q = gl.zeros([BLOCK_M, DQ_W], gl.float32, dq_layout)
                 dq = warpgroup_mma(ds_buf.permute([1, 0]), k_cols, zero_q, use_acc=False, is_async=True)
                 dq = warpgroup_mma_wait(0, deps=[dq])
-                _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, 0, WG, BLOCK_M, DQ_W)
+                _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, q_base + m, 0, WG, BLOCK_M, DQ_W)
         else:
             mbarrier.wait(ds_bars.index(tg % 2), (tg // 2) & 1)
             zero_q = gl.zeros([BLOCK_M, HALF_D], gl.float32, dq_layout)
@@ -244,7 +254,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                 dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
             mbarrier.arrive(q_empty.index(s), count=1)
             mbarrier.arrive(do_empty.index(s), count=1)
-            _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, WG * HALF_D, WG, BLOCK_M, HALF_D)
+            _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, q_base + m, WG * HALF_D, WG, BLOCK_M, HALF_D)
     if SUM_DS and DEFER_SUMS:
         if HEADS * n_m > 0:
             _add_row_sums(DS_SUM, rs_sum, off_b, hq_sum, m_sum, N_HEADS, N_Q, BLOCK_M, rs_layout)
@@ -258,7 +268,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
     # (the column test is always true: it gives the mask the tile's full shape, as the atomic add takes it)
     ok = (offs_kn < N_K)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    n64 = offs_kn.to(gl.int64)[:, None]
+    n64 = (k_base + offs_kn).to(gl.int64)[:, None]
     dk_ptrs = DK + off_b.to(gl.int64) * stride_dkb + off_hk.to(gl.int64) * stride_dkh + n64 * stride_dkn
     dv_ptrs = DV + off_b.to(gl.int64) * stride_dvb + off_hk.to(gl.int64) * stride_dvh + n64 * stride_dvn
     if ADD_DKDV:   # this slice's share of the group's sums (float32; the launcher rounds them)
@@ -321,7 +331,8 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                             IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, DK_FROM_SMEM: gl.constexpr,
                             SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr = False, PAIRED: gl.constexpr = False,
                             STATS_TMA: gl.constexpr = False, HEADS=1, ADD_DKDV: gl.constexpr = False, N_ROWS=1,
-                            GROUPED: gl.constexpr = False, WIN_LEFT=None, WIN_RIGHT=None):
+                            GROUPED: gl.constexpr = False, WIN_LEFT=None, WIN_RIGHT=None,
+                            IS_VARLEN: gl.constexpr = False, CU_SEQLENS_Q=None, CU_SEQLENS_K=None):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup; with
     PAIRED (causal) two such key blocks, the grid's first half of them and
     their mirror images, so that every program has the same work.  With
@@ -334,7 +345,9 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
     dO of few query heads (a causal grid's programs drift apart in the walk).
     A sliding window (``WIN_LEFT`` / ``WIN_RIGHT``: ``kernels.common``'s
     bounds, causal folded in; not paired) walks only the query tiles that
-    see the program's keys."""
+    see the program's keys.  Packed sequences (``IS_VARLEN``; not paired,
+    no head slices or dS sums): the tensors are (1, H, total, D), the grid's
+    batch axis runs over the sequences (``fwd_hopper_load._sequence``)."""
     # causal: the first key blocks see the most query tiles, run them first
     pid_n, pid_h, off_b, _ = _grid_coords(N_ROWS, GROUPED)
     if ADD_DKDV:
@@ -346,6 +359,12 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
         hq0 = pid_h * GROUP_SIZE
     start_n = pid_n * (2 * BLOCK_N)
     gl.static_assert(WIN_LEFT is None or not (IS_CAUSAL or PAIRED), "a window: causal folded into it, not paired")
+    gl.static_assert(not IS_VARLEN or not (PAIRED or ADD_DKDV or SUM_DS or GROUPED), "packed: a plain grid")
+    ROWS_Q = N_Q
+    off_b, q_base, N_Q, k_base, N_K = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, off_b, N_Q, N_K, IS_VARLEN)
+    if IS_VARLEN:
+        if start_n >= N_K:   # past this sequence's keys
+            return
     m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL, WIN_LEFT, WIN_RIGHT, 2 * BLOCK_N)
 
     dtype: gl.constexpr = q_desc.dtype
@@ -416,7 +435,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                   off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS, N_HEADS, N_Q, N_K, qk_scale,
                                   sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
                                   SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, lse_smem, delta_smem, stat_ready,
-                                  STATS_TMA, ADD_DKDV, WIN_LEFT, WIN_RIGHT)),
+                                  STATS_TMA, ADD_DKDV, WIN_LEFT, WIN_RIGHT, IS_VARLEN, q_base, k_base, ROWS_Q)),
             (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                                   q_empty,
                                   do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
@@ -424,11 +443,11 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                   off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS, N_HEADS, N_Q, N_K, qk_scale,
                                   sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
                                   SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, lse_smem, delta_smem, stat_ready,
-                                  STATS_TMA, ADD_DKDV, WIN_LEFT, WIN_RIGHT)),
+                                  STATS_TMA, ADD_DKDV, WIN_LEFT, WIN_RIGHT, IS_VARLEN, q_base, k_base, ROWS_Q)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS,
                                BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, 0, kv_bar, False, LSE2, DELTA,
-                               lse_smem, delta_smem, stat_ready, STATS_TMA)),
+                               lse_smem, delta_smem, stat_ready, STATS_TMA, q_base, k_base)),
         ], [4, 1], [240, 24])
 
     _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES)

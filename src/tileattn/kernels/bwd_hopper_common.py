@@ -77,7 +77,7 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
                     do_ready, do_empty, off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS,
                     BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, qt_desc, kt_desc, qt_smem, kt_smem,
                     TAIL_DIM: gl.constexpr, t0, kv_empty, WAIT_KV: gl.constexpr, lse_desc, delta_desc, lse_smem,
-                    delta_smem, stat_ready, STATS_TMA: gl.constexpr):
+                    delta_smem, stat_ready, STATS_TMA: gl.constexpr, q_base=0, k_base=0):
     """The load warp: the program's K and V tiles once, then the Q and dO
     tiles of every query tile of ``HEADS`` query heads from ``hq0`` into the
     ring.  With a tail (``TAIL_DIM`` > 0, the wide kernel) Q and K come as two
@@ -88,20 +88,21 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
     block's once both compute warpgroups arrived on ``kv_empty``.  With
     ``STATS_TMA`` each query tile's lse₂ and Δ come by the copy engine too,
     into ``lse_smem``/``delta_smem`` (completing ``stat_ready``); without it
-    those arguments are unused."""
+    those arguments are unused.  A packed sequence's rows start at
+    ``q_base`` / ``k_base`` (``fwd_hopper_load._sequence``)."""
     if WAIT_KV:
         mbarrier.wait(kv_empty, 0)
     if TAIL_DIM > 0:
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + kt_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, start_n, 0], kv_bar, k_smem)
-        tma.async_copy_global_to_shared(kt_desc, [off_b, off_hk, start_n, 0], kv_bar, kt_smem)
+        tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, k_base + start_n, 0], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(kt_desc, [off_b, off_hk, k_base + start_n, 0], kv_bar, kt_smem)
     else:
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, start_n, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, start_n, 0], kv_bar, v_smem)
+        tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, k_base + start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, k_base + start_n, 0], kv_bar, v_smem)
     for t in range(HEADS * n_m):
         g = t // n_m
-        m = m_lo + (t - g * n_m) * BLOCK_M
+        m = q_base + m_lo + (t - g * n_m) * BLOCK_M
         hq = hq0 + g
         s = (t0 + t) % NUM_STAGES
         # a slot starts empty: the first wait on each passes (phase 1)
@@ -169,3 +170,11 @@ def _probs(st, lse2, offs_n, offs_m, diag, qk_scale, MASKED: gl.constexpr, WIN_L
             rel = offs_n[:, None] - (offs_m[None, :] + diag)
             pt = gl.where((rel >= -WIN_LEFT) & (rel <= WIN_RIGHT), pt, 0.0)
     return pt
+
+
+@gluon.jit
+def _sequence_edge(pt, offs_n, offs_m, N_Q, N_K):
+    """Pᵀ with 0 for keys past N_K and queries past N_Q: a packed sequence's
+    tiles that run past it read the next sequence's rows (not zeros), whose
+    P must not reach dQ, dK or dV."""
+    return gl.where((offs_n < N_K)[:, None] & (offs_m < N_Q)[None, :], pt, 0.0)

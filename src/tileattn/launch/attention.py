@@ -342,14 +342,19 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     n_k = k.shape[2]
     deterministic = bool(deterministic)
     sums_ds = sinks is not None and o_lo is None   # the kernels sum dS for the sinks' gradient
-    window_only = (variants.keys() == {"window"}
-                   and dispatch.hopper_window_bwd(q, v, isinstance(config, HopperBwdConfig)))
-    if (not deterministic and (not variants or window_only) and (config is None or isinstance(config, HopperBwdConfig))
-            and dispatch.hopper_bwd_eligible(q, k, v, do, sums_ds)):
-        if window_only:   # causal folded into the window's bounds
-            window = window_bounds(causal, variants["window"], n_q, n_k)
-            return hopper_calls.bwd(do, q, k, v, o, lse, dlse, False, scale, config, sinks, o_lo, window)
-        return hopper_calls.bwd(do, q, k, v, o, lse, dlse, causal, scale, config, sinks, o_lo)
+    forced = isinstance(config, HopperBwdConfig)
+    varlen = _VARLEN_ARGS <= variants.keys()   # packed sequences: the d <= 128 kernel's packed build
+    others = variants.keys() - (_VARLEN_ARGS if varlen else set())
+    window_only = others == {"window"} and dispatch.hopper_window_bwd(q, v, forced)
+    if (not deterministic and (not others or window_only) and (config is None or forced)
+            and dispatch.hopper_bwd_eligible(q, k, v, do, sums_ds)
+            and (not varlen or (dispatch.hopper_varlen_bwd(q, v, forced) and not sums_ds))):
+        lens = (variants["max_seqlen_q"], variants["max_seqlen_k"]) if varlen else (n_q, n_k)
+        packed = (variants["cu_seqlens_q"], variants["cu_seqlens_k"], *lens) if varlen else None
+        # causal folded into the window's bounds
+        window = window_bounds(causal, variants["window"], *lens) if window_only else None
+        return hopper_calls.bwd(do, q, k, v, o, lse, dlse, causal and window is None, scale, config, sinks, o_lo,
+                                window, varlen=packed)
     plan_key = None
     if not variants and sinks is None and config is None and q.is_cuda:
         plan_key = runtime.plan_key("bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), deterministic)

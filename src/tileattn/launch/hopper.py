@@ -342,7 +342,7 @@ def _transposed_kernel(head_dim: int, head_dim_v: int):
 
 
 def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale: float,
-                  config: HopperBwdConfig | None = None, ds_sum=None, window=None):
+                  config: HopperBwdConfig | None = None, ds_sum=None, window=None, varlen=None):
     """dK, dV (written) and the float32 dQ sum (added into ``dq_acc``) on the
     Hopper backward kernel.  ``lse2``/``delta`` come from the portable
     preprocess kernel; the portable convert kernel turns ``dq_acc`` into dq.
@@ -351,7 +351,9 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     V narrower than Q (the wide kernel) or d > 128 (the split kernel)
     ``dq_acc`` is :func:`dq_sum_transposed`'s view and ``ds_sum`` must be None.
     ``window``: a sliding window's kernel bounds (as :func:`attn_fwd`'s; the
-    d <= 128 kernel, ``causal`` False, no pairs or head slices)."""
+    d <= 128 kernel, ``causal`` False, no pairs or head slices).
+    ``varlen``: packed sequences, as :func:`attn_fwd`'s (the d <= 128
+    kernel, QK = V head dim, no pairs, head slices or dS sums)."""
     b, hq, n_q, d = q.shape
     hkv, n_k, w = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or bwd_config_for(d, w)
@@ -359,6 +361,10 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     if window is not None and (causal or transposed_dq(d, w) or (cfg.head_slices or 1) > 1 or cfg.pair_blocks):
         raise ValueError("window: the Hopper backward runs a window on the d <= 128 kernel, causal folded into it, "
                          "without head slices or pairs")
+    if varlen is not None and (transposed_dq(d, w) or (cfg.head_slices or 1) > 1 or cfg.pair_blocks
+                               or ds_sum is not None or b != 1):
+        raise ValueError("varlen: the Hopper backward runs packed (1, H, total, D) sequences on the d <= 128 "
+                         "kernel, QK = V head dim, without head slices, pairs or dS sums")
     if cfg.stats_tma and any(t.stride(1) % 4 or t.data_ptr() % 16 for t in (lse2, delta)):
         padded = stats_rows(b, hq, n_q, q.device)   # rows the copy engine cannot address: copies that it can
         for dst, src in zip(padded, (delta, lse2)):
@@ -375,6 +381,13 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
                          GROUPED=grouped))
         return
     from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel
+    if varlen is not None:   # a key block of the longest sequence a program, a grid row a sequence
+        cu_q, cu_k, _, max_k = varlen
+        runtime.run(_attn_bwd_hopper_kernel, (triton.cdiv(max_k, 2 * cfg.block_n), hkv, cu_q.numel() - 1),
+                    dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
+                    dict(_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, None, False, 1,
+                                   window), N_ROWS=hkv, IS_VARLEN=True, CU_SEQLENS_Q=cu_q, CU_SEQLENS_K=cu_k))
+        return
     slices = head_slices(q, k, causal, cfg)
     pair = grid_order.paired(q, k, causal, cfg, slices)
     # paired: a program, two key blocks (equal work: one row after another)

@@ -82,16 +82,19 @@ def _stats(q, cfg):
     return output_f32((b, hq, n_q), q.device), output_f32((b, hq, n_q), q.device)
 
 
-def bwd(do, q, k, v, o, lse, dlse, causal: bool, scale: float, config=None, sinks=None, o_lo=None, window=None):
+def bwd(do, q, k, v, o, lse, dlse, causal: bool, scale: float, config=None, sinks=None, o_lo=None, window=None,
+        varlen=None):
     """The atomic-dQ backward, Hopper's dK/dV kernel between the portable
     preprocess and convert: (dq, dk, dv), then the sinks' gradient if any
     (from ``o_lo`` where given, else the dS row sums); ``window``: a sliding
-    window's kernel bounds, ``causal`` folded into them."""
+    window's kernel bounds, ``causal`` folded into them; ``varlen``: packed
+    sequences (``hopper.attn_bwd_dkdv``'s, no plan)."""
     b, hq, n_q, d = q.shape
     cfg = config or hopper.bwd_config_for(d, v.shape[-1])
     chunks = bwd_memory.memory_chunks(q, k, v, causal, cfg)   # checks head_slices before any launch
     key = None
-    if (config is None and sinks is None and len(chunks) == 1 and not hopper.transposed_dq(d, v.shape[-1])
+    if (config is None and sinks is None and varlen is None and len(chunks) == 1
+            and not hopper.transposed_dq(d, v.shape[-1])
             and hopper.head_slices(q, k, causal, cfg) == 1):
         key = runtime.plan_key("hopper_bwd", (do, q, k, v, o, lse, dlse), bool(causal), float(scale), cfg,
                                grid_order.paired(q, k, causal, cfg), window)
@@ -105,7 +108,7 @@ def bwd(do, q, k, v, o, lse, dlse, causal: bool, scale: float, config=None, sink
     if key is not None:
         runtime.begin_record()
     try:
-        got = _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_lo, window)
+        got = _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_lo, window, varlen)
     except BaseException:
         runtime.abandon_record()
         raise
@@ -124,7 +127,7 @@ def _bwd_tensors(do, q, k, v, o, lse, dlse, cfg) -> dict:
     return tensors
 
 
-def _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_lo, window=None) -> tuple:
+def _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_lo, window=None, varlen=None) -> tuple:
     """The launches; returns (dq, dk, dv[, dsinks], tensors by name for a plan)."""
     b, hq, n_q, d = q.shape
     one = len(chunks) == 1
@@ -149,7 +152,7 @@ def _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_
             dq_acc.zero_()
         hopper.attn_bwd_dkdv(part(do, hs), part(q, hs), part(k, hks), part(v, hks), dq_acc, part(dk, hks),
                              part(dv, hks), part(lse2, hs), part(delta, hs), causal, scale, cfg, part(ds_sum, hs),
-                             window=window)
+                             window=window, varlen=varlen)
         bwd_steps.dq_convert(dq_acc, part(dq, hs), scale)
     grads = (dq, dk, dv) if sinks is None else (
         dq, dk, dv, dsinks if dsinks is not None else kernel_sink_grad(sinks, lse, dlse, delta, ds_sum))

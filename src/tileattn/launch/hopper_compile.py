@@ -97,11 +97,12 @@ def compile_report(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str
 
 
 def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False,
-                     head_dim_v: int | None = None, window: bool = False):
+                     head_dim_v: int | None = None, window: bool = False, varlen: bool = False):
     """:func:`compile_sm90` for the backward kernel (``sinks``: with the dS
     row sums their gradient needs; ``head_dim_v`` narrower than ``head_dim``:
     the wide kernel; QK = V head dim above 128: the split kernel; ``window``:
-    a sliding window's build of the d <= 128 kernel, ``causal`` then False)."""
+    a sliding window's build of the d <= 128 kernel, ``causal`` then False;
+    ``varlen``: packed sequences' build of it, plain grid)."""
     w = head_dim if head_dim_v is None else head_dim_v
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
     t, tv = (torch.empty(1, 2, 256, x, dtype=torch_dtype) for x in (head_dim, w))
@@ -117,11 +118,18 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
         f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
         args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, torch.empty(1, 2, 256) if sinks else None,
                          paired=bool(causal) and cfg.pair_blocks is True, window=(16, 0) if window else None)
-        args.update(N_ROWS=16, GROUPED=grid_order.compiled_grouped(causal, cfg, other_grid=cfg.pair_blocks is True))
+        args.update(N_ROWS=16, GROUPED=grid_order.compiled_grouped(causal, cfg, other_grid=cfg.pair_blocks is True
+                                                                    or varlen))
+        if varlen:
+            cu = torch.empty(3, dtype=torch.int32)
+            args.update(IS_VARLEN=True, CU_SEQLENS_Q=cu, CU_SEQLENS_K=cu, PAIRED=False)
+        else:
+            args.update(IS_VARLEN=False, CU_SEQLENS_Q=None, CU_SEQLENS_K=None)
         if (cfg.head_slices or 1) > 1:   # the float32 dK/dV sums (the group's size is a run-time argument)
             args.update(DK=f, DV=f, ADD_DKDV=True)
         const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "PAIRED",
-                 "DEFER_SUMS", "STATS_TMA", "ADD_DKDV", "GROUPED"}
+                 "DEFER_SUMS", "STATS_TMA", "ADD_DKDV", "GROUPED", "IS_VARLEN"} | (
+                     set() if varlen else {"CU_SEQLENS_Q", "CU_SEQLENS_K"})
         if not window:   # as a launch without one specializes them
             args.update(WIN_LEFT=None, WIN_RIGHT=None)
             const |= {"WIN_LEFT", "WIN_RIGHT"}
@@ -155,10 +163,11 @@ def compile_gluon(kernel, args: dict, const: set, options: dict):
 
 
 def compile_bwd_report(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16",
-                       sinks: bool = False, head_dim_v: int | None = None, window: bool = False) -> dict:
+                       sinks: bool = False, head_dim_v: int | None = None, window: bool = False,
+                       varlen: bool = False) -> dict:
     """:func:`compile_report` for the backward kernel, with the count of
     the copy engine's bulk reduces (dQ)."""
-    compiled = compile_bwd_sm90(head_dim, cfg, causal, dtype, sinks, head_dim_v, window)
+    compiled = compile_bwd_sm90(head_dim, cfg, causal, dtype, sinks, head_dim_v, window, varlen)
     ptx = compiled.asm["ptx"]
     return {"shared": int(compiled.metadata.shared), "wgmma": ptx.count("wgmma.mma_async"),
             "tma": "cp.async.bulk.tensor" in ptx, "reduce": ptx.count("cp.reduce.async.bulk.tensor"),
