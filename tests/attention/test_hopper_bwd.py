@@ -763,8 +763,8 @@ def test_hopper_call_plumbing(chunked, monkeypatch):
     out, lse = standard_attention(q.double(), k.double(), v.double(), causal=True, scale=scale, return_lse=True)
     chunks = []
 
-    def fake_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum, window=None):
-        assert window is None   # a plain call
+    def fake_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum, window=None, varlen=None):
+        assert window is None and varlen is None   # a plain call
         chunks.append((q.shape, dq_acc.shape))
         leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
         ref = standard_attention(*leaves, causal=causal, scale=scale)

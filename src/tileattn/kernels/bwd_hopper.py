@@ -360,11 +360,15 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
     start_n = pid_n * (2 * BLOCK_N)
     gl.static_assert(WIN_LEFT is None or not (IS_CAUSAL or PAIRED), "a window: causal folded into it, not paired")
     gl.static_assert(not IS_VARLEN or not (PAIRED or ADD_DKDV or SUM_DS or GROUPED), "packed: a plain grid")
-    ROWS_Q = N_Q
-    off_b, q_base, N_Q, k_base, N_K = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, off_b, N_Q, N_K, IS_VARLEN)
     if IS_VARLEN:
+        ROWS_Q = N_Q   # the stats' rows a head (all sequences')
+        off_b, q_base, N_Q, k_base, N_K = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, off_b, N_Q, N_K, IS_VARLEN)
         if start_n >= N_K:   # past this sequence's keys
             return
+    else:
+        ROWS_Q: gl.constexpr = 0
+        q_base: gl.constexpr = 0
+        k_base: gl.constexpr = 0
     m_lo, n_m = _query_tiles(start_n, N_Q, N_K, BLOCK_M, IS_CAUSAL, WIN_LEFT, WIN_RIGHT, 2 * BLOCK_N)
 
     dtype: gl.constexpr = q_desc.dtype

@@ -394,13 +394,9 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     window (``WIN_LEFT``, ``WIN_RIGHT``: ``kernels.common``'s bounds, causal
     folded into the right one; no stream-K cut) loads and runs only the key
     tiles a query tile's rows can see (:func:`_window_tiles`).  Packed
-    sequences (``IS_VARLEN``; one program a tile): the descriptors cover the
-    (1, H, total, D) tensors, the grid's batch axis runs over the sequences,
-    whose rows start at ``CU_SEQLENS_Q`` / ``CU_SEQLENS_K`` (:func:`_sequence`;
-    ``N_Q`` / ``N_K`` are then each sequence's lengths); a tile's rows past
-    its sequence read the next one's (finite, dropped) and keys past it are
-    masked as N_K's edge; a sequence's last tile stores O through ``O``
-    (``stride_on``, ``stride_oh``: its row and head strides), masked."""
+    sequences (``IS_VARLEN``, (1, H, total, D) tensors): a grid batch index a
+    sequence (:func:`_sequence`; rows past it read the next one's, keys past
+    it masked as N_K's edge), its last tile's O stored through ``O``, masked."""
     gl.static_assert(not STREAM_K or (PERSISTENT and not IS_CAUSAL), "STREAM_K: a non-causal persistent walk's")
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
@@ -413,10 +409,13 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     pid_m = n_blocks - 1 - block
     off_hk = off_h // GROUP_SIZE
     start_m = pid_m * (2 * BLOCK_M)
-    off_b, q_base, N_Q, k_base, N_K = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, off_b, N_Q, N_K, IS_VARLEN)
     if IS_VARLEN:
+        off_b, q_base, N_Q, k_base, N_K = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, off_b, N_Q, N_K, IS_VARLEN)
         if start_m >= N_Q:   # past this sequence's rows
             return
+    else:
+        q_base: gl.constexpr = 0
+        k_base: gl.constexpr = 0
     j0, n_tiles = _tile_range(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL, WIN_LEFT, WIN_RIGHT)
     lse_row0 = off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh + q_base
 
