@@ -174,6 +174,8 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
             mbarrier.wait(stat_ready.index(s), phase)
             lse2 = lse_smem.index(s).reshape([BLOCK_M]).load(gl.SliceLayout(0, s_layout))
         st = warpgroup_mma_wait(1, deps=[st])
+        if IS_VARLEN:   # queries past the sequence (zero rows of Q and dO there) get P = 0
+            lse2 = gl.where(offs_m < N_Q, lse2, float("inf"))
         if IS_CAUSAL:
             # only tiles whose first row misses this warpgroup's last key need the mask
             if m + diag < key0 + BLOCK_N - 1:
@@ -189,9 +191,9 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                 pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, True, WIN_LEFT, WIN_RIGHT)
         else:
             pt = _probs(st, lse2, offs_n, offs_m, diag, qk_scale, False)
-        if IS_VARLEN:
-            if (m + BLOCK_M > N_Q) | (key0 + BLOCK_N > N_K):
-                pt = _sequence_edge(pt, offs_n, offs_m, N_Q, N_K)
+        if IS_VARLEN:   # keys past the sequence (zero rows of K there): P and dS are 0
+            if key0 + BLOCK_N > N_K:
+                pt = _sequence_edge(pt, offs_n, N_K)
         # Δ is read once lse₂ is dead (a query-indexed vector costs 16 registers a thread here)
         if STATS_TMA:
             delta = delta_smem.index(s).reshape([BLOCK_M]).load(gl.SliceLayout(0, s_layout))
@@ -199,7 +201,12 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
             delta = gl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do2, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=[dpt])
+        if IS_VARLEN:   # the next sequence's Δ: queries past this one have P = 0 and dP = 0 (zero dO rows)
+            delta = gl.where(offs_m < N_Q, delta, 0.0)
         ds = pt * (dpt - delta[None, :])
+        if IS_VARLEN:   # 0 x a NaN of the next sequence's V in dP is not 0
+            if key0 + BLOCK_N > N_K:
+                ds = _sequence_edge(ds, offs_n, N_K)
         if SUM_DS:
             # keys past N_K read as zeros, so their P is not 0: harmless for dQ
             # (a zero K row) and dK/dV (not stored), not for the row sums of dS
@@ -332,7 +339,8 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                             SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr = False, PAIRED: gl.constexpr = False,
                             STATS_TMA: gl.constexpr = False, HEADS=1, ADD_DKDV: gl.constexpr = False, N_ROWS=1,
                             GROUPED: gl.constexpr = False, WIN_LEFT=None, WIN_RIGHT=None,
-                            IS_VARLEN: gl.constexpr = False, CU_SEQLENS_Q=None, CU_SEQLENS_K=None):
+                            IS_VARLEN: gl.constexpr = False, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, K=None, Q=None,
+                            DO=None, stride_kh=0, stride_kn=0, stride_qh=0, stride_qn=0, stride_doh=0, stride_don=0):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup; with
     PAIRED (causal) two such key blocks, the grid's first half of them and
     their mirror images, so that every program has the same work.  With
@@ -347,7 +355,9 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
     bounds, causal folded in; not paired) walks only the query tiles that
     see the program's keys.  Packed sequences (``IS_VARLEN``; not paired,
     no head slices or dS sums): the tensors are (1, H, total, D), the grid's
-    batch axis runs over the sequences (``fwd_hopper_load._sequence``)."""
+    batch axis runs over the sequences (``fwd_hopper_load._sequence``), and
+    tiles that end past a sequence read K, Q and dO (pointers and strides
+    here) through descriptors that end with it."""
     # causal: the first key blocks see the most query tiles, run them first
     pid_n, pid_h, off_b, _ = _grid_coords(N_ROWS, GROUPED)
     if ADD_DKDV:
@@ -365,7 +375,9 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
         off_b, q_base, N_Q, k_base, N_K = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, off_b, N_Q, N_K, IS_VARLEN)
         if start_n >= N_K:   # past this sequence's keys
             return
+        EDGES = (K, Q, DO, stride_kh, stride_kn, stride_qh, stride_qn, stride_doh, stride_don)
     else:
+        EDGES: gl.constexpr = None
         ROWS_Q: gl.constexpr = 0
         q_base: gl.constexpr = 0
         k_base: gl.constexpr = 0
@@ -451,7 +463,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS,
                                BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, 0, kv_bar, False, LSE2, DELTA,
-                               lse_smem, delta_smem, stat_ready, STATS_TMA, q_base, k_base)),
+                               lse_smem, delta_smem, stat_ready, STATS_TMA, q_base, k_base, EDGES, N_Q, N_K)),
         ], [4, 1], [240, 24])
 
     _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES)

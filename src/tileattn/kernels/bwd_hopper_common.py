@@ -15,7 +15,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from .fwd_hopper_load import _load_rows
+from .fwd_hopper_load import _edge_descriptor, _load_rows
 
 
 @builtin
@@ -77,7 +77,7 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
                     do_ready, do_empty, off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS,
                     BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, qt_desc, kt_desc, qt_smem, kt_smem,
                     TAIL_DIM: gl.constexpr, t0, kv_empty, WAIT_KV: gl.constexpr, lse_desc, delta_desc, lse_smem,
-                    delta_smem, stat_ready, STATS_TMA: gl.constexpr, q_base=0, k_base=0):
+                    delta_smem, stat_ready, STATS_TMA: gl.constexpr, q_base=0, k_base=0, EDGES=None, N_Q=0, N_K=0):
     """The load warp: the program's K and V tiles once, then the Q and dO
     tiles of every query tile of ``HEADS`` query heads from ``hq0`` into the
     ring.  With a tail (``TAIL_DIM`` > 0, the wide kernel) Q and K come as two
@@ -89,7 +89,10 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
     ``STATS_TMA`` each query tile's lse₂ and Δ come by the copy engine too,
     into ``lse_smem``/``delta_smem`` (completing ``stat_ready``); without it
     those arguments are unused.  A packed sequence's rows start at
-    ``q_base`` / ``k_base`` (``fwd_hopper_load._sequence``)."""
+    ``q_base`` / ``k_base`` (``fwd_hopper_load._sequence``); ``EDGES`` (its
+    (K, Q, dO) pointers and their head and row strides) gives the tiles that
+    end past it descriptors that end with it (``_edge_descriptor``: zeros
+    there, where the next sequence's rows would meet zero weights)."""
     if WAIT_KV:
         mbarrier.wait(kv_empty, 0)
     if TAIL_DIM > 0:
@@ -98,7 +101,13 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
         tma.async_copy_global_to_shared(kt_desc, [off_b, off_hk, k_base + start_n, 0], kv_bar, kt_smem)
     else:
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, k_base + start_n, 0], kv_bar, k_smem)
+        if EDGES is None:
+            tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, k_base + start_n, 0], kv_bar, k_smem)
+        elif start_n + k_desc.block_type.shape[2] > N_K:
+            k_edge = _edge_descriptor(k_desc, EDGES[0], EDGES[3], EDGES[4], off_hk, k_base + N_K)
+            tma.async_copy_global_to_shared(k_edge, [off_b, off_hk, k_base + start_n, 0], kv_bar, k_smem)
+        else:
+            tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, k_base + start_n, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, k_base + start_n, 0], kv_bar, v_smem)
     for t in range(HEADS * n_m):
         g = t // n_m
@@ -108,15 +117,41 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
         # a slot starts empty: the first wait on each passes (phase 1)
         phase = (((t0 + t) // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(q_empty.index(s), phase)
-        _load_rows(q_desc, qt_desc, [off_b, hq, m, 0], q_ready.index(s), q_smem.index(s), qt_smem.index(s),
-                   TAIL_DIM)
-        mbarrier.wait(do_empty.index(s), phase)
-        mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [off_b, hq, m, 0], do_ready.index(s), do_smem.index(s))
+        if EDGES is None:
+            _load_rows(q_desc, qt_desc, [off_b, hq, m, 0], q_ready.index(s), q_smem.index(s), qt_smem.index(s),
+                       TAIL_DIM)
+            mbarrier.wait(do_empty.index(s), phase)
+            mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(do_desc, [off_b, hq, m, 0], do_ready.index(s), do_smem.index(s))
+        else:
+            _load_edge_rows(q_desc, do_desc, EDGES, [off_b, hq, m, 0], q_ready.index(s), do_ready.index(s),
+                            q_smem.index(s), do_smem.index(s), do_empty.index(s), phase, m + BLOCK_M > q_base + N_Q,
+                            q_base + N_Q)
         if STATS_TMA:   # the slot's lse₂ and Δ are dead once both warpgroups released its Q and dO
             mbarrier.expect(stat_ready.index(s), 2 * lse_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(lse_desc, [off_b, hq, m], stat_ready.index(s), lse_smem.index(s))
             tma.async_copy_global_to_shared(delta_desc, [off_b, hq, m], stat_ready.index(s), delta_smem.index(s))
+
+
+@gluon.jit
+def _load_edge_rows(q_desc, do_desc, EDGES, coords, q_bar, do_bar, q_dst, do_dst, do_empty, phase, edge, rows_end):
+    """A packed sequence's Q and dO tile (no tail): through descriptors that
+    end with the sequence where the tile runs past it (``edge``), else the
+    packed tensors' own."""
+    if edge:
+        q_edge = _edge_descriptor(q_desc, EDGES[1], EDGES[5], EDGES[6], coords[1], rows_end)
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_edge, coords, q_bar, q_dst)
+        do_edge = _edge_descriptor(do_desc, EDGES[2], EDGES[7], EDGES[8], coords[1], rows_end)
+        mbarrier.wait(do_empty, phase)
+        mbarrier.expect(do_bar, do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_edge, coords, do_bar, do_dst)
+    else:
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, coords, q_bar, q_dst)
+        mbarrier.wait(do_empty, phase)
+        mbarrier.expect(do_bar, do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, coords, do_bar, do_dst)
 
 
 @gluon.jit
@@ -173,8 +208,8 @@ def _probs(st, lse2, offs_n, offs_m, diag, qk_scale, MASKED: gl.constexpr, WIN_L
 
 
 @gluon.jit
-def _sequence_edge(pt, offs_n, offs_m, N_Q, N_K):
-    """Pᵀ with 0 for keys past N_K and queries past N_Q: a packed sequence's
-    tiles that run past it read the next sequence's rows (not zeros), whose
-    P must not reach dQ, dK or dV."""
-    return gl.where((offs_n < N_K)[:, None] & (offs_m < N_Q)[None, :], pt, 0.0)
+def _sequence_edge(x, offs_n, N_K):
+    """Pᵀ or dSᵀ (keys x queries) with 0 for keys past a packed sequence's
+    N_K: their K rows read as zeros (an edge descriptor), so their scores
+    are 0, not -inf, and their dP may hold the next sequence's values."""
+    return gl.where((offs_n < N_K)[:, None], x, 0.0)

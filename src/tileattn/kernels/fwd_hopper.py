@@ -375,7 +375,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             GROUPED: gl.constexpr = False, DEFER_O: gl.constexpr = False,
                             ROW_TREE: gl.constexpr = False, STREAM_K: gl.constexpr = False, SK_TILES=0, WS_O=None,
                             WS_ML=None, TRACE=None, WIN_LEFT=None, WIN_RIGHT=None, IS_VARLEN: gl.constexpr = False,
-                            CU_SEQLENS_Q=None, CU_SEQLENS_K=None, O=None, stride_on=0, stride_oh=0):
+                            CU_SEQLENS_Q=None, CU_SEQLENS_K=None, O=None, stride_on=0, stride_oh=0, V=None,
+                            stride_vh=0, stride_vn=0):
     """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
@@ -395,8 +396,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     folded into the right one; no stream-K cut) loads and runs only the key
     tiles a query tile's rows can see (:func:`_window_tiles`).  Packed
     sequences (``IS_VARLEN``, (1, H, total, D) tensors): a grid batch index a
-    sequence (:func:`_sequence`; rows past it read the next one's, keys past
-    it masked as N_K's edge), its last tile's O stored through ``O``, masked."""
+    sequence (:func:`_sequence`; keys past it masked, its last value tile read
+    through ``V``), its last tile's O stored through ``O``, masked."""
     gl.static_assert(not STREAM_K or (PERSISTENT and not IS_CAUSAL), "STREAM_K: a non-causal persistent walk's")
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
@@ -481,7 +482,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                            q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
                            BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES,
                            N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT, SK_TILES, STREAM_K, j0, WIN_LEFT, WIN_RIGHT,
-                           q_base, k_base)),
+                           q_base, k_base, V, stride_vh, stride_vn)),
     ], [4, 1], [240, 24])
 
     for i in gl.static_range(2):

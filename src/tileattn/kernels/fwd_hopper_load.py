@@ -111,6 +111,17 @@ def _tile_range(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
 
 
 @gluon.jit
+def _edge_descriptor(desc, X, stride_h, stride_n, head, rows_end):
+    """A descriptor like ``desc`` over the tensor at ``X`` (row and head
+    strides ``stride_n``, ``stride_h``) whose rows end at ``rows_end`` and
+    heads after ``head``: made on the device, so that a packed sequence's
+    last tile reads zeros past the sequence (``desc`` would read the next
+    sequence's rows, whose NaN or infinity a zero weight does not cancel)."""
+    return tma.make_tensor_descriptor(X, [1, head + 1, rows_end, desc.block_type.shape[3]],
+                                      [stride_n, stride_h, stride_n, 1], desc.block_type.shape, desc.layout)
+
+
+@gluon.jit
 def _load_rows(desc, tail_desc, coords, bar, smem, tail_smem, TAIL_DIM: gl.constexpr):
     """One tile of Q or K: its first HEAD_DIM - TAIL_DIM columns through
     ``desc`` and, with a tail, the last TAIL_DIM through ``tail_desc`` (a
@@ -200,12 +211,14 @@ def _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M: gl.constexpr,
 def _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
                k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, qb, kc,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
-               j0=0, q_base=0, k_base=0):
+               j0=0, q_base=0, k_base=0, V=None, stride_vh=0, stride_vn=0, N_K=0):
     """One query tile's copies: its two Q tiles (one of BLOCK_M rows per
     softmax warpgroup) into Q buffers 2 qb and 2 qb + 1, then its key and
     value tiles j0, ..., j0 + n_tiles - 1 into the ring, whose count is at
     ``kc``; a packed sequence's rows from ``q_base`` / ``k_base``
-    (:func:`_sequence`)."""
+    (:func:`_sequence`), its last value tile through a descriptor that ends
+    with it (``V`` not None: :func:`_edge_descriptor`; keys past it are
+    masked, but a value row meets its zero weight in the P V product)."""
     for wg in gl.static_range(2):
         _load_rows(q_desc, qt_desc, [off_b, off_h, q_base + start_m + wg * BLOCK_M, 0], q_bars.index(2 * qb + wg),
                    q_smem.index(2 * qb + wg), qt_smem.index(2 * qb + wg), TAIL_DIM)
@@ -218,8 +231,14 @@ def _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem,
                    k_smem.index(s), kt_smem.index(s), TAIL_DIM)
         mbarrier.wait(v_empty.index(s), phase)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, k_base + (j0 + j) * BLOCK_N, 0], v_ready.index(s),
-                                        v_smem.index(s))
+        v_coords = [off_b, off_hk, k_base + (j0 + j) * BLOCK_N, 0]
+        if V is None:
+            tma.async_copy_global_to_shared(v_desc, v_coords, v_ready.index(s), v_smem.index(s))
+        elif (j0 + j + 1) * BLOCK_N > N_K:
+            v_edge = _edge_descriptor(v_desc, V, stride_vh, stride_vn, off_hk, k_base + N_K)
+            tma.async_copy_global_to_shared(v_edge, v_coords, v_ready.index(s), v_smem.index(s))
+        else:
+            tma.async_copy_global_to_shared(v_desc, v_coords, v_ready.index(s), v_smem.index(s))
 
 
 @gluon.jit
@@ -258,7 +277,7 @@ def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
                     q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES, N_HEADS, TOTAL, IS_CAUSAL: gl.constexpr,
                     PERSISTENT: gl.constexpr, SK_TILES=0, STREAM_K: gl.constexpr = False, j0=0, WIN_LEFT=None,
-                    WIN_RIGHT=None, q_base=0, k_base=0):
+                    WIN_RIGHT=None, q_base=0, k_base=0, V=None, stride_vh=0, stride_vn=0):
     """The load warp: the program's query tile (its key tiles from ``j0``,
     a packed sequence's rows from ``q_base`` / ``k_base``),
     or with ``PERSISTENT`` each of its works in turn (:func:`_work`), the
@@ -285,4 +304,4 @@ def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_
     else:
         _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
                    k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, 0, 0,
-                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, j0, q_base, k_base)
+                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, j0, q_base, k_base, V, stride_vh, stride_vn, N_K)

@@ -150,7 +150,8 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         cu_q, cu_k, max_q, _ = varlen
         grid = (triton.cdiv(max_q, 2 * cfg.block_m), hq, cu_q.numel() - 1)
         extra.update(IS_VARLEN=True, CU_SEQLENS_Q=cu_q, CU_SEQLENS_K=cu_k, O=o, stride_on=o.stride(2),
-                     stride_oh=o.stride(1))
+                     stride_oh=o.stride(1), V=v, stride_vh=v.stride(1), stride_vn=v.stride(2))
+        runtime.scratch_allocator()   # the last value tile's descriptor is made on the device
     else:   # one program a query tile, heaviest first; causal: the tiles of G (head, batch) pairs at a time
         grid, grouped = grid_order.grid(n_m_tiles, hq, b, grid_order.group_rows(causal, n_m_tiles, hq * b, cfg,
                                                                                 sm_count(q.device)))
@@ -383,10 +384,13 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel
     if varlen is not None:   # a key block of the longest sequence a program, a grid row a sequence
         cu_q, cu_k, _, max_k = varlen
+        runtime.scratch_allocator()   # the edge tiles' descriptors are made on the device
         runtime.run(_attn_bwd_hopper_kernel, (triton.cdiv(max_k, 2 * cfg.block_n), hkv, cu_q.numel() - 1),
                     dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
                     dict(_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, None, False, 1,
-                                   window), N_ROWS=hkv, IS_VARLEN=True, CU_SEQLENS_Q=cu_q, CU_SEQLENS_K=cu_k))
+                                   window), N_ROWS=hkv, IS_VARLEN=True, CU_SEQLENS_Q=cu_q, CU_SEQLENS_K=cu_k,
+                         K=k, Q=q, DO=do, stride_kh=k.stride(1), stride_kn=k.stride(2), stride_qh=q.stride(1),
+                         stride_qn=q.stride(2), stride_doh=do.stride(1), stride_don=do.stride(2)))
         return
     slices = head_slices(q, k, causal, cfg)
     pair = grid_order.paired(q, k, causal, cfg, slices)

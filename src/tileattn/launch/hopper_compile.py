@@ -65,9 +65,11 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
     if varlen:
         const.update(IS_VARLEN=True)
         sig.update(CU_SEQLENS_Q="*i32", CU_SEQLENS_K="*i32", O=sig["LSE"].replace("fp32", dtype),
-                   stride_on="i32", stride_oh="i32")
+                   stride_on="i32", stride_oh="i32", V=sig["LSE"].replace("fp32", dtype), stride_vh="i32",
+                   stride_vn="i32")
     else:
-        const.update(IS_VARLEN=False, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, O=None, stride_on=0, stride_oh=0)
+        const.update(IS_VARLEN=False, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, O=None, stride_on=0, stride_oh=0,
+                     V=None, stride_vh=0, stride_vn=0)
     sig.update({name: "constexpr" for name in const})
     if dv == head_dim:   # no tail: its descriptors are None
         sig.update(qt_desc="constexpr", kt_desc="constexpr")
@@ -122,14 +124,17 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
                                                                     or varlen))
         if varlen:
             cu = torch.empty(3, dtype=torch.int32)
-            args.update(IS_VARLEN=True, CU_SEQLENS_Q=cu, CU_SEQLENS_K=cu, PAIRED=False)
+            args.update(IS_VARLEN=True, CU_SEQLENS_Q=cu, CU_SEQLENS_K=cu, PAIRED=False, K=t, Q=t, DO=t,
+                        **{f"stride_{x}{y}": t.stride(1 if y == "h" else 2) for x in ("k", "q", "do") for y in "hn"})
         else:
-            args.update(IS_VARLEN=False, CU_SEQLENS_Q=None, CU_SEQLENS_K=None)
+            args.update(IS_VARLEN=False, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, K=None, Q=None, DO=None,
+                        **{f"stride_{x}{y}": 0 for x in ("k", "q", "do") for y in "hn"})
         if (cfg.head_slices or 1) > 1:   # the float32 dK/dV sums (the group's size is a run-time argument)
             args.update(DK=f, DV=f, ADD_DKDV=True)
         const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "PAIRED",
                  "DEFER_SUMS", "STATS_TMA", "ADD_DKDV", "GROUPED", "IS_VARLEN"} | (
-                     set() if varlen else {"CU_SEQLENS_Q", "CU_SEQLENS_K"})
+                     set() if varlen else {"CU_SEQLENS_Q", "CU_SEQLENS_K", "K", "Q", "DO"} | {
+                         f"stride_{x}{y}" for x in ("k", "q", "do") for y in "hn"})
         if not window:   # as a launch without one specializes them
             args.update(WIN_LEFT=None, WIN_RIGHT=None)
             const |= {"WIN_LEFT", "WIN_RIGHT"}

@@ -249,6 +249,21 @@ def _spec(v, constexpr: bool):
     raise TypeError  # anything else: the regular path
 
 
+def _scratch(size: int, alignment: int, stream):
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+def scratch_allocator() -> None:
+    """Give Triton an allocator for the global scratch memory of kernels
+    that make tensor descriptors on the device (packed sequences' edge
+    tiles), unless one is set.  Triton keeps it in a context variable: set
+    again in each thread that launches (autograd's backward runs in its own)."""
+    from triton.runtime import _allocation
+    current = getattr(_allocation, "_allocator", None)
+    if current is None or current.get() is getattr(_allocation, "_NULL_ALLOCATOR", None):
+        triton.set_allocator(_scratch)
+
+
 def run(kernel, grid: tuple, options: dict, args: dict) -> None:
     """``kernel[grid](**args, **options)``, through the direct-launch cache."""
     if not _direct_enabled() or interpreter_active():
