@@ -175,11 +175,12 @@ def test_varlen_sequences_are_isolated(d):
 
 @needs_hopper
 def test_varlen_default_dispatch_and_switch(monkeypatch):
-    """``attention_varlen`` takes the Hopper forward for bf16 d = 128 packed
-    sequences whose longest has ``configs.HOPPER_FWD_MIN_KEYS`` keys, with
-    sinks applied after the kernel (out and lse against float64), not for a
-    short batch nor with ``TILEATTN_HOPPER_VARLEN=0``; the backward runs
-    after it (gradients finite)."""
+    """With the switch on, ``attention_varlen`` takes the Hopper forward for
+    bf16 d = 128 packed sequences whose longest has
+    ``configs.HOPPER_FWD_MIN_KEYS`` keys, with sinks applied after the
+    kernel (out and lse against float64), and its backward the Hopper one;
+    not for a short batch nor with ``TILEATTN_HOPPER_VARLEN=0``."""
+    monkeypatch.setattr(dispatch, "HOPPER_VARLEN", True)
     lens = (2048, 300, 1)
     g = torch.Generator(device="cuda").manual_seed(5)
     q, k, v = (_packed(lens, 4, 128, torch.bfloat16, g).requires_grad_() for _ in range(3))
@@ -208,25 +209,30 @@ def test_varlen_default_dispatch_and_switch(monkeypatch):
         check_accuracy(f"seq {i} lse", lse[:, cq[i]:cq[i + 1]][None], ref_lse, low_lse.float(), torch.bfloat16)
 
 
-def test_varlen_rule():
+def test_varlen_rule(monkeypatch):
     """The default dispatch's rule for packed sequences (no GPU needed): QK = V
     head dim 64 or 128, a longest sequence of at least the dense call's
-    ``HOPPER_FWD_MIN_KEYS`` keys, the switch; a forced config skips the length."""
+    ``HOPPER_FWD_MIN_KEYS`` keys, the switch (``TILEATTN_HOPPER_VARLEN`` over
+    ``dispatch.HOPPER_VARLEN``); a forced config skips the length and the switch."""
     from tileattn import configs
     q64, q128, q192 = (torch.empty(1, 1, 1, d) for d in (64, 128, 192))
     least = configs.HOPPER_FWD_MIN_KEYS[(128, True)]
-    assert dispatch.hopper_varlen_fwd(q128, q128, True, least)
+    monkeypatch.delenv("TILEATTN_HOPPER_VARLEN", raising=False)
+    monkeypatch.setattr(dispatch, "HOPPER_VARLEN", True)
+    assert dispatch.hopper_varlen_fwd(q128, q128, True, least) and dispatch.hopper_varlen_bwd(q128, q128)
     assert not dispatch.hopper_varlen_fwd(q128, q128, True, least - 1)
     assert dispatch.hopper_varlen_fwd(q64, q64, False, 1, forced=True)
     assert not dispatch.hopper_varlen_fwd(q192, q128, False, 10**6, forced=True)
-    assert not dispatch.hopper_varlen_fwd(q128, q64, False, 10**6)
-    old = dispatch.HOPPER_VARLEN
-    try:
-        dispatch.HOPPER_VARLEN = False
-        assert not dispatch.hopper_varlen_fwd(q128, q128, True, 10**6)
-        assert dispatch.hopper_varlen_fwd(q128, q128, True, 10**6, forced=True)
-    finally:
-        dispatch.HOPPER_VARLEN = old
+    assert not dispatch.hopper_varlen_fwd(q128, q64, False, 10**6) and not dispatch.hopper_varlen_bwd(q192, q128)
+    monkeypatch.setenv("TILEATTN_HOPPER_VARLEN", "0")
+    assert not dispatch.hopper_varlen_fwd(q128, q128, True, 10**6) and not dispatch.hopper_varlen_bwd(q128, q128)
+    monkeypatch.setattr(dispatch, "HOPPER_VARLEN", False)
+    monkeypatch.setenv("TILEATTN_HOPPER_VARLEN", "1")
+    assert dispatch.hopper_varlen_fwd(q128, q128, True, 10**6) and dispatch.hopper_varlen_bwd(q128, q128)
+    monkeypatch.delenv("TILEATTN_HOPPER_VARLEN")
+    assert not dispatch.hopper_varlen_fwd(q128, q128, True, 10**6) and not dispatch.hopper_varlen_bwd(q128, q128)
+    assert dispatch.hopper_varlen_fwd(q128, q128, True, 10**6, forced=True)
+    assert dispatch.hopper_varlen_bwd(q128, q128, forced=True)
 
 
 @pytest.mark.parametrize("case", ["slices", "pairs", "dv-narrower"])
