@@ -152,9 +152,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         sinks: float32 (Hq,) attention sinks, as in :func:`attention`.
         return_lse: also return the log-sum-exp, float32 (Hq, total_q).
         deterministic: the backward, as in :func:`attention` (``None``: the
-            atomic Hopper backward where it runs, fp16 / bf16 with QK = V
-            head dim <= 128 and no softcap or ALiBi on sm_90 with
-            ``TILEATTN_HOPPER_VARLEN`` on; else the deterministic one).
+            deterministic kernels, but the atomic Hopper backward where its
+            experimental packed build is asked for with
+            ``TILEATTN_HOPPER_VARLEN_BWD=1``).
 
     Returns:
         out (total_q, Hq, Dv), or (out, lse).

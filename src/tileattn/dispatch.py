@@ -258,11 +258,12 @@ def hopper_window_bwd(q: torch.Tensor, v: torch.Tensor, forced: bool = False) ->
     return q.shape[-1] == v.shape[-1] <= 128 and hopper_window(forced)
 
 
-# Whether the default dispatch sends packed sequences to the Hopper kernels'
-# packed builds (``TILEATTN_HOPPER_VARLEN=1`` / ``=0`` overrides it; a forced
-# Hopper config runs them either way).  Off until those builds have passed
-# their GPU tests (tests/variants/test_varlen_hopper.py; perf-notes v49).
-HOPPER_VARLEN = False
+# Whether the default dispatch sends packed sequences' forward to the Hopper
+# kernel's packed build (``TILEATTN_HOPPER_VARLEN=1`` / ``=0`` overrides it; a
+# forced Hopper config runs it either way).  The backward's packed build is
+# experimental: it stopped with an illegal instruction on an H100 (perf-notes
+# v49), so it runs only with ``TILEATTN_HOPPER_VARLEN_BWD=1``.
+HOPPER_VARLEN = True
 
 
 def hopper_varlen_fwd(q: torch.Tensor, v: torch.Tensor, causal: bool, max_seqlen_k: int,
@@ -289,8 +290,10 @@ def hopper_varlen(forced: bool = False) -> bool:
 def hopper_varlen_bwd(q: torch.Tensor, v: torch.Tensor, forced: bool = False) -> bool:
     """Whether packed sequences' backward may run the Hopper dK/dV kernel's
     packed build (QK = V head dim <= 128), given :func:`hopper_bwd_eligible`
-    of the (1, H, total, D) views."""
-    return q.shape[-1] == v.shape[-1] <= 128 and hopper_varlen(forced)
+    of the (1, H, total, D) views: only with ``TILEATTN_HOPPER_VARLEN_BWD=1``
+    (experimental, see ``HOPPER_VARLEN``), then as the forward's switch says."""
+    return (env("TILEATTN_HOPPER_VARLEN_BWD", "0") == "1" and q.shape[-1] == v.shape[-1] <= 128
+            and hopper_varlen(forced))
 
 
 def default_deterministic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plain: bool,
