@@ -292,3 +292,25 @@ def test_varlen_backward_config_needs_the_experimental_switch(monkeypatch):
         launch.attn_bwd(do, q, k, v, o, torch.empty(1, 2, 300), True, 0.125,
                         config=launch_hopper.bwd_config_for(64, 64), deterministic=False, cu_seqlens_q=cu,
                         cu_seqlens_k=cu, max_seqlen_q=200, max_seqlen_k=200)
+
+
+def test_scratch_allocator_fills_in_only_where_none_is_set():
+    """The packed builds' device-made descriptors need Triton's scratch
+    allocator: ``runtime.scratch_allocator`` sets one where Triton has none
+    (each thread's context starts without), and keeps one a user set."""
+    import contextvars
+
+    import triton
+    from triton.runtime import _allocation
+
+    def run():
+        assert _allocation._allocator.get() is _allocation._NULL_ALLOCATOR
+        runtime.scratch_allocator()
+        assert _allocation._allocator.get() is runtime._scratch
+
+        def mine(size, alignment, stream):
+            return None
+        triton.set_allocator(mine)
+        runtime.scratch_allocator()
+        assert _allocation._allocator.get() is mine
+    contextvars.Context().run(run)   # a fresh context, as a new thread has: the test leaves no allocator behind

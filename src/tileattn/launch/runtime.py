@@ -258,9 +258,13 @@ def scratch_allocator() -> None:
     that make tensor descriptors on the device (packed sequences' edge
     tiles), unless one is set.  Triton keeps it in a context variable: set
     again in each thread that launches (autograd's backward runs in its own)."""
-    from triton.runtime import _allocation
-    current = getattr(_allocation, "_allocator", None)
-    if current is None or current.get() is getattr(_allocation, "_NULL_ALLOCATOR", None):
+    try:   # Triton's own null allocator (private names: a Triton without them gets ours)
+        from triton.runtime import _allocation
+        current = _allocation._allocator.get()
+        unset = current is _allocation._NULL_ALLOCATOR
+    except (ImportError, AttributeError):
+        unset = True
+    if unset:
         triton.set_allocator(_scratch)
 
 
