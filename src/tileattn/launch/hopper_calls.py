@@ -19,6 +19,8 @@ rounding remainder, have plans too (perf-notes v29).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..sinks import kernel_sink_grad, remainder_like
@@ -91,6 +93,8 @@ def bwd(do, q, k, v, o, lse, dlse, causal: bool, scale: float, config=None, sink
     sequences (``hopper.attn_bwd_dkdv``'s, no plan)."""
     b, hq, n_q, d = q.shape
     cfg = config or hopper.bwd_config_for(d, v.shape[-1])
+    if varlen is not None and cfg.stats_tma:   # a sequence's rows start anywhere: lse2 and Δ by pointer loads
+        cfg = dataclasses.replace(cfg, stats_tma=False)
     chunks = bwd_memory.memory_chunks(q, k, v, causal, cfg)   # checks head_slices before any launch
     key = None
     if (config is None and sinks is None and varlen is None and len(chunks) == 1
