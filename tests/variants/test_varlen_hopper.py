@@ -314,3 +314,45 @@ def test_scratch_allocator_fills_in_only_where_none_is_set():
         runtime.scratch_allocator()
         assert _allocation._allocator.get() is mine
     contextvars.Context().run(run)   # a fresh context, as a new thread has: the test leaves no allocator behind
+
+
+def test_varlen_backward_call_plumbing(monkeypatch):
+    """``hopper_calls.bwd`` on packed sequences with the dK/dV kernel replaced
+    by a float64 reference of its contract per sequence (dk, dv written;
+    dQ / scale added into the float32 sum): the kernel gets the packed
+    arguments and the config with lse2 / Δ by pointer loads (``stats_tma``
+    off), and the portable preprocess and convert around it give the
+    reference gradients (the kernel itself is the GPU tests')."""
+    from tileattn.launch import hopper_calls
+    from tileattn.testing import DEVICE
+    lens = (17, 40, 9)
+    cu = cu_seqlens(lens, device=DEVICE)
+    total = sum(lens)
+    q, do = (torch.randn(1, 4, total, 64, dtype=torch.float32, device=DEVICE) for _ in range(2))
+    k, v = (torch.randn(1, 2, total, 64, dtype=torch.float32, device=DEVICE) for _ in range(2))
+    scale = 0.25
+    bounds = cu.tolist()
+
+    def per_sequence(q, k, v, do):
+        """(out, lse, dq, dk, dv) of float64 causal attention, sequence by sequence (GQA by repeat)."""
+        parts = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            leaves = [t[:, :, a:b].double().requires_grad_() for t in (q, k, v)]
+            o, lse = standard_attention(leaves[0], leaves[1].repeat_interleave(2, 1), leaves[2].repeat_interleave(2, 1),
+                                        causal=True, scale=scale, return_lse=True)
+            parts.append((o.detach(), lse.detach()) + torch.autograd.grad(o, leaves, do[:, :, a:b].double()))
+        return [torch.cat(ts, dim=2) for ts in zip(*parts)]
+    out, lse, gq, gk, gv = per_sequence(q, k, v, do)
+    seen = []
+
+    def fake_dkdv(do_, q_, k_, v_, dq_acc, dk, dv, lse2, delta, causal, scale_, cfg, ds_sum, window=None, varlen=None):
+        seen.append((cfg.stats_tma, varlen))
+        dk.copy_(gk)
+        dv.copy_(gv)
+        dq_acc.add_(gq.float() / scale_)
+    monkeypatch.setattr(launch_hopper, "attn_bwd_dkdv", fake_dkdv)
+    monkeypatch.setattr(runtime, "PLANS_ON", False)
+    got = hopper_calls.bwd(do, q, k, v, out.float(), lse.float(), None, True, scale, varlen=(cu, cu, 40, 40))
+    assert seen and seen[0][0] is False and seen[0][1][2:] == (40, 40)
+    for name, g, w in zip(("dq", "dk", "dv"), got, (gq, gk, gv)):
+        assert torch.allclose(g.double(), w, atol=1e-4, rtol=1e-4), name
