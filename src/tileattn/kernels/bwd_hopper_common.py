@@ -103,12 +103,20 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         if EDGES is None:
             tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, k_base + start_n, 0], kv_bar, k_smem)
-        elif start_n + k_desc.block_type.shape[2] > N_K:
-            k_edge = _edge_descriptor(k_desc, EDGES[0], EDGES[3], EDGES[4], off_hk, k_base + N_K)
-            tma.async_copy_global_to_shared(k_edge, [off_b, off_hk, k_base + start_n, 0], kv_bar, k_smem)
         else:
-            tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, k_base + start_n, 0], kv_bar, k_smem)
+            k_src = k_desc
+            if start_n + k_desc.block_type.shape[2] > N_K:
+                k_src = _edge_descriptor(k_desc, EDGES[0], EDGES[3], EDGES[4], off_hk, k_base + N_K)
+            tma.async_copy_global_to_shared(k_src, [off_b, off_hk, k_base + start_n, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, k_base + start_n, 0], kv_bar, v_smem)
+    q_src = q_desc
+    do_src = do_desc
+    if EDGES is not None:
+        # one descriptor each for Q and dO over this program's heads, made once: a descriptor in
+        # global scratch is not rewritten while a copy through it may still be in flight
+        if m_lo + n_m * BLOCK_M > N_Q:
+            q_src = _edge_descriptor(q_desc, EDGES[1], EDGES[5], EDGES[6], hq0 + HEADS - 1, q_base + N_Q)
+            do_src = _edge_descriptor(do_desc, EDGES[2], EDGES[7], EDGES[8], hq0 + HEADS - 1, q_base + N_Q)
     for t in range(HEADS * n_m):
         g = t // n_m
         m = q_base + m_lo + (t - g * n_m) * BLOCK_M
@@ -117,41 +125,14 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
         # a slot starts empty: the first wait on each passes (phase 1)
         phase = (((t0 + t) // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(q_empty.index(s), phase)
-        if EDGES is None:
-            _load_rows(q_desc, qt_desc, [off_b, hq, m, 0], q_ready.index(s), q_smem.index(s), qt_smem.index(s),
-                       TAIL_DIM)
-            mbarrier.wait(do_empty.index(s), phase)
-            mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(do_desc, [off_b, hq, m, 0], do_ready.index(s), do_smem.index(s))
-        else:
-            _load_edge_rows(q_desc, do_desc, EDGES, [off_b, hq, m, 0], q_ready.index(s), do_ready.index(s),
-                            q_smem.index(s), do_smem.index(s), do_empty.index(s), phase, m + BLOCK_M > q_base + N_Q,
-                            q_base + N_Q)
+        _load_rows(q_src, qt_desc, [off_b, hq, m, 0], q_ready.index(s), q_smem.index(s), qt_smem.index(s), TAIL_DIM)
+        mbarrier.wait(do_empty.index(s), phase)
+        mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_src, [off_b, hq, m, 0], do_ready.index(s), do_smem.index(s))
         if STATS_TMA:   # the slot's lse₂ and Δ are dead once both warpgroups released its Q and dO
             mbarrier.expect(stat_ready.index(s), 2 * lse_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(lse_desc, [off_b, hq, m], stat_ready.index(s), lse_smem.index(s))
             tma.async_copy_global_to_shared(delta_desc, [off_b, hq, m], stat_ready.index(s), delta_smem.index(s))
-
-
-@gluon.jit
-def _load_edge_rows(q_desc, do_desc, EDGES, coords, q_bar, do_bar, q_dst, do_dst, do_empty, phase, edge, rows_end):
-    """A packed sequence's Q and dO tile (no tail): through descriptors that
-    end with the sequence where the tile runs past it (``edge``), else the
-    packed tensors' own."""
-    if edge:
-        q_edge = _edge_descriptor(q_desc, EDGES[1], EDGES[5], EDGES[6], coords[1], rows_end)
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_edge, coords, q_bar, q_dst)
-        do_edge = _edge_descriptor(do_desc, EDGES[2], EDGES[7], EDGES[8], coords[1], rows_end)
-        mbarrier.wait(do_empty, phase)
-        mbarrier.expect(do_bar, do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_edge, coords, do_bar, do_dst)
-    else:
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, coords, q_bar, q_dst)
-        mbarrier.wait(do_empty, phase)
-        mbarrier.expect(do_bar, do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, coords, do_bar, do_dst)
 
 
 @gluon.jit
