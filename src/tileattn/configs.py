@@ -267,9 +267,7 @@ def fitting(configs: Iterable[KernelConfig], head_dim: int, elem_bytes: int, sme
         return kernel_est(c.block_m, c.block_n, head_dim, elem_bytes, c.num_stages, head_dim_v)
     configs = list(configs)
     ok = [c for c in configs if est(c) <= smem_limit]
-    if ok:
-        return ok
-    return [min(configs, key=est)]
+    return ok or [min(configs, key=est)]
 
 
 # Above this head dim (the 512 bucket) every table's estimates were checked
@@ -368,8 +366,10 @@ class HopperBwdConfig:
 # causal 2k 0.858x cuDNN portable, 0.914x Hopper persistent; v15: 192 and 256 level at 512-1k, 1.26-1.80x from 2k).
 HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 2048, (128, False): 2048, (128, True): 2048,
                        (192, False): 1024, (192, True): 2048, (256, False): 2048, (256, True): 2048}
-# head dim (QK = V) -> the narrowest window (left + right + 1 keys) the Hopper forward runs by default (H200, v48:
-HOPPER_FWD_WINDOW_MIN_SPAN = {64: 4096, 128: 1024}   # w = 128 0.62x / 0.86x portable, d = 64 1k 0.90x, 4k 1.08x)
+# head dim (QK = V) -> the narrowest window (left + right + 1 keys) the Hopper forward takes by default, and the
+# widest it runs persistent, one program a tile above (H200 against the portable forward: perf-notes v48, v50)
+HOPPER_FWD_WINDOW_MIN_SPAN = {64: 513, 128: 1}
+HOPPER_FWD_WINDOW_PERSISTENT_SPAN = {64: 4095, 128: 2049}
 # (head dim, causal) -> the most keys at which the table's forward runs persistent, with sinks or without
 # (perf-notes v19: +4-12 % at 2k, 0-9 % at 4k, -2..+2 % at 16k; v26: d = 64 at 8k +1-4 % in two runs; sinks: d = 64
 # v27; d = 128 once the sink is folded in after the key tiles, v41: the causal build's spills 180 -> 104 B; v45:

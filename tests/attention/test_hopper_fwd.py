@@ -358,12 +358,39 @@ def test_window_switch(monkeypatch):
     assert not dispatch.hopper_window() and dispatch.hopper_window(forced=True)
     monkeypatch.setattr(dispatch, "HOPPER_WINDOW", True)
     # the forward's width rule: configs.HOPPER_FWD_WINDOW_MIN_SPAN keys (left + right + 1), QK = V head dim
-    q128 = torch.empty(1, 1, 1, 128)
-    least = configs.HOPPER_FWD_WINDOW_MIN_SPAN[128]
-    assert dispatch.hopper_window_fwd(q128, q128, (least - 1, 0))
-    assert not dispatch.hopper_window_fwd(q128, q128, (least - 2, 0))
-    assert dispatch.hopper_window_fwd(q128, q128, (3, 0), forced=True)
+    least = configs.HOPPER_FWD_WINDOW_MIN_SPAN[64]
+    assert dispatch.hopper_window_fwd(q64, q64, (least - 1, 0))
+    assert not dispatch.hopper_window_fwd(q64, q64, (least - 2, 0))
+    assert dispatch.hopper_window_fwd(q64, q64, (3, 0), forced=True)
     assert not dispatch.hopper_window_fwd(q192, v128, (100_000, 0))
+
+
+class _Chosen(Exception):
+    """Raised by a stand-in for ``config_for``: the launch stops there."""
+
+
+def test_window_walk_rule(monkeypatch):
+    """The default config of a windowed Hopper forward: persistent up to
+    ``configs.HOPPER_FWD_WINDOW_PERSISTENT_SPAN`` keys (left + right + 1 of
+    the kernel's bounds), one program a tile above; packed sequences (one
+    program a tile only) pass no span (CPU: the launch stops at the choice)."""
+    for d, widest in configs.HOPPER_FWD_WINDOW_PERSISTENT_SPAN.items():
+        assert launch_hopper.config_for(d, d, window_span=widest).persistent
+        assert not launch_hopper.config_for(d, d, window_span=widest + 1).persistent
+    assert not launch_hopper.config_for(192, 128, window_span=3).persistent
+    spans = []
+
+    def chosen(*args):
+        spans.append(args[4])
+        raise _Chosen
+    monkeypatch.setattr(launch_hopper, "config_for", chosen)
+    q = torch.empty(1, 2, 300, 64, dtype=torch.bfloat16)
+    with pytest.raises(_Chosen):
+        launch_hopper.attn_fwd(q, q, q, False, 0.125, window=(100, 27))
+    cu = torch.tensor([0, 300], dtype=torch.int32)
+    with pytest.raises(_Chosen):
+        launch_hopper.attn_fwd(q, q, q, False, 0.125, window=(100, 27), varlen=(cu, cu, 300, 300))
+    assert spans == [128, None]
 
 
 def test_window_refuses_stream_k_and_causal():
@@ -388,7 +415,8 @@ def test_dispatch_plain_only():
         tileattn.attention(q, k, v, causal=True, window=(1500, 0))
         assert calls, "a 1,501-key sliding window (bf16, d = 128, 2k keys) did not take the Hopper kernel"
         calls.clear()
-        tileattn.attention(q, k, v, causal=True, window=(64, 0))   # narrower than HOPPER_FWD_WINDOW_MIN_SPAN
+        narrow = [t[..., :64].contiguous() for t in (q, k, v)]   # d = 64: narrower than HOPPER_FWD_WINDOW_MIN_SPAN
+        tileattn.attention(*narrow, causal=True, window=(64, 0))
         tileattn.attention(q, k, v, window=(1500, 0), softcap=30.0)
         tileattn.attention(q.float(), k.float(), v.float())
         tileattn.attention(q[..., :96].contiguous(), k[..., :96].contiguous(), v[..., :96].contiguous())

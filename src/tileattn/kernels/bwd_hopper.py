@@ -70,6 +70,15 @@ def _add_row_sums(DS_SUM, sums, off_b, hq, m, N_HEADS, N_Q, BLOCK_M: gl.constexp
 
 
 @gluon.jit
+def _rows_inside(dq, m, N_Q, BLOCK_M: gl.constexpr, dq_layout: gl.constexpr):
+    """A packed sequence's dQ tile with the rows past the sequence set to 0:
+    the copy engine's add reaches the next sequence's rows, where a NaN of
+    this sequence's K (times the zero dS there) would otherwise land."""
+    rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    return gl.where((rows < N_Q)[:, None], dq, 0.0)
+
+
+@gluon.jit
 def _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, col0, WG: gl.constexpr, BLOCK_M: gl.constexpr,
                WIDTH: gl.constexpr):
     """Stage this warpgroup's dQ columns [col0, col0 + WIDTH) and let the copy
@@ -238,6 +247,9 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                 zero_q = gl.zeros([BLOCK_M, DQ_W], gl.float32, dq_layout)
                 dq = warpgroup_mma(ds_buf.permute([1, 0]), k_cols, zero_q, use_acc=False, is_async=True)
                 dq = warpgroup_mma_wait(0, deps=[dq])
+                if IS_VARLEN:
+                    if m + BLOCK_M > N_Q:
+                        dq = _rows_inside(dq, m, N_Q, BLOCK_M, dq_layout)
                 _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, q_base + m, 0, WG, BLOCK_M, DQ_W)
         else:
             mbarrier.wait(ds_bars.index(tg % 2), (tg // 2) & 1)
@@ -261,6 +273,9 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                 dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
             mbarrier.arrive(q_empty.index(s), count=1)
             mbarrier.arrive(do_empty.index(s), count=1)
+            if IS_VARLEN:
+                if m + BLOCK_M > N_Q:
+                    dq = _rows_inside(dq, m, N_Q, BLOCK_M, dq_layout)
             _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, q_base + m, WG * HALF_D, WG, BLOCK_M, HALF_D)
     if SUM_DS and DEFER_SUMS:
         if HEADS * n_m > 0:

@@ -58,13 +58,18 @@ def defers_o(cfg: HopperFwdConfig) -> bool:
 
 
 def config_for(head_dim: int, head_dim_v: int | None = None, causal: bool = False,
-               n_k: int | None = None) -> HopperFwdConfig:
+               n_k: int | None = None, window_span: int | None = None) -> HopperFwdConfig:
     """The table's config for Q/K head dim ``head_dim`` and V head dim
     ``head_dim_v`` (default: the same); persistent for calls of at most
     ``configs.HOPPER_FWD_PERSISTENT_MAX_KEYS`` keys (``n_k``) where the table
-    has that bound (with sinks or without)."""
+    has that bound (with sinks or without), and for sliding windows of at
+    most ``configs.HOPPER_FWD_WINDOW_PERSISTENT_SPAN`` keys (``window_span``:
+    left + right + 1 of the kernel's bounds; ``n_k`` then unused)."""
     dv = head_dim if head_dim_v is None else head_dim_v
     cfg = configs.HOPPER_FWD[(head_dim, dv)]
+    if window_span is not None:
+        widest = configs.HOPPER_FWD_WINDOW_PERSISTENT_SPAN.get(head_dim) if dv == head_dim else None
+        return _persistent(cfg) if widest is not None and window_span <= widest else cfg
     most = None if dv != head_dim else configs.HOPPER_FWD_PERSISTENT_MAX_KEYS.get((head_dim, bool(causal)))
     if most is not None and n_k is not None and n_k <= most:
         return _persistent(cfg)
@@ -115,7 +120,8 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     applies sinks after the kernel)."""
     b, hq, n_q, d = q.shape
     hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
-    cfg = config or config_for(d, dv, causal, None if window or varlen else n_k)
+    span = None if window is None or varlen is not None else window[0] + window[1] + 1
+    cfg = config or config_for(d, dv, causal, None if window or varlen else n_k, span)
     if window is not None and (cfg.stream_k or causal):
         raise ValueError("window: the Hopper forward runs a window without the stream-K cut, causal folded into it")
     if varlen is not None and (cfg.persistent or sinks is not None or remainder or d != dv or b != 1):
