@@ -55,6 +55,29 @@ def _vs_cudnn_payload():
     return {"device": "test gpu", "torch": "x", "triton": "y", "rows": rows}
 
 
+def test_speedup_baseline_without_standard_attention(tmp_path, monkeypatch):
+    """A run without standard attention (the usual GPU run beside cuDNN)
+    draws its speed-up figure over SDPA-cuDNN, not empty panels over a
+    provider that never ran; standard attention first where it ran; a
+    given baseline wins."""
+    rows = [r for r in _ratio_rows() if r["provider"] != "standard"]
+    for r in rows:
+        r["ms"] = 1.0 / r["tflops"] if r["tflops"] else None
+    assert plots.speedup_baseline(rows) == "sdpa-cudnn"
+    assert plots.speedup_baseline(_ratio_rows()) == "standard"
+    assert plots.speedup_baseline([r for r in rows if r["provider"] != "sdpa-cudnn"]) == "sdpa-flash"
+    assert plots.speedup_baseline(rows, "flex") == "flex"
+    drawn = {}
+    real = plots.plot_speedup
+
+    def spy(rows, path, baseline="standard"):
+        drawn["baseline"] = baseline
+        return real(rows, path, baseline=baseline)
+    monkeypatch.setattr(plots, "plot_speedup", spy)
+    plots.plot_results(rows, tmp_path)
+    assert drawn["baseline"] == "sdpa-cudnn" and (tmp_path / "speedup.png").stat().st_size > 1000
+
+
 def test_vs_cudnn_replot_from_json_files(tmp_path, monkeypatch):
     """benchmarks/vs_cudnn.py --replot: its --json rows in the plots' schema, the
     backward's atomic-dQ provider drawn as tileattn, the ratio panel to cuDNN."""

@@ -337,7 +337,7 @@ def run(args) -> int:
     plots = []
     if args.plot:
         from .plots import plot_results
-        plots = [str(p) for p in plot_results(dicts, args.out)]
+        plots = [str(p) for p in plot_results(dicts, args.out, baseline=baseline if args.baseline else None)]
     print(f"results appended to {files['csv']} and {files['jsonl']}"
           + (f"; plots: {', '.join(plots)}" if plots else ""), file=out_stream)
     if args.json:

@@ -3,7 +3,9 @@
 * ``tflops.png``: TFLOP/s vs N, one panel per (head dim, causal, mode), one
   line per provider (rows with status ``ok`` only: failed, out-of-memory and
   wrong results are not drawn);
-* ``speedup.png``: each provider's speed-up over standard attention;
+* ``speedup.png``: each provider's speed-up over standard attention (over
+  ``baseline``, by default SDPA-cuDNN or the first SDPA backend, where the
+  run has no standard-attention rows);
 * ``memory.png``: peak memory vs N, out-of-memory points marked with a cross
   at the top of the panel (where standard attention runs out of memory).
 """
@@ -117,7 +119,8 @@ def plot_speedup(rows: list[dict], path, baseline: str = "standard") -> Path:
                 ax.plot(*zip(*pts), label=prov, color=f"C{i % 10}", **_style(prov))
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
         _axis(ax, panel, f"speed-up over {baseline}")
-    out = _finish(fig, axes, len(panels), path, _title(rows, f"speed-up over {baseline} attention"))
+    what = "standard attention" if baseline == "standard" else baseline
+    out = _finish(fig, axes, len(panels), path, _title(rows, f"speed-up over {what}"))
     plt.close(fig)
     return out
 
@@ -153,13 +156,29 @@ def plot_memory(rows: list[dict], path) -> Path:
     return out
 
 
+def speedup_baseline(rows: list[dict], baseline: str | None = None) -> str:
+    """The provider the speed-up figure divides by: ``baseline`` where given,
+    else standard attention where the rows have it, else SDPA-cuDNN, else the
+    first SDPA backend, else the first provider (a run without standard
+    attention would otherwise draw empty panels)."""
+    if baseline is not None:
+        return baseline
+    ran = [p for p in _providers(rows) if any(r["status"] == "ok" for r in rows if r["provider"] == p)]
+    for name in ("standard", "sdpa-cudnn"):
+        if name in ran:
+            return name
+    return next((p for p in ran if p.startswith("sdpa-")), ran[0] if ran else "standard")
+
+
 def plot_results(results: str | os.PathLike | Iterable[dict], out_dir: str | os.PathLike,
-                 run_id: str | None = "latest") -> list[Path]:
+                 run_id: str | None = "latest", baseline: str | None = None) -> list[Path]:
     """Draw the three figures into ``out_dir`` from a results file (or rows);
-    ``run_id`` picks the run in a file that holds several (default: the last)."""
+    ``run_id`` picks the run in a file that holds several (default: the last);
+    ``baseline``: the speed-up figure's (:func:`speedup_baseline`)."""
     rows = load_rows(results, run_id) if isinstance(results, (str, os.PathLike)) else list(results)
     if not rows:
         raise ValueError(f"no result rows in {results}")
     out = Path(out_dir)
-    return [plot_tflops(rows, out / "tflops.png"), plot_speedup(rows, out / "speedup.png"),
+    return [plot_tflops(rows, out / "tflops.png"),
+            plot_speedup(rows, out / "speedup.png", baseline=speedup_baseline(rows, baseline)),
             plot_memory(rows, out / "memory.png")]
