@@ -138,10 +138,11 @@ def bench_window_paths(a, device, dtype, rows):
     if (d, d) in configs.HOPPER_FWD and d <= 128:
         persistent = dataclasses.replace(configs.HOPPER_FWD[(d, d)], persistent=True)
 
-    def on(path):   # (HOPPER_FWD and HOPPER_BWD, the forward's width rule) of a path
-        return {"hopper": (True, every_width), "portable": (False, configs.HOPPER_FWD_WINDOW_MIN_SPAN),
-                "default": (True, configs.HOPPER_FWD_WINDOW_MIN_SPAN)}[path]
     saved = dispatch.HOPPER_FWD, dispatch.HOPPER_BWD, configs.HOPPER_FWD_WINDOW_MIN_SPAN
+    rule = saved[2]   # the default's width rule (the module attribute is swapped during the run)
+
+    def on(path):   # (HOPPER_FWD and HOPPER_BWD, the forward's width rule) of a path
+        return {"hopper": (True, every_width), "portable": (False, rule), "default": (True, rule)}[path]
     try:
         for n in a.paths_ns:
             b = max(1, a.paths_tokens // n)

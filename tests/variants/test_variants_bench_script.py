@@ -35,9 +35,18 @@ def test_window_paths_section_restores_the_switches(tmp_path, monkeypatch):
     import variants_bench
     from tileattn import configs, dispatch
     before = dispatch.HOPPER_FWD, dispatch.HOPPER_BWD, configs.HOPPER_FWD_WINDOW_MIN_SPAN
+    seen = []   # (Hopper switch, width rule) as each timed call ran
+    timed = variants_bench._time_mode
+
+    def spy(*args, **kw):
+        seen.append((dispatch.HOPPER_FWD, configs.HOPPER_FWD_WINDOW_MIN_SPAN))
+        return timed(*args, **kw)
+    monkeypatch.setattr(variants_bench, "_time_mode", spy)
     assert variants_bench.main(["--device", "cpu", "--smoke", "--sections", "window_paths",
                                 "--out", str(tmp_path)]) == 0
     assert (dispatch.HOPPER_FWD, dispatch.HOPPER_BWD, configs.HOPPER_FWD_WINDOW_MIN_SPAN) == before
+    # the default path runs with the Hopper switches on and the table's width rule (not the every-width one)
+    assert (True, before[2]) in seen and any(on and rule is not before[2] for on, rule in seen)
     rows = json.loads((tmp_path / "variants.json").read_text())["rows"]
     assert sorted((r["seqlen"], r["window"], r["mode"]) for r in rows) == [(256, 64, "fwd"), (256, 64, "fwd_bwd")]
     assert all(r["hopper_ms"] > 0 and r["portable_ms"] > 0 and r["ms"] > 0 for r in rows)
