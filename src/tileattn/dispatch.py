@@ -261,8 +261,9 @@ def hopper_window_bwd(q: torch.Tensor, v: torch.Tensor, forced: bool = False) ->
 # Whether the default dispatch sends packed sequences' forward to the Hopper
 # kernel's packed build (``TILEATTN_HOPPER_VARLEN=1`` / ``=0`` overrides it; a
 # forced Hopper config runs it either way).  The backward's packed build is
-# experimental: it stopped with an illegal instruction on an H100 (perf-notes
-# v49), so it runs only with ``TILEATTN_HOPPER_VARLEN_BWD=1``.
+# experimental (perf-notes v49: an illegal instruction on an H100; v50: its
+# accuracy tests pass, its isolation test waits for a GPU rerun), so it runs
+# only with ``TILEATTN_HOPPER_VARLEN_BWD=1``.
 HOPPER_VARLEN = True
 
 

@@ -6,7 +6,6 @@ no key, GQA, a sliding window, bf16 and fp16, d = 64 and 128), the default
 dispatch of ``attention_varlen`` and its switch, and the launchers'
 refusals (CPU)."""
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -22,12 +21,9 @@ from conftest import HAS_CUDA
 
 ON_HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a compute capability 9.0 GPU")
-# The backward's packed build stopped with an illegal instruction on an H100 (perf-notes v49), which takes the
-# worker's CUDA context with it: its GPU cases run only where TILEATTN_HOPPER_VARLEN_BWD=1 asks for that build.
-BWD_BUILD = os.environ.get("TILEATTN_HOPPER_VARLEN_BWD", "0") == "1"
-needs_bwd_build = pytest.mark.skipif(not (ON_HOPPER and BWD_BUILD), reason=(
-    "the packed backward build is experimental (illegal instruction on an H100, perf-notes v49): "
-    "set TILEATTN_HOPPER_VARLEN_BWD=1 on a compute capability 9.0 GPU to run it"))
+# The backward's packed build is experimental (perf-notes v49-v50): the launchers take it only with
+# TILEATTN_HOPPER_VARLEN_BWD=1, which its GPU cases set.
+needs_bwd_build = needs_hopper
 
 # name: (query lengths, key lengths or None (the same), hq, hkv, d, causal, window)
 CASES = {
@@ -121,10 +117,11 @@ def _reference_grads(q, k, v, do, lens_q, lens_k, causal, window):
 @needs_bwd_build
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_varlen_backward_against_float64(case, dtype):
+def test_varlen_backward_against_float64(case, dtype, monkeypatch):
     """The forced backward table config (the atomic dQ sum) on packed
     sequences after the Hopper forward: dq, dk, dv against float64 per
     sequence, under the accuracy rule; the launch took the packed build."""
+    monkeypatch.setenv("TILEATTN_HOPPER_VARLEN_BWD", "1")
     lens_q, lens_k, hq, hkv, d, causal, window = CASES[case]
     lens_k = lens_q if lens_k is None else lens_k
     g = torch.Generator(device="cuda").manual_seed(case_number(case) % 1000 + 1)
@@ -149,12 +146,13 @@ def test_varlen_backward_against_float64(case, dtype):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("part", [pytest.param("forward", marks=needs_hopper),
                                   pytest.param("backward", marks=needs_bwd_build)])
-def test_varlen_sequences_are_isolated(d, part):
+def test_varlen_sequences_are_isolated(d, part, monkeypatch):
     """NaN in one packed sequence stays in it on the Hopper kernels (forced
     configs; the forward, or forward and backward): the tiles that end past
     a sequence read zeros there, not the next sequence's rows; the other
     sequences match the run without the NaN (bit for bit but dq, whose
     float32 sum takes its adds in any order)."""
+    monkeypatch.setenv("TILEATTN_HOPPER_VARLEN_BWD", "1")
     lens = (200, 130, 300)   # the first and middle sequences end inside a tile
     g = torch.Generator(device="cuda").manual_seed(d)
     q, k, v, do = (_packed(lens, 2, d, torch.bfloat16, g) for _ in range(4))
