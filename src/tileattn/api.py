@@ -153,7 +153,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         return_lse: also return the log-sum-exp, float32 (Hq, total_q).
         deterministic: the backward, as in :func:`attention` (``None``: the
             deterministic kernels, but the atomic Hopper backward where its
-            experimental packed build is asked for with
+            opt-in packed build is asked for with
             ``TILEATTN_HOPPER_VARLEN_BWD=1``).
 
     Returns:

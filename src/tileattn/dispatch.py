@@ -261,9 +261,9 @@ def hopper_window_bwd(q: torch.Tensor, v: torch.Tensor, forced: bool = False) ->
 # Whether the default dispatch sends packed sequences' forward to the Hopper
 # kernel's packed build (``TILEATTN_HOPPER_VARLEN=1`` / ``=0`` overrides it; a
 # forced Hopper config runs it either way).  The backward's packed build is
-# experimental (perf-notes v49: an illegal instruction on an H100; v50: its
-# accuracy tests pass, its isolation test waits for a GPU rerun), so it runs
-# only with ``TILEATTN_HOPPER_VARLEN_BWD=1``.
+# opt-in (perf-notes v49: an illegal instruction on an H100; v50: fixed, its
+# GPU tests pass, no clean timing yet), so it runs only with
+# ``TILEATTN_HOPPER_VARLEN_BWD=1``.
 HOPPER_VARLEN = True
 
 
@@ -292,7 +292,7 @@ def hopper_varlen_bwd(q: torch.Tensor, v: torch.Tensor, forced: bool = False) ->
     """Whether packed sequences' backward may run the Hopper dK/dV kernel's
     packed build (QK = V head dim <= 128), given :func:`hopper_bwd_eligible`
     of the (1, H, total, D) views: only with ``TILEATTN_HOPPER_VARLEN_BWD=1``
-    (experimental, see ``HOPPER_VARLEN``), then as the forward's switch says."""
+    (opt-in, see ``HOPPER_VARLEN``), then as the forward's switch says."""
     return (env("TILEATTN_HOPPER_VARLEN_BWD", "0") == "1" and q.shape[-1] == v.shape[-1] <= 128
             and hopper_varlen(forced))
 

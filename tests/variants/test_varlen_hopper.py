@@ -21,7 +21,7 @@ from conftest import HAS_CUDA
 
 ON_HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a compute capability 9.0 GPU")
-# The backward's packed build is experimental (perf-notes v49-v50): the launchers take it only with
+# The backward's packed build is opt-in (perf-notes v49-v50): the launchers take it only with
 # TILEATTN_HOPPER_VARLEN_BWD=1, which its GPU cases set.
 needs_bwd_build = needs_hopper
 

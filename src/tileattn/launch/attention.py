@@ -348,7 +348,7 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     window_only = others == {"window"} and dispatch.hopper_window_bwd(q, v, forced)
     if varlen and forced and not dispatch.hopper_varlen_bwd(q, v, True):
         raise ValueError("config: a Hopper backward config on packed sequences needs QK = V head dim <= 128 and "
-                         "TILEATTN_HOPPER_VARLEN_BWD=1 (the packed backward build is experimental)")
+                         "TILEATTN_HOPPER_VARLEN_BWD=1 (the packed backward build is opt-in)")
     if (not deterministic and (not others or window_only) and (config is None or forced)
             and dispatch.hopper_bwd_eligible(q, k, v, do, sums_ds)
             and (not varlen or (dispatch.hopper_varlen_bwd(q, v, forced) and not sums_ds))):
