@@ -1,6 +1,6 @@
 """Benchmark of the attention variants on one GPU (H200, bf16 by default).
 
-Four sections, each a table of rows written to ``--out`` as
+Five sections, each a table of rows written to ``--out`` as
 ``variants.csv`` and ``variants.json`` (with the GPU, versions and commit):
 
 * ``varlen``: 16 packed sequences of mixed lengths totalling 16k tokens
@@ -20,6 +20,13 @@ Four sections, each a table of rows written to ``--out`` as
   On a machine without Hopper all three are the portable path.  Where the
   Hopper forward runs, the forward rows also time the persistent Hopper
   forward (``HopperFwdConfig(persistent=True)`` forced, ``hopper_persistent_ms``).
+* ``varlen_paths``: the ``varlen`` section's packed sequences on three paths,
+  rounds interleaved (odd ones reversed), medians, by the switches
+  ``TILEATTN_HOPPER_VARLEN`` / ``TILEATTN_HOPPER_VARLEN_BWD``: the Hopper
+  kernels' packed builds forward and backward (``hopper_ms``), the Hopper
+  forward with the portable backward (``ms``, the default), the portable
+  kernels (``portable_ms``); forward and forward + backward, causal and not
+  (perf-notes v50).  Without Hopper all three are the portable path.
 
     python benchmarks/variants_bench.py --out results/variants
     python benchmarks/variants_bench.py --quick --out /tmp/v     # fewer points
@@ -106,6 +113,43 @@ def bench_varlen(a, device, dtype, rows):
                          "ms": res["varlen"][0], "tflops": res["varlen"][1], "dense_ms": res["dense"][0],
                          "dense_tflops": res["dense"][1], "tflops_ratio": res["varlen"][1] / res["dense"][1]})
             _log(rows[-1])
+
+
+def bench_varlen_paths(a, device, dtype, rows):
+    import tileattn
+    from tileattn.cost.sparse import varlen_flops
+    lens = mixed_lengths(a.varlen_seqs, a.varlen_tokens)
+    h, d = a.heads, a.head_dim
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device=device)
+    q, k, v = (torch.randn(sum(lens), h, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    switches = {"hopper": ("1", "1"), "default": ("1", "0"), "portable": ("0", "0")}   # (forward, backward)
+    saved = {name: os.environ.get(name) for name in ("TILEATTN_HOPPER_VARLEN", "TILEATTN_HOPPER_VARLEN_BWD")}
+    try:
+        for causal in (False, True):
+            def packed():
+                return tileattn.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
+            for mode in ("fwd", "fwd_bwd"):
+                ms = {}
+                for r in range(a.rounds):
+                    order = tuple(switches) if r % 2 == 0 else tuple(switches)[::-1]
+                    for path in order:
+                        os.environ["TILEATTN_HOPPER_VARLEN"], os.environ["TILEATTN_HOPPER_VARLEN_BWD"] = switches[path]
+                        ms.setdefault(path, []).append(_time_mode(packed, (q, k, v), mode, device, a.rep_ms))
+                med = {p: sorted(x)[len(x) // 2] for p, x in ms.items()}
+                flops = varlen_flops(lens, lens, h, d, causal=causal, mode=mode)
+                rows.append({"section": "varlen_paths", "mode": mode, "causal": causal, "heads": h, "head_dim": d,
+                             "tokens": sum(lens), "seqlens": " ".join(map(str, lens)), "ms": med["default"],
+                             "hopper_ms": med["hopper"], "portable_ms": med["portable"],
+                             "tflops": flops / (med["default"] * 1e-3) / 1e12,
+                             "hopper_tflops": flops / (med["hopper"] * 1e-3) / 1e12,
+                             "portable_over_hopper": med["portable"] / med["hopper"]})
+                _log(rows[-1])
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def bench_window(a, device, dtype, rows):
@@ -250,7 +294,7 @@ def parse(argv=None):
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--sections", nargs="+", default=["varlen", "window", "block_sparse"],
-                    choices=["varlen", "window", "block_sparse", "window_paths"])
+                    choices=["varlen", "window", "block_sparse", "window_paths", "varlen_paths"])
     ap.add_argument("--varlen-seqs", type=int, default=16)
     ap.add_argument("--varlen-tokens", type=int, default=16384)
     ap.add_argument("--window-n", type=int, default=16384, help="N of the time-vs-window sweep")
@@ -262,7 +306,7 @@ def parse(argv=None):
                     help="window_paths: left windows (causal)")
     ap.add_argument("--paths-ns", type=int, nargs="+", default=[4096, 16384], help="window_paths: sequence lengths")
     ap.add_argument("--paths-tokens", type=int, default=16384, help="window_paths: tokens a batch (batch = this / N)")
-    ap.add_argument("--rounds", type=int, default=3, help="window_paths: interleaved rounds")
+    ap.add_argument("--rounds", type=int, default=3, help="window_paths, varlen_paths: interleaved rounds")
     ap.add_argument("--sparse-n", type=int, default=16384)
     ap.add_argument("--densities", type=float, nargs="+", default=[0.9, 0.7, 0.5, 0.3, 0.2, 0.1, 0.05])
     ap.add_argument("--hw", default="nvidia-h200", help="cost-model hardware for the block-sparse prediction")
@@ -363,7 +407,7 @@ def main(argv=None) -> int:
     for section in a.sections:
         print(f"== {section}", flush=True)
         {"varlen": bench_varlen, "window": bench_window, "block_sparse": bench_block_sparse,
-         "window_paths": bench_window_paths}[section](
+         "window_paths": bench_window_paths, "varlen_paths": bench_varlen_paths}[section](
             a, device, dtype, rows)
     meta["wall_s"] = round(time.time() - t0, 1)
     paths = write(rows, meta, Path(a.out))
