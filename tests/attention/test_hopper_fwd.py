@@ -372,8 +372,9 @@ class _Chosen(Exception):
 def test_window_walk_rule(monkeypatch):
     """The default config of a windowed Hopper forward: persistent up to
     ``configs.HOPPER_FWD_WINDOW_PERSISTENT_SPAN`` keys (left + right + 1 of
-    the kernel's bounds), one program a tile above; packed sequences (one
-    program a tile only) pass no span (CPU: the launch stops at the choice)."""
+    the kernel's bounds), one program a tile above, in the launcher and in
+    the call path's plan; packed sequences (one program a tile only) pass
+    no span (CPU: the launch stops at the choice)."""
     for d, widest in configs.HOPPER_FWD_WINDOW_PERSISTENT_SPAN.items():
         assert launch_hopper.config_for(d, d, window_span=widest).persistent
         assert not launch_hopper.config_for(d, d, window_span=widest + 1).persistent
@@ -390,7 +391,9 @@ def test_window_walk_rule(monkeypatch):
     cu = torch.tensor([0, 300], dtype=torch.int32)
     with pytest.raises(_Chosen):
         launch_hopper.attn_fwd(q, q, q, False, 0.125, window=(100, 27), varlen=(cu, cu, 300, 300))
-    assert spans == [128, None]
+    with pytest.raises(_Chosen):   # the call path's plan key and workspace take the same config
+        hopper_calls.fwd(q, q, q, False, 0.125, window=(100, 27))
+    assert spans == [128, None, 128]
 
 
 def test_window_refuses_stream_k_and_causal():

@@ -117,7 +117,8 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     it need no mask.  A packed sequence (``IS_VARLEN``; ``N_Q``/``N_K`` its
     lengths, its rows from ``q_base``/``k_base``, ``ROWS_Q`` the stats' rows
     a head): queries past it get lse₂ = +inf and Δ = 0 (their Q and dO rows
-    read as zeros), keys past it Pᵀ = dSᵀ = 0 (:func:`_sequence_edge`)."""
+    read as zeros) and add zeros to dQ (:func:`_rows_inside`), keys past it
+    Pᵀ = dSᵀ = 0 (:func:`_sequence_edge`)."""
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     # the dQ sum's box says who forms dQ: D/2 wide, each warpgroup half the

@@ -90,9 +90,10 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
     into ``lse_smem``/``delta_smem`` (completing ``stat_ready``); without it
     those arguments are unused.  A packed sequence's rows start at
     ``q_base`` / ``k_base`` (``fwd_hopper_load._sequence``); ``EDGES`` (its
-    (K, Q, dO) pointers and their head and row strides) gives the tiles that
-    end past it descriptors that end with it (``_edge_descriptor``: zeros
-    there, where the next sequence's rows would meet zero weights)."""
+    (K, Q, dO) pointers and their head and row strides): where a tile ends
+    past it, K, or Q and dO of every tile, come through descriptors that
+    end with it (``_edge_descriptor``: zeros there, where the next
+    sequence's rows would meet zero weights), made once a program."""
     if WAIT_KV:
         mbarrier.wait(kv_empty, 0)
     if TAIL_DIM > 0:

@@ -76,6 +76,14 @@ def config_for(head_dim: int, head_dim_v: int | None = None, causal: bool = Fals
     return cfg
 
 
+def call_config(head_dim: int, head_dim_v: int, n_k: int, causal: bool, window: tuple[int, int] | None = None,
+                varlen: tuple | None = None) -> HopperFwdConfig:
+    """:func:`config_for` of a call: by its keys, or by a sliding window's
+    span (``window``: the kernel's bounds); packed sequences by neither."""
+    span = None if window is None or varlen is not None else window[0] + window[1] + 1
+    return config_for(head_dim, head_dim_v, causal, None if window is not None or varlen is not None else n_k, span)
+
+
 @functools.cache
 def _persistent(cfg: HopperFwdConfig) -> HopperFwdConfig:
     """``cfg`` run persistent (made once: config_for is on every call's path)."""
@@ -120,8 +128,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     applies sinks after the kernel)."""
     b, hq, n_q, d = q.shape
     hkv, n_k, dv = k.shape[1], k.shape[2], v.shape[-1]
-    span = None if window is None or varlen is not None else window[0] + window[1] + 1
-    cfg = config or config_for(d, dv, causal, None if window or varlen else n_k, span)
+    cfg = config or call_config(d, dv, n_k, causal, window, varlen)
     if window is not None and (cfg.stream_k or causal):
         raise ValueError("window: the Hopper forward runs a window without the stream-K cut, causal folded into it")
     if varlen is not None and (cfg.persistent or sinks is not None or remainder or d != dv or b != 1):

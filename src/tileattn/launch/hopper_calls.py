@@ -48,7 +48,7 @@ def fwd(q, k, v, causal: bool, scale: float, config=None, sinks=None, remainder:
     key = None
     if sinks is not None:   # as the launcher passes them, so that a plan can name the tensor
         sinks = sinks.float().contiguous()
-    cfg = config or hopper.config_for(q.shape[-1], v.shape[-1], causal, None if window or varlen else k.shape[2])
+    cfg = config or hopper.call_config(q.shape[-1], v.shape[-1], k.shape[2], causal, window, varlen)
     if config is None and not runtime.POISON_OUTPUTS and varlen is None:
         key = runtime.plan_key("hopper_fwd", (q, k, v, sinks), bool(causal), float(scale), cfg, bool(remainder),
                                window)
