@@ -21,9 +21,6 @@ from conftest import HAS_CUDA
 
 ON_HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="GPU-only case: needs a compute capability 9.0 GPU")
-# The backward's packed build is opt-in (perf-notes v49-v50): the launchers take it only with
-# TILEATTN_HOPPER_VARLEN_BWD=1, which its GPU cases set.
-needs_bwd_build = needs_hopper
 
 # name: (query lengths, key lengths or None (the same), hq, hkv, d, causal, window)
 CASES = {
@@ -114,13 +111,14 @@ def _reference_grads(q, k, v, do, lens_q, lens_k, causal, window):
     return out
 
 
-@needs_bwd_build
+@needs_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_varlen_backward_against_float64(case, dtype, monkeypatch):
     """The forced backward table config (the atomic dQ sum) on packed
     sequences after the Hopper forward: dq, dk, dv against float64 per
-    sequence, under the accuracy rule; the launch took the packed build."""
+    sequence, under the accuracy rule; the launch took the packed build
+    (opt-in: ``TILEATTN_HOPPER_VARLEN_BWD=1``, set here)."""
     monkeypatch.setenv("TILEATTN_HOPPER_VARLEN_BWD", "1")
     lens_q, lens_k, hq, hkv, d, causal, window = CASES[case]
     lens_k = lens_q if lens_k is None else lens_k
@@ -145,7 +143,7 @@ def test_varlen_backward_against_float64(case, dtype, monkeypatch):
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("part", [pytest.param("forward", marks=needs_hopper),
-                                  pytest.param("backward", marks=needs_bwd_build)])
+                                  pytest.param("backward", marks=needs_hopper)])
 def test_varlen_sequences_are_isolated(d, part, monkeypatch):
     """NaN in one packed sequence stays in it on the Hopper kernels (forced
     configs; the forward, or forward and backward): the tiles that end past
