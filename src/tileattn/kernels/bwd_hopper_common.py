@@ -102,13 +102,11 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_
         tma.async_copy_global_to_shared(kt_desc, [off_b, off_hk, k_base + start_n, 0], kv_bar, kt_smem)
     else:
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        if EDGES is None:
-            tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, k_base + start_n, 0], kv_bar, k_smem)
-        else:
-            k_src = k_desc
+        k_src = k_desc
+        if EDGES is not None:
             if start_n + k_desc.block_type.shape[2] > N_K:
                 k_src = _edge_descriptor(k_desc, EDGES[0], EDGES[3], EDGES[4], off_hk, k_base + N_K)
-            tma.async_copy_global_to_shared(k_src, [off_b, off_hk, k_base + start_n, 0], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(k_src, [off_b, off_hk, k_base + start_n, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, k_base + start_n, 0], kv_bar, v_smem)
     q_src = q_desc
     do_src = do_desc
