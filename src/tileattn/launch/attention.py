@@ -233,6 +233,15 @@ class _Variants:
 _VARLEN_ARGS = {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"}
 
 
+def _packed(variants: dict, n_q: int, n_k: int) -> tuple:
+    """(the variants' names but packed sequences' arguments, the (query, key)
+    lengths the masks see, the Hopper launchers' ``varlen`` tuple or None)."""
+    if not _VARLEN_ARGS <= variants.keys():
+        return variants.keys(), (n_q, n_k), None
+    lens = (variants["max_seqlen_q"], variants["max_seqlen_k"])
+    return variants.keys() - _VARLEN_ARGS, lens, (variants["cu_seqlens_q"], variants["cu_seqlens_k"], *lens)
+
+
 def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = None, sinks=None,
              remainder: bool = False, **variants):
     """Forward launch. Returns (out (B, Hq, Nq, Dv) in q's dtype, lse float32
@@ -249,15 +258,12 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: KernelConfig | None = 
     loses digits that gradient sums over every row)."""
     # a sliding window alone runs on the Hopper forward too, where it is wide enough; packed sequences too
     forced = isinstance(config, HopperFwdConfig)
-    varlen = _VARLEN_ARGS <= variants.keys()
-    lens = (variants["max_seqlen_q"], variants["max_seqlen_k"]) if varlen else (q.shape[2], k.shape[2])
+    others, lens, packed = _packed(variants, q.shape[2], k.shape[2])
     window = window_bounds(causal, variants["window"], *lens) if "window" in variants else None
-    others = variants.keys() - (_VARLEN_ARGS if varlen else set())
     window_only = others == {"window"} and dispatch.hopper_window_fwd(q, v, window, forced)
     if ((not others or window_only) and (config is None or forced) and dispatch.hopper_fwd_eligible(q, k, v)
-            and (dispatch.hopper_varlen_fwd(q, v, causal, lens[1], forced) if varlen
+            and (dispatch.hopper_varlen_fwd(q, v, causal, lens[1], forced) if packed is not None
                  else forced or dispatch.hopper_fwd_preferred(q.shape[-1], causal, k.shape[2]))):
-        packed = (variants["cu_seqlens_q"], variants["cu_seqlens_k"], *lens) if varlen else None
         return hopper_calls.fwd(q, k, v, causal and window is None, scale, config, sinks, remainder, window,
                                 varlen=packed)
     b, hq, n_q, d = q.shape
@@ -343,17 +349,14 @@ def attn_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dlse=None,
     deterministic = bool(deterministic)
     sums_ds = sinks is not None and o_lo is None   # the kernels sum dS for the sinks' gradient
     forced = isinstance(config, HopperBwdConfig)
-    varlen = _VARLEN_ARGS <= variants.keys()   # packed sequences: the d <= 128 kernel's packed build
-    others = variants.keys() - (_VARLEN_ARGS if varlen else set())
+    others, lens, packed = _packed(variants, n_q, n_k)   # packed sequences: the d <= 128 kernel's packed build
     window_only = others == {"window"} and dispatch.hopper_window_bwd(q, v, forced)
-    if varlen and forced and not dispatch.hopper_varlen_bwd(q, v, True):
+    if packed is not None and forced and not dispatch.hopper_varlen_bwd(q, v, True):
         raise ValueError("config: a Hopper backward config on packed sequences needs QK = V head dim <= 128 and "
                          "TILEATTN_HOPPER_VARLEN_BWD=1 (the packed backward build is opt-in)")
     if (not deterministic and (not others or window_only) and (config is None or forced)
             and dispatch.hopper_bwd_eligible(q, k, v, do, sums_ds)
-            and (not varlen or (dispatch.hopper_varlen_bwd(q, v, forced) and not sums_ds))):
-        lens = (variants["max_seqlen_q"], variants["max_seqlen_k"]) if varlen else (n_q, n_k)
-        packed = (variants["cu_seqlens_q"], variants["cu_seqlens_k"], *lens) if varlen else None
+            and (packed is None or (dispatch.hopper_varlen_bwd(q, v, forced) and not sums_ds))):
         # causal folded into the window's bounds
         window = window_bounds(causal, variants["window"], *lens) if window_only else None
         return hopper_calls.bwd(do, q, k, v, o, lse, dlse, causal and window is None, scale, config, sinks, o_lo,
