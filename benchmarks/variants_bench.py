@@ -72,6 +72,17 @@ def _time_mode(fn, leaves, mode, device, rep_ms):
     return _time_ms(run, device, rep_ms)
 
 
+def _interleaved(paths: tuple, rounds: int, timed) -> dict:
+    """Median ms of ``timed(path)`` for each path over ``rounds`` rounds,
+    every path once a round, odd rounds in reverse order (clock drift meets
+    every path alike)."""
+    ms = {p: [] for p in paths}
+    for r in range(rounds):
+        for path in paths if r % 2 == 0 else paths[::-1]:
+            ms[path].append(timed(path))
+    return {p: sorted(x)[len(x) // 2] for p, x in ms.items()}
+
+
 def mixed_lengths(n_seqs: int, total: int, seed: int = 0, min_len: int = 64) -> list[int]:
     """``n_seqs`` lengths summing to ``total``: log-uniform shares, so that
     long and short sequences mix (e.g. 16 sequences over 16k tokens run from
@@ -129,13 +140,10 @@ def bench_varlen_paths(a, device, dtype, rows):
             def packed():
                 return tileattn.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
             for mode in ("fwd", "fwd_bwd"):
-                ms = {}
-                for r in range(a.rounds):
-                    order = tuple(switches) if r % 2 == 0 else tuple(switches)[::-1]
-                    for path in order:
-                        os.environ["TILEATTN_HOPPER_VARLEN"], os.environ["TILEATTN_HOPPER_VARLEN_BWD"] = switches[path]
-                        ms.setdefault(path, []).append(_time_mode(packed, (q, k, v), mode, device, a.rep_ms))
-                med = {p: sorted(x)[len(x) // 2] for p, x in ms.items()}
+                def timed(path):
+                    os.environ["TILEATTN_HOPPER_VARLEN"], os.environ["TILEATTN_HOPPER_VARLEN_BWD"] = switches[path]
+                    return _time_mode(packed, (q, k, v), mode, device, a.rep_ms)
+                med = _interleaved(tuple(switches), a.rounds, timed)
                 flops = varlen_flops(lens, lens, h, d, causal=causal, mode=mode)
                 rows.append({"section": "varlen_paths", "mode": mode, "causal": causal, "heads": h, "head_dim": d,
                              "tokens": sum(lens), "seqlens": " ".join(map(str, lens)), "ms": med["default"],
@@ -194,25 +202,22 @@ def bench_window_paths(a, device, dtype, rows):
             pers = persistent is not None and dispatch.hopper_fwd_eligible(q, k, v)
             for w in a.paths_windows:
                 for mode in ("fwd", "fwd_bwd"):
-                    ms = {}
-                    for r in range(a.rounds):
-                        order = ("hopper", "portable", "default") + (("persistent",) if pers and mode == "fwd" else ())
-                        for path in order if r % 2 == 0 else order[::-1]:
-                            if path == "persistent":   # the forward alone, its config forced
-                                dispatch.HOPPER_FWD = dispatch.HOPPER_BWD = True
+                    def timed(path):
+                        if path == "persistent":   # the forward alone, its config forced
+                            dispatch.HOPPER_FWD = dispatch.HOPPER_BWD = True
 
-                                def fn():
-                                    return launch.attn_fwd(q, k, v, True, d ** -0.5, config=persistent,
-                                                           window=(w, 0))[0]
-                            else:
-                                hopper, span = on(path)
-                                dispatch.HOPPER_FWD = dispatch.HOPPER_BWD = hopper
-                                configs.HOPPER_FWD_WINDOW_MIN_SPAN = span
+                            def fn():
+                                return launch.attn_fwd(q, k, v, True, d ** -0.5, config=persistent, window=(w, 0))[0]
+                        else:
+                            hopper, span = on(path)
+                            dispatch.HOPPER_FWD = dispatch.HOPPER_BWD = hopper
+                            configs.HOPPER_FWD_WINDOW_MIN_SPAN = span
 
-                                def fn():
-                                    return tileattn.attention(q, k, v, causal=True, window=(w, 0))
-                            ms.setdefault(path, []).append(_time_mode(fn, (q, k, v), mode, device, a.rep_ms))
-                    med = {p: sorted(x)[len(x) // 2] for p, x in ms.items()}
+                            def fn():
+                                return tileattn.attention(q, k, v, causal=True, window=(w, 0))
+                        return _time_mode(fn, (q, k, v), mode, device, a.rep_ms)
+                    order = ("hopper", "portable", "default") + (("persistent",) if pers and mode == "fwd" else ())
+                    med = _interleaved(order, a.rounds, timed)
                     rows.append({"section": "window_paths", "mode": mode, "causal": True, "heads": h,
                                  "head_dim": d, "batch": b, "seqlen": n, "window": w, "ms": med["default"],
                                  "hopper_ms": med["hopper"], "portable_ms": med["portable"],
