@@ -79,16 +79,19 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
     out = {"sdpa-cudnn": sdpa(torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
            "sdpa-flash": sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION),
            "portable": portable}
-    d64 = dict(num_stages=2, pingpong=False)   # the table's (ping-pong turns on: v26, lost)
+    d64 = dict(num_stages=2, pingpong=False, row_tree=True)   # the table's (ping-pong turns on: v26, lost)
+    wg3 = dict(d64, warpgroups=3, maxnreg=128, early_p=True)    # three softmax warpgroups, 192 query rows
     d128 = dict(num_stages=2)
-    variants = {64: [d64, dict(d64, persistent=True), dict(d64, persistent=True, defer_o=True),
-                     dict(d64, row_tree=True), dict(d64, persistent=True, row_tree=True),
-                     dict(d64, persistent=True, row_tree=True, stream_k=True),
-                     dict(d64, persistent=True, row_tree=True, num_stages=4)],
+    variants = {64: [d64, dict(d64, persistent=True), dict(d64, early_p=True),
+                     dict(d64, persistent=True, early_p=True), dict(d64, persistent=True, stream_k=True), wg3,
+                     dict(wg3, persistent=True), dict(wg3, persistent=True, pingpong=True),
+                     dict(wg3, persistent=True, defer_o=True)],
                 128: [d128, dict(d128, persistent=True), dict(d128, persistent=True, defer_o=True), dict(num_stages=3),
                       dict(d128, pingpong=False), dict(d128, row_tree=True), dict(d128, persistent=True, row_tree=True),
                       dict(d128, persistent=True, row_tree=True, stream_k=True),
-                      dict(d128, persistent=True, row_tree=True, stream_k=True, defer_o=True)]}
+                      dict(d128, persistent=True, row_tree=True, stream_k=True, defer_o=True),
+                      dict(d128, row_tree=True, early_p=True),
+                      dict(d128, persistent=True, row_tree=True, early_p=True)]}
     if per_config == "order":   # the table's one-program-a-tile config, causal tiles grouped or not, and the default
         table = configs.HOPPER_FWD[(head_dim, head_dim)]
         out = {"sdpa-cudnn": out["sdpa-cudnn"], "tileattn": lambda q, k, v, causal: tileattn.attention(

@@ -26,6 +26,7 @@ class KernelConfig:
 
     def as_meta(self) -> dict:
         return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n}
+
     @property
     def name(self) -> str:
         return f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}"
@@ -97,8 +98,6 @@ def bwd_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int, n
 
 SMEM_ESTIMATORS = {"fwd": fwd_smem_bytes, "dkdv": dkdv_smem_bytes, "dkdv_atomic": dkdv_atomic_smem_bytes,
                    "dq": dq_smem_bytes}
-
-
 HEAD_DIM_BUCKETS = (64, 128, 256, 512)
 
 
@@ -115,8 +114,7 @@ _S = "H200 config sweep, triton 3.6 (benchmarks/config_sweep.py; docs/perf-notes
 # and the compile report (triton 3.6, bf16 unless float32 is named, compiled on a CPU for sm_90a with tensor
 # descriptors or for sm_89 by pointers; benchmarks/compile_report.py): registers, spill stores non-causal/causal,
 # the compiler's shared memory (perf-notes v13).  Without timings the order is the atomic table's rule: few spills
-# first, then wider tiles; each table has a tile that fits 227 KB (sm_90), one that fits 99 KB (sm_86/sm_89)
-# and float32's.
+# first, then wider tiles; each table has a tile that fits 227 KB (sm_90), one 99 KB (sm_86/sm_89), float32's.
 _W = "d > 256, sized for shared memory; first configs timed on the H200 (perf-notes v14), not swept"
 
 # Candidates for autotuning on a GPU, by head-dim bucket; the first one that
@@ -312,8 +310,8 @@ def all_configs() -> list[tuple[str, int, KernelConfig]]:
     return [(kind, bucket, c) for kind, table in TABLES.items() for bucket, cfgs in table.items() for c in cfgs]
 
 
-# Hopper forward (Gluon, kernels/fwd_hopper.py): 2 * block_m query rows a program, block_m per softmax warpgroup
-# (4 warps), a one-warp TMA loader; 168 registers -> 240 softmax / 24 loader; 2 (persistent 4) Q + num_stages K, V.
+# Hopper forward (Gluon, kernels/fwd_hopper.py): block_m query rows a softmax warpgroup, a one-warp loader; registers
+# at launch -> softmax / loader: 168 -> 240 / 24 (2 warpgroups), 128 -> 160 / 24 (3); Q tiles, num_stages K, V.
 @dataclasses.dataclass(frozen=True)
 class HopperFwdConfig:
     block_m: int = 64           # query rows per softmax warpgroup
@@ -326,6 +324,8 @@ class HopperFwdConfig:
     row_tree: bool = False      # a tile's row max as a tree of register blocks; row sums a thread's own till the end
     stream_k: bool = False      # persistent, non-causal: the last wave's key tiles cut evenly over the programs
     group_rows: int | None = None   # causal, not persistent: as HopperBwdConfig's (query tiles of G (head, batch))
+    warpgroups: int = 2         # softmax warpgroups: 2, or 3 (d <= 64, maxnreg 128: 160 registers each)
+    early_p: bool = False       # overlap: P made 16-bit once the last P V completed (not at the next P V's issue)
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
@@ -333,8 +333,10 @@ class HopperFwdConfig:
     @property
     def name(self) -> str:
         flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent), ("-dfo", self.defer_o),
-                 ("-rt", self.row_tree), ("-sk", self.stream_k), (f"-g{self.group_rows}", self.group_rows))
-        return f"hopper-M{self.block_m}x2-N{self.block_n}-s{self.num_stages}" + "".join(f for f, on in flags if on)
+                 ("-rt", self.row_tree), ("-sk", self.stream_k), (f"-g{self.group_rows}", self.group_rows),
+                 ("-ep", self.early_p))
+        head = f"hopper-M{self.block_m}x{self.warpgroups}-N{self.block_n}-s{self.num_stages}"
+        return head + "".join(f for f, on in flags if on)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,19 +363,16 @@ class HopperBwdConfig:
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}" + "".join(f for f, x in on if x)
 
 
-# (head dim, causal) -> the fewest keys for which the default dispatch takes the Hopper kernel (a forced config
-# always does); below it the portable kernel was as fast or faster on the H200 (v11: N = 512 and 1k; v19: d = 64
-# causal 2k 0.858x cuDNN portable, 0.914x Hopper persistent; v15: 192 and 256 level at 512-1k, 1.26-1.80x from 2k).
+# (head dim, causal) -> the fewest keys at which the default dispatch takes the Hopper kernel (a forced config always
+# does); below it the portable kernel was as fast or faster on the H200 (perf-notes v11, v15, v19).
 HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 2048, (128, False): 2048, (128, True): 2048,
                        (192, False): 1024, (192, True): 2048, (256, False): 2048, (256, True): 2048}
 # head dim (QK = V) -> the narrowest window (left + right + 1 keys) the Hopper forward takes by default, and the
 # widest it runs persistent, one program a tile above (H200 against the portable forward: perf-notes v48, v50)
 HOPPER_FWD_WINDOW_MIN_SPAN = {64: 513, 128: 1}
 HOPPER_FWD_WINDOW_PERSISTENT_SPAN = {64: 4095, 128: 2049}
-# (head dim, causal) -> the most keys at which the table's forward runs persistent, with sinks or without
-# (perf-notes v19: +4-12 % at 2k, 0-9 % at 4k, -2..+2 % at 16k; v26: d = 64 at 8k +1-4 % in two runs; sinks: d = 64
-# v27; d = 128 once the sink is folded in after the key tiles, v41: the causal build's spills 180 -> 104 B; v45:
-# with row_tree, d = 64 causal 8k one program a tile 423 TFLOP/s against 409 persistent, 16k 457 / 433)
+# (head dim, causal) -> the most keys at which the table's forward runs persistent, with sinks or without (perf-notes
+# v19, v26, v27, v41; v45: d = 64 causal 8k one program a tile 423 TFLOP/s against 409 persistent, 16k 457 / 433)
 HOPPER_FWD_PERSISTENT_MAX_KEYS = {(64, False): 8192, (64, True): 4096, (128, False): 4096, (128, True): 4096}
 # (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA): 2 Q tiles of 64 x 192 + 2 stages of K (128 x 192)
 # and V (128 x 128) = 212,992 B; O (as wide as V) is staged in the Q tile's first piece.  256: 64-key tiles

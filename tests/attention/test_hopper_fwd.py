@@ -65,6 +65,14 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((128, 128), HopperFwdConfig(num_stages=2, group_rows=2)),
     ((192, 128), HopperFwdConfig(num_stages=2, group_rows=4)),
     ((256, 256), HopperFwdConfig(block_n=64, num_stages=2, group_rows=8)),
+    # P made 16-bit once the previous P V completed (the overlapped loop's other order)
+    ((64, 64), dataclasses.replace(configs.HOPPER_FWD[(64, 64)], early_p=True)),
+    ((128, 128), dataclasses.replace(configs.HOPPER_FWD[(128, 128)], early_p=True)),
+    # three softmax warpgroups over 192 query rows (d = 64), turns round the three or none
+    ((64, 64), HopperFwdConfig(pingpong=False, row_tree=True, warpgroups=3, maxnreg=128, early_p=True)),
+    ((64, 64), HopperFwdConfig(pingpong=False, row_tree=True, warpgroups=3, maxnreg=128, early_p=True,
+                               persistent=True)),
+    ((64, 64), HopperFwdConfig(warpgroups=3, maxnreg=128, early_p=True, persistent=True, defer_o=True)),
 ]
 PERSISTENT = [(dims, c) for dims, c in FORCED if c.persistent]
 STREAM_K = [(dims, c) for dims, c in FORCED if c.stream_k]
@@ -122,15 +130,17 @@ def test_compiles_for_sm90(reports, dims, cfg, causal, name):
     rep = reports[(dims, name, causal)]
     assert rep["wgmma"] > 0, "no warpgroup MMA in the PTX"
     assert rep["tma"], "no TMA copy in the PTX"
-    assert {"24", "240"} <= set(rep["setmaxnreg"]), \
-        f"register reallocation {rep['setmaxnreg']}: not 24 for the loader and 240 for the softmax warps"
+    softmax_regs = "240" if cfg.warpgroups == 2 else "160"
+    assert {"24", softmax_regs} <= set(rep["setmaxnreg"]), \
+        f"register reallocation {rep['setmaxnreg']}: not 24 for the loader and {softmax_regs} for the softmax warps"
     assert not rep["local"], "local memory in the PTX (a register array indexed at run time)"
     assert not rep["wgmma_serialized"], \
         "ptxas serialized the warpgroup MMAs (C7512: too few registers; C7514: accumulators read in flight)"
-    q_tiles = 4 if cfg.persistent else 2   # persistent: the next work item's Q lands in a second pair
+    # a Q tile a softmax warpgroup; persistent: the next work item's Q lands in a second set
+    q_tiles = cfg.warpgroups * (2 if cfg.persistent else 1)
     expect = q_tiles * cfg.block_m * head_dim * 2 + cfg.num_stages * cfg.block_n * (head_dim + head_dim_v) * 2
     if name.endswith("-remainder"):
-        expect += 2 * cfg.block_m * head_dim_v   # the remainder code's two int8 staging tiles
+        expect += cfg.warpgroups * cfg.block_m * head_dim_v   # the remainder code's int8 staging tiles
     assert expect <= rep["shared"] <= expect + 1024, \
         f"shared memory {rep['shared']} is not Q + K/V stages ({expect}) + barriers"
     assert rep["shared"] <= 227 * 1024, "more shared memory than a Hopper block may have"
@@ -272,6 +282,26 @@ def test_persistent_config_refuses_wide_head_dims():
     v = torch.empty(1, 2, 256, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="config: a persistent"):
         launch_hopper.attn_fwd(q, k, v, False, 0.1, HopperFwdConfig(persistent=True))
+
+
+WARPGROUP_ERRORS = {   # case -> (forced config, (QK, V head dims), what the error says)
+    "three-at-d128": (HopperFwdConfig(warpgroups=3, maxnreg=128), (128, 128), "three softmax warpgroups"),
+    "three-at-168-registers": (HopperFwdConfig(warpgroups=3), (64, 64), "maxnreg <= 128"),
+    "three-with-stream-k": (HopperFwdConfig(warpgroups=3, maxnreg=128, persistent=True, stream_k=True), (64, 64),
+                            "without the stream-K cut"),
+    "four": (HopperFwdConfig(warpgroups=4, maxnreg=96), (64, 64), "warpgroups is 2 or 3"),
+}
+
+
+@pytest.mark.parametrize("case", list(WARPGROUP_ERRORS))
+def test_warpgroups_config_checked_before_launch(case):
+    """A forced config the kernel cannot run with its softmax warpgroups:
+    a ValueError naming the field, before any launch (CPU: no GPU needed)."""
+    cfg, dims, match = WARPGROUP_ERRORS[case]
+    q, k = (torch.empty(1, 2, 256, dims[0], dtype=torch.bfloat16) for _ in range(2))
+    v = torch.empty(1, 2, 256, dims[1], dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=f"config: .*{match}"):
+        launch_hopper.attn_fwd(q, k, v, False, 0.1, cfg)
 
 
 @pytest.mark.parametrize("case", ["one-program-a-tile", "row-too-narrow", "int32", "too-few-rows"])

@@ -79,53 +79,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from .fwd_hopper_load import (_grid_coords, _key_tiles, _load_partition, _n_work, _sequence, _tile_range, _unit_size,
                                _unit_tile, _window_tiles, _work)
-from .fwd_hopper_mma import _issue_pv, _issue_qk, _wait_pv
+from .fwd_hopper_mma import (TRACE_SLOTS, _issue_pv, _issue_qk, _mark, _my_turn, _p16, _release_q, _wait_pv,
+                             _your_turn)
 from .fwd_hopper_softmax import _epilogue, _lane_sums, _row_total, _softmax_tile, _store_partial
-
-
-TRACE_SLOTS: gl.constexpr = gl.constexpr(128)
-
-
-@gluon.jit
-def _mark(TRACE, slot, WG: gl.constexpr, SM_ID: gl.constexpr = False):
-    """``TRACE`` (``benchmarks/walk_trace.py``; None in every other call,
-    so no code): warpgroup 0 of a persistent program writes the global timer
-    (ns), or with ``SM_ID`` its multiprocessor's number, to entry ``slot``
-    (< TRACE_SLOTS) of the program's row of the int64 ``TRACE``."""
-    if TRACE is not None:
-        if WG == 0:
-            if SM_ID:
-                x = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False,
-                                              pack=1).to(gl.int64)
-            else:
-                x = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
-                                              pack=1)
-            if slot < TRACE_SLOTS:
-                gl.store(TRACE + gl.program_id(0) * TRACE_SLOTS + slot, x)
-
-
-@gluon.jit
-def _my_turn(turns, i, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Wait until the other warpgroup has issued its products of step i-1
-    (warpgroup 0 goes first: its first wait passes)."""
-    if PINGPONG:
-        mbarrier.wait(turns.index(WG), (i & 1) ^ (1 - WG))
-
-
-@gluon.jit
-def _your_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    if PINGPONG:
-        mbarrier.arrive(turns.index(1 - WG), count=1)
-
-
-@gluon.jit
-def _release_q(q_empty, prev_qi, DEFER_O: gl.constexpr):
-    """``DEFER_O``: once O's copy out of Q buffer ``prev_qi`` (the previous
-    work item's, -1 for none) has read it, hand the buffer back to the loader."""
-    if DEFER_O:
-        if prev_qi >= 0:
-            tma.store_wait(0)
-            mbarrier.arrive(q_empty.index(prev_qi), count=1)
 
 
 @gluon.jit
@@ -138,7 +94,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                   qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr,
                   j0=0, slot=-1, WS_O=None, WS_ML=None, STREAM_K: gl.constexpr = False, WIN_LEFT=None,
-                  WIN_RIGHT=None, WIN_ROWS: gl.constexpr = False, q_base=0, O=None, stride_on=0, stride_oh=0):
+                  WIN_RIGHT=None, WIN_ROWS: gl.constexpr = False, q_base=0, O=None, stride_on=0, stride_oh=0,
+                  NUM_WG: gl.constexpr = 2, EARLY_P: gl.constexpr = False):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
     is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
     the ring's ``kc``-th and whose first turn is the ``tc``-th.  Both
@@ -158,7 +115,10 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     sliding window (``WIN_LEFT`` not None): the key tiles are j0, ... as
     well, masked outside this warpgroup's [full_lo, n_full).  A packed
     sequence's rows start at ``q_base``; ``O`` (its pointer, not None) stores
-    rows that end inside the tile (:func:`_epilogue`)."""
+    rows that end inside the tile (:func:`_epilogue`).  ``EARLY_P``: the
+    overlapped loop makes P a 16-bit operand once the previous tile's P V
+    product has completed, so that P in float32 is dead while the next
+    tile's S arrives (else at that P V's issue)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -200,18 +160,20 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             _my_turn(turns, tc, WG, PINGPONG)
             qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                            TAIL_DIM, NUM_STAGES)
-            _your_turn(turns, WG, PINGPONG)
+            _your_turn(turns, WG, PINGPONG, NUM_WG)
             qk = warpgroup_mma_wait(0, deps=[qk])
             mbarrier.arrive(k_empty.index(kc % NUM_STAGES), count=1)
             _release_q(q_empty, prev_qi, DEFER_O)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
                                                BLOCK_N, IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT, WIN_RIGHT, tile_row0)
+            if EARLY_P:
+                p = _p16(p, v_smem.dtype, o_layout)
             for j in range(1, n_tiles):
                 _my_turn(turns, tc + j, WG, PINGPONG)
                 qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc + j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                                TAIL_DIM, NUM_STAGES)
                 acc = _issue_pv(p, acc, v_smem, v_ready, kc + j - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
-                _your_turn(turns, WG, PINGPONG)
+                _your_turn(turns, WG, PINGPONG, NUM_WG)
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
                 p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0 + j, n_full, offs_m, N_Q, N_K, qk_scale,
@@ -219,10 +181,12 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                                                    WIN_RIGHT, tile_row0)
                 acc = _wait_pv(acc)
                 mbarrier.arrive(v_empty.index((kc + j - 1) % NUM_STAGES), count=1)
+                if EARLY_P:
+                    p = _p16(p, v_smem.dtype, o_layout)
                 acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, tc + n_tiles, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, kc + n_tiles - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
-            _your_turn(turns, WG, PINGPONG)
+            _your_turn(turns, WG, PINGPONG, NUM_WG)
             acc = _wait_pv(acc)
             mbarrier.arrive(v_empty.index((kc + n_tiles - 1) % NUM_STAGES), count=1)
     else:
@@ -230,7 +194,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             _my_turn(turns, tc + 2 * j, WG, PINGPONG)
             qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc + j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                            TAIL_DIM, NUM_STAGES)
-            _your_turn(turns, WG, PINGPONG)
+            _your_turn(turns, WG, PINGPONG, NUM_WG)
             qk = warpgroup_mma_wait(0, deps=[qk])
             mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
             if j == 0:
@@ -240,7 +204,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, tc + 2 * j + 1, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, kc + j, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
-            _your_turn(turns, WG, PINGPONG)
+            _your_turn(turns, WG, PINGPONG, NUM_WG)
             acc = _wait_pv(acc)
             mbarrier.arrive(v_empty.index((kc + j) % NUM_STAGES), count=1)
 
@@ -268,7 +232,7 @@ def _softmax_unit(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   ROW_TREE: gl.constexpr, HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                   q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O: gl.constexpr,
                   unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K: gl.constexpr, WIN_LEFT=None,
-                  WIN_RIGHT=None):
+                  WIN_RIGHT=None, NUM_WG: gl.constexpr = 2, EARLY_P: gl.constexpr = False):
     """A persistent program's work (``fwd_hopper_load._work``: key tiles
     [j0, j0 + n_sk) of ``unit``, all where n_sk < 0; a sliding window's
     from ``_unit_tile``) for warpgroup ``WG``; returns the ring's, the
@@ -276,7 +240,7 @@ def _softmax_unit(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     pending (``DEFER_O``)."""
     bh, k, n_half = _unit_size(unit, N_M_TILES, IS_CAUSAL)
     for half in range(n_half):
-        t_b, t_h, t_m, t_n, t_j0 = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M, BLOCK_N,
+        t_b, t_h, t_m, t_n, t_j0 = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, NUM_WG * BLOCK_M, BLOCK_N,
                                               IS_CAUSAL, WIN_LEFT, WIN_RIGHT)
         t_n = gl.where(n_sk >= 0, n_sk, t_n)
         if WIN_LEFT is None:
@@ -284,13 +248,13 @@ def _softmax_unit(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
         else:
             t_first = t_j0
         t_row0 = t_b.to(gl.int64) * stride_lb + t_h.to(gl.int64) * stride_lh
-        qi = 2 * (it % 2) + WG
+        qi = NUM_WG * (it % 2) + WG
         _softmax_rows(WG, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                       v_empty, turns, o_desc, LSE, SINKS, t_row0, t_b, t_h, t_m, t_n, N_Q, N_K, qk_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                       PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, qi, (it // 2) & 1,
                       kc, tc, q_empty, prev_qi, DEFER_O, t_first, slot, WS_O, WS_ML, STREAM_K, WIN_LEFT, WIN_RIGHT,
-                      True)
+                      True, NUM_WG=NUM_WG, EARLY_P=EARLY_P)
         if DEFER_O:
             prev_qi = qi
         else:
@@ -314,11 +278,12 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                        q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
                        PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr, SK_TILES, WS_O, WS_ML,
-                       STREAM_K: gl.constexpr, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on, stride_oh):
-    """Softmax warpgroup ``WG``: its rows of the program's query tile, or
+                       STREAM_K: gl.constexpr, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on, stride_oh,
+                       NUM_WG: gl.constexpr, EARLY_P: gl.constexpr):
+    """Softmax warpgroup ``WG`` of ``NUM_WG``: its rows of the program's query tile, or
     with ``PERSISTENT`` of each of the program's work items in turn (Q
-    buffers alternate between two pairs, released on ``q_empty`` once O's
-    copy has read the buffer; the ring's and the turns' counts run on;
+    buffers alternate between two sets of NUM_WG, released on ``q_empty``
+    once O's copy has read the buffer; the ring's and the turns' counts run on;
     ``DEFER_O``: the next item's first tile waits for that copy; ``STREAM_K``:
     the walk's last key tiles cut into a range a program,
     ``fwd_hopper_load._work``; ``TRACE``: the program's SM, its start and
@@ -341,7 +306,8 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                         turns, o_desc, LSE, SINKS, N_Q, N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
                         TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc,
                         WRITE_REMAINDER, lo_smem, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O,
-                        unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K)
+                        unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K, NUM_WG=NUM_WG,
+                        EARLY_P=EARLY_P)
                 _mark(TRACE, 2 + w, WG)
         else:
             for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
@@ -350,7 +316,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                     turns, o_desc, LSE, SINKS, N_Q, N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
                     TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc,
                     WRITE_REMAINDER, lo_smem, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O,
-                    unit, 0, -1, -1, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K, WIN_LEFT, WIN_RIGHT)
+                    unit, 0, -1, -1, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K, WIN_LEFT, WIN_RIGHT, NUM_WG, EARLY_P)
                 _mark(TRACE, 2 + (unit - gl.program_id(0)) // gl.num_programs(0), WG)
         if DEFER_O:   # the last item's O copy
             tma.store_wait(0)
@@ -360,7 +326,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                       PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, WG, 0, 0, 0, q_empty, -1,
                       False, j0, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT, q_base=q_base, O=O, stride_on=stride_on,
-                      stride_oh=stride_oh)
+                      stride_oh=stride_oh, NUM_WG=NUM_WG, EARLY_P=EARLY_P)
 
 
 @gluon.jit
@@ -376,18 +342,19 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             ROW_TREE: gl.constexpr = False, STREAM_K: gl.constexpr = False, SK_TILES=0, WS_O=None,
                             WS_ML=None, TRACE=None, WIN_LEFT=None, WIN_RIGHT=None, IS_VARLEN: gl.constexpr = False,
                             CU_SEQLENS_Q=None, CU_SEQLENS_K=None, O=None, stride_on=0, stride_oh=0, V=None,
-                            stride_vh=0, stride_vn=0):
-    """A program runs 2 * BLOCK_M query rows: BLOCK_M per softmax warpgroup.
+                            stride_vh=0, stride_vn=0, NUM_WG: gl.constexpr = 2, EARLY_P: gl.constexpr = False):
+    """A program runs NUM_WG * BLOCK_M query rows: BLOCK_M per softmax
+    warpgroup (two of 240 registers a thread, or three of 160).
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
     without a tail); ``olo_desc`` (with ``WRITE_REMAINDER``) the int8 code of
-    O's rounding remainder, shaped and boxed like ``o_desc``, staged in two
-    tiles of its own (half of O's bytes), so that it needs not wait for O's
+    O's rounding remainder, shaped and boxed like ``o_desc``, staged in a
+    tile of its own a warpgroup (half of O's bytes), so that it needs not wait for O's
     copy.  With ``PERSISTENT`` the grid is one program
     per SM (or fewer) over ``TOTAL`` work units of ``N_M_TILES`` query
     tiles of ``N_HEADS`` heads of each batch element (``_unit_size``), each
     program's units ``program_id``, + ``num_programs``, ...; Q gets two
-    pairs of buffers so the next tile's lands while this one runs (no tail:
+    sets of buffers so the next tile's lands while this one runs (no tail:
     shared memory).  ``STREAM_K`` (persistent, non-causal): the units from
     ``TOTAL`` on are the tail, their ``SK_TILES`` key tiles cut evenly over
     the programs; pieces short of a whole unit leave partial softmaxes in
@@ -398,7 +365,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     sequences (``IS_VARLEN``, (1, H, total, D) tensors): a grid batch index a
     sequence (:func:`_sequence`; keys past it masked, its last value tile read
     through ``V``), its last tile's O stored through ``O``, masked."""
-    gl.static_assert(not STREAM_K or (PERSISTENT and not IS_CAUSAL), "STREAM_K: a non-causal persistent walk's")
+    gl.static_assert(not STREAM_K or (PERSISTENT and not IS_CAUSAL and NUM_WG == 2),
+                     "STREAM_K: a non-causal persistent walk's, two softmax warpgroups")
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
     gl.static_assert(not DEFER_O or PERSISTENT, "DEFER_O: a persistent program's")
@@ -409,7 +377,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     block, off_h, off_b, n_blocks = _grid_coords(N_HEADS, GROUPED)
     pid_m = n_blocks - 1 - block
     off_hk = off_h // GROUP_SIZE
-    start_m = pid_m * (2 * BLOCK_M)
+    start_m = pid_m * (NUM_WG * BLOCK_M)
     if IS_VARLEN:
         off_b, q_base, N_Q, k_base, N_K = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, off_b, N_Q, N_K, IS_VARLEN)
         if start_m >= N_Q:   # past this sequence's rows
@@ -417,37 +385,37 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     else:
         q_base: gl.constexpr = 0
         k_base: gl.constexpr = 0
-    j0, n_tiles = _tile_range(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL, WIN_LEFT, WIN_RIGHT)
+    j0, n_tiles = _tile_range(start_m, N_Q, N_K, NUM_WG * BLOCK_M, BLOCK_N, IS_CAUSAL, WIN_LEFT, WIN_RIGHT)
     lse_row0 = off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh + q_base
 
     dtype: gl.constexpr = q_desc.dtype
-    Q_BUFS: gl.constexpr = 4 if PERSISTENT else 2
+    Q_BUFS: gl.constexpr = 2 * NUM_WG if PERSISTENT else NUM_WG
     q_smem = gl.allocate_shared_memory(dtype, [Q_BUFS] + q_desc.block_type.shape, q_desc.layout)
     if WRITE_REMAINDER:   # a tile a softmax warpgroup
-        lo_smem = gl.allocate_shared_memory(olo_desc.dtype, [2] + olo_desc.block_type.shape, olo_desc.layout)
+        lo_smem = gl.allocate_shared_memory(olo_desc.dtype, [NUM_WG] + olo_desc.block_type.shape, olo_desc.layout)
     else:   # unused
         lo_smem = q_smem
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
     if TAIL_DIM > 0:
-        qt_smem = gl.allocate_shared_memory(dtype, [2] + qt_desc.block_type.shape, qt_desc.layout)
+        qt_smem = gl.allocate_shared_memory(dtype, [NUM_WG] + qt_desc.block_type.shape, qt_desc.layout)
         kt_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + kt_desc.block_type.shape, kt_desc.layout)
     else:   # unused
         qt_smem = q_smem
         kt_smem = k_smem
     q_bars = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    for i in gl.static_range(NUM_WG):
         mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(turns.index(i), count=1)
-    if PERSISTENT:   # the second pair's; a softmax warpgroup arrives on q_empty once O's copy has read its Q buffer
+    if PERSISTENT:   # the second set's; a softmax warpgroup arrives on q_empty once O's copy has read its Q buffer
         q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(Q_BUFS):
-            if i >= 2:
+            if i >= NUM_WG:
                 mbarrier.init(q_bars.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=1)
     else:   # unused
@@ -455,42 +423,70 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        # both softmax warpgroups read every tile
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
+        # every softmax warpgroup reads every tile
+        mbarrier.init(k_empty.index(i), count=NUM_WG)
+        mbarrier.init(v_empty.index(i), count=NUM_WG)
 
-    # the two softmax partitions' argument tuples are written out: a tuple
-    # built by concatenation in the kernel loses its constexpr entries (triton 3.6)
-    gl.warp_specialize([
-        (_softmax_partition, (0, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
-                              v_empty, turns, o_desc,
-                              LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                              PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
-                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SK_TILES,
-                              WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on,
-                              stride_oh)),
-        (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
-                              v_empty, turns, o_desc,
-                              LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q, N_K, qk_scale,
-                              BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
-                              PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, q_empty,
-                              stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O, SK_TILES,
-                              WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on,
-                              stride_oh)),
-        (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
-                           q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m, n_tiles,
-                           BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES,
-                           N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT, SK_TILES, STREAM_K, j0, WIN_LEFT, WIN_RIGHT,
-                           q_base, k_base, V, stride_vh, stride_vn)),
-    ], [4, 1], [240, 24])
+    # the softmax partitions' argument tuples are written out: a tuple built
+    # in the kernel loses its constexpr entries on the way in (triton 3.6)
+    if NUM_WG == 2:
+        gl.warp_specialize([
+            (_softmax_partition, (0, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
+                                  v_empty, turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q,
+                                  N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES,
+                                  IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem,
+                                  q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O,
+                                  SK_TILES, WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on,
+                                  stride_oh, NUM_WG, EARLY_P)),
+            (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
+                                  v_empty, turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q,
+                                  N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES,
+                                  IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem,
+                                  q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O,
+                                  SK_TILES, WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on,
+                                  stride_oh, NUM_WG, EARLY_P)),
+            (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
+                               q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m,
+                               n_tiles, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K,
+                               N_M_TILES, N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT, SK_TILES, STREAM_K, j0, WIN_LEFT,
+                               WIN_RIGHT, q_base, k_base, V, stride_vh, stride_vn, NUM_WG)),
+        ], [4, 1], [240, 24])
+    else:   # 4 warpgroups at launch (maxnreg 128): 3 x 160 + 24 registers a thread
+        gl.warp_specialize([
+            (_softmax_partition, (0, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
+                                  v_empty, turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q,
+                                  N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES,
+                                  IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem,
+                                  q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O,
+                                  SK_TILES, WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on,
+                                  stride_oh, NUM_WG, EARLY_P)),
+            (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
+                                  v_empty, turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q,
+                                  N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES,
+                                  IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem,
+                                  q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O,
+                                  SK_TILES, WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on,
+                                  stride_oh, NUM_WG, EARLY_P)),
+            (_softmax_partition, (2, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
+                                  v_empty, turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q,
+                                  N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES,
+                                  IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem,
+                                  q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O,
+                                  SK_TILES, WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on,
+                                  stride_oh, NUM_WG, EARLY_P)),
+            (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
+                               q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m,
+                               n_tiles, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K,
+                               N_M_TILES, N_HEADS, TOTAL, IS_CAUSAL, PERSISTENT, SK_TILES, STREAM_K, j0, WIN_LEFT,
+                               WIN_RIGHT, q_base, k_base, V, stride_vh, stride_vn, NUM_WG)),
+        ], [4, 4, 1], [160, 160, 24])
 
-    for i in gl.static_range(2):
+    for i in gl.static_range(NUM_WG):
         mbarrier.invalidate(q_bars.index(i))
         mbarrier.invalidate(turns.index(i))
     if PERSISTENT:
         for i in gl.static_range(Q_BUFS):
-            if i >= 2:
+            if i >= NUM_WG:
                 mbarrier.invalidate(q_bars.index(i))
             mbarrier.invalidate(q_empty.index(i))
     for i in gl.static_range(NUM_STAGES):

@@ -11,7 +11,7 @@ k-th lightest query tiles (one tile for the middle of an odd count), so that
 every causal unit costs about the same number of key tiles: with one tile a
 unit, a program whose units fell on the heavy end of the heads would run up
 to twice the others' work (H200, d = 128, causal 16k: max/mean SM load 1.57,
--26 %; perf-notes v19).  The loader and both softmax warpgroups walk the
+-26 %; perf-notes v19).  The loader and every softmax warpgroup walk the
 same sequence.
 
 This module imports Gluon at load time: only the Hopper kernels import it.
@@ -196,14 +196,14 @@ def _work(w, TOTAL, SK_TILES, N_K, BLOCK_N: gl.constexpr, STREAM_K: gl.constexpr
 
 
 @gluon.jit
-def _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr,
                IS_CAUSAL: gl.constexpr, WIN_LEFT=None, WIN_RIGHT=None):
     """(off_b, off_h, start_m, key tiles, first key tile) of tile ``half``
-    of a unit (``_unit_size``): the one step of the walk the loader and the
+    of a unit (``_unit_size``) of ``TILE_M``-row query tiles: the one step of the walk the loader and the
     softmax warpgroups share.  The first key tile is 0 but under a sliding
     window (``WIN_LEFT`` not None: :func:`_window_tiles`)."""
-    start_m = gl.where(half == 0, N_M_TILES - 1 - k, k) * (2 * BLOCK_M)
-    j0, n_tiles = _tile_range(start_m, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, IS_CAUSAL, WIN_LEFT, WIN_RIGHT)
+    start_m = gl.where(half == 0, N_M_TILES - 1 - k, k) * TILE_M
+    j0, n_tiles = _tile_range(start_m, N_Q, N_K, TILE_M, BLOCK_N, IS_CAUSAL, WIN_LEFT, WIN_RIGHT)
     return bh // N_HEADS, bh % N_HEADS, start_m, n_tiles, j0
 
 
@@ -211,17 +211,18 @@ def _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M: gl.constexpr,
 def _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
                k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, qb, kc,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
-               j0=0, q_base=0, k_base=0, V=None, stride_vh=0, stride_vn=0, N_K=0):
-    """One query tile's copies: its two Q tiles (one of BLOCK_M rows per
-    softmax warpgroup) into Q buffers 2 qb and 2 qb + 1, then its key and
+               j0=0, q_base=0, k_base=0, V=None, stride_vh=0, stride_vn=0, N_K=0, NUM_WG: gl.constexpr = 2):
+    """One query tile's copies: its NUM_WG Q tiles (one of BLOCK_M rows per
+    softmax warpgroup) into Q buffers NUM_WG qb, +1, ..., then its key and
     value tiles j0, ..., j0 + n_tiles - 1 into the ring, whose count is at
     ``kc``; a packed sequence's rows from ``q_base`` / ``k_base``
     (:func:`_sequence`), its last value tile through a descriptor that ends
     with it (``V`` not None: :func:`_edge_descriptor`; keys past it are
     masked, but a value row meets its zero weight in the P V product)."""
-    for wg in gl.static_range(2):
-        _load_rows(q_desc, qt_desc, [off_b, off_h, q_base + start_m + wg * BLOCK_M, 0], q_bars.index(2 * qb + wg),
-                   q_smem.index(2 * qb + wg), qt_smem.index(2 * qb + wg), TAIL_DIM)
+    for wg in gl.static_range(NUM_WG):
+        qi = NUM_WG * qb + wg
+        _load_rows(q_desc, qt_desc, [off_b, off_h, q_base + start_m + wg * BLOCK_M, 0], q_bars.index(qi),
+                   q_smem.index(qi), qt_smem.index(qi), TAIL_DIM)
     for j in range(n_tiles):
         s = (kc + j) % NUM_STAGES
         # a slot starts empty: the first wait on each passes (phase 1)
@@ -245,15 +246,16 @@ def _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem,
 def _load_unit(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready,
                v_ready, k_empty, v_empty, q_empty, unit, j0, n_sk, kc, it, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr, GROUP_SIZE, N_Q, N_K,
-               N_M_TILES, N_HEADS, IS_CAUSAL: gl.constexpr, WIN_LEFT=None, WIN_RIGHT=None):
+               N_M_TILES, N_HEADS, IS_CAUSAL: gl.constexpr, WIN_LEFT=None, WIN_RIGHT=None,
+               NUM_WG: gl.constexpr = 2):
     """A persistent program's copies for one work (:func:`_work`: key tiles
     [j0, j0 + n_sk) of the unit, all of them where n_sk < 0; a sliding
-    window's from :func:`_unit_tile`), each query tile's Q into the pair of
-    buffers ``it % 2`` once both warpgroups released it; returns the ring's
-    and the items' counts after it."""
+    window's from :func:`_unit_tile`), each query tile's Q into the set of
+    buffers ``it % 2`` once every warpgroup released its own; returns the
+    ring's and the items' counts after it."""
     bh, k, n_half = _unit_size(unit, N_M_TILES, IS_CAUSAL)
     for half in range(n_half):
-        t_b, t_h, t_m, t_n, t_j0 = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, BLOCK_M, BLOCK_N,
+        t_b, t_h, t_m, t_n, t_j0 = _unit_tile(bh, k, half, N_M_TILES, N_HEADS, N_Q, N_K, NUM_WG * BLOCK_M, BLOCK_N,
                                               IS_CAUSAL, WIN_LEFT, WIN_RIGHT)
         t_n = gl.where(n_sk >= 0, n_sk, t_n)
         if WIN_LEFT is None:
@@ -261,11 +263,11 @@ def _load_unit(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem,
         else:
             t_first = t_j0
         qb = it % 2
-        for wg in gl.static_range(2):   # a pair of buffers starts empty: the first wait passes
-            mbarrier.wait(q_empty.index(2 * qb + wg), ((it // 2) & 1) ^ 1)
+        for wg in gl.static_range(NUM_WG):   # a set of buffers starts empty: the first wait passes
+            mbarrier.wait(q_empty.index(NUM_WG * qb + wg), ((it // 2) & 1) ^ 1)
         _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                    q_bars, k_ready, v_ready, k_empty, v_empty, t_b, t_h, t_h // GROUP_SIZE, t_m, t_n, qb, kc,
-                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, t_first)
+                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, t_first, NUM_WG=NUM_WG)
         kc += t_n
         it += 1
     return kc, it
@@ -277,12 +279,12 @@ def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
                     q_empty, GROUP_SIZE, N_Q, N_K, N_M_TILES, N_HEADS, TOTAL, IS_CAUSAL: gl.constexpr,
                     PERSISTENT: gl.constexpr, SK_TILES=0, STREAM_K: gl.constexpr = False, j0=0, WIN_LEFT=None,
-                    WIN_RIGHT=None, q_base=0, k_base=0, V=None, stride_vh=0, stride_vn=0):
+                    WIN_RIGHT=None, q_base=0, k_base=0, V=None, stride_vh=0, stride_vn=0, NUM_WG: gl.constexpr = 2):
     """The load warp: the program's query tile (its key tiles from ``j0``,
     a packed sequence's rows from ``q_base`` / ``k_base``),
     or with ``PERSISTENT`` each of its works in turn (:func:`_work`), the
-    next one's Q into the other pair of Q buffers once both warpgroups
-    released them (``q_empty``), its K and V tiles into the ring behind the
+    next one's Q into the other set of Q buffers once every warpgroup
+    released its own (``q_empty``), its K and V tiles into the ring behind the
     previous item's."""
     if PERSISTENT:
         kc = gl.program_id(0) * 0
@@ -294,14 +296,14 @@ def _load_partition(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_
                     kc, it = _load_unit(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem,
                                         kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty, q_empty, unit, j0, n_sk,
                                         kc, it, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, GROUP_SIZE, N_Q, N_K,
-                                        N_M_TILES, N_HEADS, IS_CAUSAL)
+                                        N_M_TILES, N_HEADS, IS_CAUSAL, NUM_WG=NUM_WG)
         else:
             for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
                 kc, it = _load_unit(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem,
                                     kt_smem, q_bars, k_ready, v_ready, k_empty, v_empty, q_empty, unit, 0, -1, kc, it,
                                     BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, GROUP_SIZE, N_Q, N_K, N_M_TILES,
-                                    N_HEADS, IS_CAUSAL, WIN_LEFT, WIN_RIGHT)
+                                    N_HEADS, IS_CAUSAL, WIN_LEFT, WIN_RIGHT, NUM_WG)
     else:
         _load_tile(q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars,
                    k_ready, v_ready, k_empty, v_empty, off_b, off_h, off_hk, start_m, n_tiles, 0, 0,
-                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, j0, q_base, k_base, V, stride_vh, stride_vn, N_K)
+                   BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, j0, q_base, k_base, V, stride_vh, stride_vn, N_K, NUM_WG)

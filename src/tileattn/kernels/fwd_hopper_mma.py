@@ -1,12 +1,14 @@
 """The Hopper forward's products (Gluon; ``fwd_hopper.py``): S = Q Kᵀ and
 O += P V issued as asynchronous warpgroup MMAs once their key / value tile
-has landed.
+has landed, P made a 16-bit MMA operand, and the softmax warpgroups' turns
+at issuing them (``PINGPONG``), their hand-back of a Q buffer
+(``DEFER_O``) and a persistent program's clock reads (``TRACE``).
 
 This module imports Gluon at load time: only the Hopper kernels import it.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 
 @gluon.jit
@@ -28,9 +30,9 @@ def _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, j, s_layout: gl.constexpr, BLOC
 def _issue_pv(p, acc, v_smem, v_ready, j, o_layout: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               NUM_STAGES: gl.constexpr):
     """Wait for value tile ``j`` and issue O += P V asynchronously (P from
-    registers, in V's dtype)."""
+    registers, in V's dtype: :func:`_p16`, unless it is already)."""
     s = j % NUM_STAGES
-    p16 = gl.convert_layout(p.to(v_smem.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+    p16 = _p16(p, v_smem.dtype, o_layout)
     mbarrier.wait(v_ready.index(s), (j // NUM_STAGES) & 1)
     return warpgroup_mma(p16, v_smem.index(s).reshape([BLOCK_N, HEAD_DIM_V]), acc, is_async=True)
 
@@ -39,3 +41,60 @@ def _issue_pv(p, acc, v_smem, v_ready, j, o_layout: gl.constexpr, BLOCK_N: gl.co
 def _wait_pv(acc):
     """Wait for :func:`_issue_pv`'s product."""
     return warpgroup_mma_wait(0, deps=[acc])
+
+
+@gluon.jit
+def _p16(p, dtype: gl.constexpr, o_layout: gl.constexpr):
+    """P as the P V product's register operand: ``dtype`` (V's), the
+    MMA's operand layout (a no-op on a P that already is)."""
+    return gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+
+
+@gluon.jit
+def _my_turn(turns, i, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Wait until the warpgroup before this one has issued its products of
+    step i (warpgroup 0: the last warpgroup's of step i-1, its first wait
+    passes): the turns go round the warpgroups in order."""
+    if PINGPONG:
+        if WG == 0:
+            mbarrier.wait(turns.index(WG), (i & 1) ^ 1)
+        else:
+            mbarrier.wait(turns.index(WG), i & 1)
+
+
+@gluon.jit
+def _your_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr, NUM_WG: gl.constexpr):
+    """Hand the turn to the next warpgroup."""
+    if PINGPONG:
+        mbarrier.arrive(turns.index((WG + 1) % NUM_WG), count=1)
+
+
+@gluon.jit
+def _release_q(q_empty, prev_qi, DEFER_O: gl.constexpr):
+    """``DEFER_O``: once O's copy out of Q buffer ``prev_qi`` (the previous
+    work item's, -1 for none) has read it, hand the buffer back to the loader."""
+    if DEFER_O:
+        if prev_qi >= 0:
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty.index(prev_qi), count=1)
+
+
+TRACE_SLOTS: gl.constexpr = gl.constexpr(128)
+
+
+@gluon.jit
+def _mark(TRACE, slot, WG: gl.constexpr, SM_ID: gl.constexpr = False):
+    """``TRACE`` (``benchmarks/walk_trace.py``; None in every other call,
+    so no code): warpgroup 0 of a persistent program writes the global timer
+    (ns), or with ``SM_ID`` its multiprocessor's number, to entry ``slot``
+    (< TRACE_SLOTS) of the program's row of the int64 ``TRACE``."""
+    if TRACE is not None:
+        if WG == 0:
+            if SM_ID:
+                x = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False,
+                                              pack=1).to(gl.int64)
+            else:
+                x = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                              pack=1)
+            if slot < TRACE_SLOTS:
+                gl.store(TRACE + gl.program_id(0) * TRACE_SLOTS + slot, x)

@@ -57,6 +57,39 @@ def defers_o(cfg: HopperFwdConfig) -> bool:
     return cfg.persistent and cfg.defer_o
 
 
+def check_fwd_config(cfg: HopperFwdConfig, d: int, dv: int) -> None:
+    """A config the forward kernel cannot run for QK / V head dims ``d`` /
+    ``dv``: a ValueError naming it, before any launch."""
+    if cfg.persistent and (d != dv or d > 128):
+        raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
+    if cfg.warpgroups not in (2, 3):
+        raise ValueError(f"config: warpgroups is 2 or 3 (softmax warpgroups), not {cfg.warpgroups!r}")
+    if cfg.warpgroups == 3:
+        if d != dv or d > 64:
+            raise ValueError(f"config: three softmax warpgroups (160 registers a thread) take QK = V head dims up "
+                             f"to 64, not {d}/{dv}")
+        if cfg.maxnreg > 128 or cfg.stream_k:
+            raise ValueError("config: three softmax warpgroups launch at maxnreg <= 128 (four warpgroups' "
+                             f"registers), without the stream-K cut; got maxnreg={cfg.maxnreg}, "
+                             f"stream_k={cfg.stream_k}")
+
+
+def fwd_shape(cfg: HopperFwdConfig) -> dict:
+    """The kernel's NUM_WG and EARLY_P of ``cfg``, left out at their defaults
+    (2, False) so that the table's builds keep their signature."""
+    shape = {}
+    if cfg.warpgroups != 2:
+        shape["NUM_WG"] = cfg.warpgroups
+    if cfg.early_p:
+        shape["EARLY_P"] = True
+    return shape
+
+
+def tile_rows(cfg: HopperFwdConfig) -> int:
+    """Query rows a program's tile holds: ``block_m`` a softmax warpgroup."""
+    return cfg.warpgroups * cfg.block_m
+
+
 def config_for(head_dim: int, head_dim_v: int | None = None, causal: bool = False,
                n_k: int | None = None, window_span: int | None = None) -> HopperFwdConfig:
     """The table's config for Q/K head dim ``head_dim`` and V head dim
@@ -94,7 +127,7 @@ def _walk(q, k, causal: bool, cfg: HopperFwdConfig) -> tuple[int, int, tuple[int
     """A persistent call's (units, programs, stream-K tail or None): one
     program an SM (or fewer) walks the units (causal: two query tiles each)."""
     b, hq, n_q, _ = q.shape
-    n_m_tiles = triton.cdiv(n_q, 2 * cfg.block_m)
+    n_m_tiles = triton.cdiv(n_q, tile_rows(cfg))
     total = (triton.cdiv(n_m_tiles, 2) if causal else n_m_tiles) * hq * b
     programs = max(1, min(total, sm_count(q.device)))   # an empty call: one program, no item
     return total, programs, stream_k.tail(cfg, causal, total, programs, triton.cdiv(k.shape[2], cfg.block_n))
@@ -134,8 +167,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     if varlen is not None and (cfg.persistent or sinks is not None or remainder or d != dv or b != 1):
         raise ValueError("varlen: the Hopper forward runs packed (1, H, total, D) sequences one program a tile, "
                          "QK = V head dim, without sinks or the output remainder")
-    if cfg.persistent and (d != dv or d > 128):
-        raise ValueError(f"config: a persistent Hopper forward takes QK = V head dims up to 128, not {d}/{dv}")
+    check_fwd_config(cfg, d, dv)
     from ..kernels.fwd_hopper import TRACE_SLOTS, _attn_fwd_hopper_kernel
     if trace is not None and not (cfg.persistent and trace.dtype == torch.int64 and trace.is_contiguous()
                                   and trace.shape == (_walk(q, k, causal, cfg)[1], TRACE_SLOTS.value)):
@@ -148,7 +180,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     extra = {} if o_lo is None else dict(olo_desc=_descriptor(o_lo, cfg.block_m), WRITE_REMAINDER=True)
     if window is not None:
         extra.update(WIN_LEFT=int(window[0]), WIN_RIGHT=int(window[1]))
-    n_m_tiles = triton.cdiv(n_q, 2 * cfg.block_m)
+    n_m_tiles = triton.cdiv(n_q, tile_rows(cfg))
     tail = None
     if cfg.persistent:   # one program an SM (or fewer) walks the work units: causal, two tiles each
         total, programs, tail = _walk(q, k, causal, cfg)
@@ -161,7 +193,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
                      DEFER_O=defers_o(cfg), **({} if trace is None else {"TRACE": trace}))
     elif varlen is not None:   # one program a query tile of the longest sequence, a grid row a sequence
         cu_q, cu_k, max_q, _ = varlen
-        grid = (triton.cdiv(max_q, 2 * cfg.block_m), hq, cu_q.numel() - 1)
+        grid = (triton.cdiv(max_q, tile_rows(cfg)), hq, cu_q.numel() - 1)
         extra.update(IS_VARLEN=True, CU_SEQLENS_Q=cu_q, CU_SEQLENS_K=cu_k, O=o, stride_on=o.stride(2),
                      stride_oh=o.stride(1), V=v, stride_vh=v.stride(1), stride_vn=v.stride(2))
         runtime.scratch_allocator()   # the last value tile's descriptor is made on the device
@@ -177,8 +209,7 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         GROUP_SIZE=hq // hkv, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal),
         NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, ROW_TREE=cfg.row_tree,
-        HAS_SINKS=sinks is not None,
-        **extra))
+        HAS_SINKS=sinks is not None, **fwd_shape(cfg), **extra))
     if tail is not None:
         stream_k.combine(o, o_lo, lse, sinks, ws["ws_o"], ws["ws_ml"], n_m_tiles, hq, tail, grid[0],
                          triton.cdiv(n_k, cfg.block_n), cfg.block_m)

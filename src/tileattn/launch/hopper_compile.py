@@ -17,7 +17,7 @@ import triton
 from ..configs import HopperBwdConfig, HopperFwdConfig
 from . import grid_order, runtime
 from .hopper import (_bwd_args, _descriptor, _qk_descriptors, _transposed_kernel, defers_o, dq_sum_transposed,
-                     split_kernel, transposed_dq)
+                     fwd_shape, split_kernel, transposed_dq)
 
 
 def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False,
@@ -40,7 +40,8 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, ROW_TREE=cfg.row_tree,
                  HAS_SINKS=sinks,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
-                 PERSISTENT=cfg.persistent, DEFER_O=defers_o(cfg), TRACE=None)
+                 PERSISTENT=cfg.persistent, DEFER_O=defers_o(cfg), TRACE=None,
+                 **{"NUM_WG": 2, "EARLY_P": False, **fwd_shape(cfg)})
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
                N_K="i32", qk_scale="fp32")
