@@ -1,31 +1,35 @@
-"""Hopper forward kernel (Gluon): warp-specialized, 128 query rows per program.
+"""Hopper forward kernel (Gluon): warp-specialized, 128 (or 192) query rows per program.
 
-Three partitions share one CTA and talk through mbarriers:
+The partitions share one CTA and talk through mbarriers:
 
-* the **load partition** (one warp, 24 registers) issues TMA copies: the two
+* the **load partition** (one warp, 24 registers) issues TMA copies: the
   64-row Q tiles once, then K and V tiles into a ring of ``NUM_STAGES``
   shared-memory slots.  Slot ``s`` has four barriers: ``k_ready[s]`` and
   ``v_ready[s]`` (the copy engine completes them with the tile's bytes),
-  ``k_empty[s]`` and ``v_empty[s]`` (both softmax partitions arrive once
-  their Q Kᵀ, respectively P V, product has read the tile), so the next K
+  ``k_empty[s]`` and ``v_empty[s]`` (every softmax partition arrives once
+  its Q Kᵀ, respectively P V, product has read the tile), so the next K
   tile can land while the last P V product still reads its V tile;
-* two **softmax partitions** (4 warps, 240 registers each; warpgroup ``WG``
+* ``NUM_WG`` **softmax partitions** (4 warps each: two of 240 registers, or
+  three of 160 at d = 64, ``HopperFwdConfig.warpgroups``; warpgroup ``WG``
   owns rows [start + 64 WG, +64)) run S = Q Kᵀ and O += P V as warpgroup MMAs
   (wgmma) straight from shared memory, with P fed from registers, and keep
   the running softmax (row max, row sum, rescaled accumulator) in
   registers.  With ``OVERLAP`` the products of tile j (Q K_jᵀ) and tile j-1
   (P_{j-1} V_{j-1}) are issued together and the softmax of tile j runs while
-  the second is still on the tensor cores.  With ``PINGPONG`` two more
-  mbarriers make the warpgroups take turns issuing their products, so one's
-  softmax runs under the other's matmuls.
+  the second is still on the tensor cores (``EARLY_P``: P is made 16-bit
+  once the previous P V has completed, not at the next one's issue, so
+  fewer registers are live at once: what lets three warpgroups overlap at
+  160 registers).  With ``PINGPONG`` one more mbarrier a warpgroup makes
+  them take turns issuing their products, round the warpgroups, so one's
+  softmax runs under the others' matmuls.
 
 With ``PERSISTENT`` (d <= 128, no tail) the grid is one program per SM at
 most, and each walks work units (``TOTAL`` of them, programs taking every
 ``num_programs``-th) in a head-major order that keeps the running programs
 on the same heads' K and V; a causal unit pairs a head's k-th heaviest and
 k-th lightest query tiles, so that units cost alike (``fwd_hopper_load.py``).
-Q has two pairs of buffers, the loader copies the next item's Q into the
-other pair once both softmax warpgroups released it (``q_empty``, after O's
+Q has two sets of buffers, the loader copies the next item's Q into the
+other set once every softmax warpgroup released its own (``q_empty``, after O's
 copy out of it), and the ring's and the turns' counts run on across items,
 so the next item's first tiles land while this one's epilogue runs.  With
 ``DEFER_O`` (``HopperFwdConfig.defer_o``) a softmax warpgroup does not wait for O's copy
@@ -98,8 +102,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   NUM_WG: gl.constexpr = 2, EARLY_P: gl.constexpr = False):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
     is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
-    the ring's ``kc``-th and whose first turn is the ``tc``-th.  Both
-    warpgroups run every key tile of the query tile (the loader's ring is
+    the ring's ``kc``-th and whose first turn is the ``tc``-th.  Every
+    warpgroup runs every key tile of the query tile (the loader's ring is
     shared), each with its own mask boundary ``n_full``.  With
     ``WRITE_REMAINDER`` the output's rounding remainder O - round(O) goes
     through ``olo_desc`` too, as its int8 code (``kernels/remainder.py``), staged
@@ -349,8 +353,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     and K (V's width), ``qt_desc``/``kt_desc`` the last TAIL_DIM (none
     without a tail); ``olo_desc`` (with ``WRITE_REMAINDER``) the int8 code of
     O's rounding remainder, shaped and boxed like ``o_desc``, staged in a
-    tile of its own a warpgroup (half of O's bytes), so that it needs not wait for O's
-    copy.  With ``PERSISTENT`` the grid is one program
+    tile of its own a warpgroup (half of O's bytes), so that it needs not
+    wait for O's copy.  With ``PERSISTENT`` the grid is one program
     per SM (or fewer) over ``TOTAL`` work units of ``N_M_TILES`` query
     tiles of ``N_HEADS`` heads of each batch element (``_unit_size``), each
     program's units ``program_id``, + ``num_programs``, ...; Q gets two
@@ -368,7 +372,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     gl.static_assert(not STREAM_K or (PERSISTENT and not IS_CAUSAL and NUM_WG == 2),
                      "STREAM_K: a non-causal persistent walk's, two softmax warpgroups")
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
-    gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two pairs of Q buffers need no tail")
+    gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two sets of Q buffers need no tail")
     gl.static_assert(not DEFER_O or PERSISTENT, "DEFER_O: a persistent program's")
     gl.static_assert(WIN_LEFT is None or not (STREAM_K or IS_CAUSAL), "a window: no stream-K cut, causal folded")
     gl.static_assert(not IS_VARLEN or not (PERSISTENT or GROUPED or WRITE_REMAINDER or HAS_SINKS or TAIL_DIM > 0),
