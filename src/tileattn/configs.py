@@ -310,21 +310,20 @@ def all_configs() -> list[tuple[str, int, KernelConfig]]:
     return [(kind, bucket, c) for kind, table in TABLES.items() for bucket, cfgs in table.items() for c in cfgs]
 
 
-# Hopper forward (Gluon, kernels/fwd_hopper.py): block_m query rows a softmax warpgroup, a one-warp loader; registers
-# at launch -> softmax / loader: 168 -> 240 / 24 (2 warpgroups), 128 -> 160 / 24 (3); Q tiles, num_stages K, V.
+# Hopper forward (Gluon, kernels/fwd_hopper.py): block_m query rows a softmax warpgroup, a one-warp loader.
 @dataclasses.dataclass(frozen=True)
 class HopperFwdConfig:
     block_m: int = 64           # query rows per softmax warpgroup
     block_n: int = 128
     num_stages: int = 2
     overlap: bool = True        # issue Q K_j^T with P_{j-1} V_{j-1}; softmax j under the latter
-    pingpong: bool = True       # the two warpgroups take turns issuing their products
+    pingpong: bool = True       # the warpgroups take turns issuing their products
     persistent: bool = False    # d <= 128: one program an SM walks query tiles; the next tile's Q lands under this one
     defer_o: bool = False       # persistent: O's (and a staged remainder's) copy waited on under the next tile
     row_tree: bool = False      # a tile's row max as a tree of register blocks; row sums a thread's own till the end
     stream_k: bool = False      # persistent, non-causal: the last wave's key tiles cut evenly over the programs
     group_rows: int | None = None   # causal, not persistent: as HopperBwdConfig's (query tiles of G (head, batch))
-    warpgroups: int = 2         # softmax warpgroups: 2, or 3 (d <= 64, maxnreg 128: 160 registers each)
+    warpgroups: int = 2         # softmax warpgroups: 2 (maxnreg 168: 240 registers each), 3 (d <= 64, 128: 160)
     early_p: bool = False       # overlap: P made 16-bit once the last P V completed (not at the next P V's issue)
     num_warps: int = 4          # per softmax warpgroup (the default partition)
     maxnreg: int = 168
@@ -335,8 +334,8 @@ class HopperFwdConfig:
         flags = (("-ov", self.overlap), ("-pp", self.pingpong), ("-pers", self.persistent), ("-dfo", self.defer_o),
                  ("-rt", self.row_tree), ("-sk", self.stream_k), (f"-g{self.group_rows}", self.group_rows),
                  ("-ep", self.early_p))
-        head = f"hopper-M{self.block_m}x{self.warpgroups}-N{self.block_n}-s{self.num_stages}"
-        return head + "".join(f for f, on in flags if on)
+        return f"hopper-M{self.block_m}x{self.warpgroups}-N{self.block_n}-s{self.num_stages}" + "".join(
+            f for f, on in flags if on)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,8 +384,10 @@ HOPPER_FWD = {
     (128, 128): HopperFwdConfig(num_stages=2, row_tree=True,   # row_tree: -1.4..+3.6 % 2k-16k (H100, v45)
                                 source="sm_90a compile report; H200 timing in perf-notes v11; H100 v45"),
     (192, 128): HopperFwdConfig(num_stages=2, source="sm_90a compile report; H200 timing in perf-notes v14, v15"),
-    (256, 256): HopperFwdConfig(block_n=64, num_stages=2, source="sm_90a compile report; H200 timing, v14, v15"),
-}
+    (256, 256): HopperFwdConfig(block_n=64, num_stages=2, source="sm_90a compile report; H200 timing, v14, v15")}
+# (QK, V) -> non-causal calls' config (no window, not packed) where not HOPPER_FWD's; d = 64: three warpgroups
+HOPPER_FWD_NONCAUSAL = {(64, 64): HopperFwdConfig(pingpong=False, row_tree=True, warpgroups=3, maxnreg=128,
+                                                  early_p=True, source="H100: +3..+12 % at 2k-16k; perf-notes v51")}
 # (QK, V head dim) -> config.  perf-notes v12: dSᵀ from shared memory for dK won 2-6 % at d = 64, lost ~3 % at 128;
 # v16: defer_sums (sinks only) +4-10 % at 64, 0 / -47 % at 128; v17: stats_tma; v19: dq_turns; 192/128: v15
 HOPPER_BWD = {

@@ -113,6 +113,8 @@ def reports():
 # storing the output's rounding remainder (a sinks call that will be differentiated)
 COMPILED = ([(dims, c, True, c.name) for dims, c in FORCED]
             + [(dims, c, False, c.name) for dims, c in configs.HOPPER_FWD.items()]
+            + [(dims, c, False, c.name + extra) for dims, c in configs.HOPPER_FWD_NONCAUSAL.items()
+               for extra in ("", "-sinks-remainder")]
             + [(dims, c, True, c.name + "-sinks") for dims, c in configs.HOPPER_FWD.items()]
             + [(dims, c, True, c.name + "-sinks-remainder") for dims, c in configs.HOPPER_FWD.items()]
             + [(dims, c, False, c.name) for dims, c in PERSISTENT]
@@ -169,7 +171,23 @@ def test_table_config_persistent_by_keys(dims, causal, n_k, want):
     beyond, and never at head dims the persistent kernel does not take."""
     cfg = launch_hopper.config_for(*dims, causal=causal, n_k=n_k)
     assert cfg.persistent is want
-    assert dataclasses.replace(cfg, persistent=False) == configs.HOPPER_FWD[dims]
+    table = configs.HOPPER_FWD if causal else {**configs.HOPPER_FWD, **configs.HOPPER_FWD_NONCAUSAL}
+    assert dataclasses.replace(cfg, persistent=False) == table[dims]
+
+
+@pytest.mark.parametrize("case,want_warpgroups", [
+    ("d64-full", 3), ("d64-causal", 2), ("d64-full-window", 2), ("d64-full-packed", 2), ("d128-full", 2)])
+def test_noncausal_config_by_call(case, want_warpgroups):
+    """Plain non-causal d = 64 calls take HOPPER_FWD_NONCAUSAL's three
+    softmax warpgroups; causal calls, sliding windows and packed sequences
+    (not timed with them) keep the two-warpgroup table's config."""
+    d = 128 if case.startswith("d128") else 64
+    causal = case.endswith("causal")
+    window = (63, 64) if case.endswith("window") else None
+    varlen = (None, None, 4096, 4096) if case.endswith("packed") else None
+    cfg = launch_hopper.call_config(d, d, 4096, causal, window, varlen)
+    assert cfg.warpgroups == want_warpgroups
+    assert not (varlen and cfg.persistent)
 
 
 def _inputs(*args, **kwargs):
@@ -403,8 +421,9 @@ def test_window_walk_rule(monkeypatch):
     """The default config of a windowed Hopper forward: persistent up to
     ``configs.HOPPER_FWD_WINDOW_PERSISTENT_SPAN`` keys (left + right + 1 of
     the kernel's bounds), one program a tile above, in the launcher and in
-    the call path's plan; packed sequences (one program a tile only) pass
-    no span (CPU: the launch stops at the choice)."""
+    the call path's plan (CPU: the launch stops at the choice); packed
+    sequences take the table's one-program config
+    (:func:`test_noncausal_config_by_call`)."""
     for d, widest in configs.HOPPER_FWD_WINDOW_PERSISTENT_SPAN.items():
         assert launch_hopper.config_for(d, d, window_span=widest).persistent
         assert not launch_hopper.config_for(d, d, window_span=widest + 1).persistent
@@ -418,12 +437,9 @@ def test_window_walk_rule(monkeypatch):
     q = torch.empty(1, 2, 300, 64, dtype=torch.bfloat16)
     with pytest.raises(_Chosen):
         launch_hopper.attn_fwd(q, q, q, False, 0.125, window=(100, 27))
-    cu = torch.tensor([0, 300], dtype=torch.int32)
-    with pytest.raises(_Chosen):
-        launch_hopper.attn_fwd(q, q, q, False, 0.125, window=(100, 27), varlen=(cu, cu, 300, 300))
     with pytest.raises(_Chosen):   # the call path's plan key and workspace take the same config
         hopper_calls.fwd(q, q, q, False, 0.125, window=(100, 27))
-    assert spans == [128, None, 128]
+    assert spans == [128, 128]
 
 
 def test_window_refuses_stream_k_and_causal():

@@ -97,9 +97,13 @@ def config_for(head_dim: int, head_dim_v: int | None = None, causal: bool = Fals
     ``configs.HOPPER_FWD_PERSISTENT_MAX_KEYS`` keys (``n_k``) where the table
     has that bound (with sinks or without), and for sliding windows of at
     most ``configs.HOPPER_FWD_WINDOW_PERSISTENT_SPAN`` keys (``window_span``:
-    left + right + 1 of the kernel's bounds; ``n_k`` then unused)."""
+    left + right + 1 of the kernel's bounds; ``n_k`` then unused).  Non-causal
+    calls without a window take ``configs.HOPPER_FWD_NONCAUSAL``'s config
+    where it has one."""
     dv = head_dim if head_dim_v is None else head_dim_v
     cfg = configs.HOPPER_FWD[(head_dim, dv)]
+    if not causal and window_span is None:
+        cfg = configs.HOPPER_FWD_NONCAUSAL.get((head_dim, dv), cfg)
     if window_span is not None:
         widest = configs.HOPPER_FWD_WINDOW_PERSISTENT_SPAN.get(head_dim) if dv == head_dim else None
         return _persistent(cfg) if widest is not None and window_span <= widest else cfg
@@ -112,9 +116,12 @@ def config_for(head_dim: int, head_dim_v: int | None = None, causal: bool = Fals
 def call_config(head_dim: int, head_dim_v: int, n_k: int, causal: bool, window: tuple[int, int] | None = None,
                 varlen: tuple | None = None) -> HopperFwdConfig:
     """:func:`config_for` of a call: by its keys, or by a sliding window's
-    span (``window``: the kernel's bounds); packed sequences by neither."""
-    span = None if window is None or varlen is not None else window[0] + window[1] + 1
-    return config_for(head_dim, head_dim_v, causal, None if window is not None or varlen is not None else n_k, span)
+    span (``window``: the kernel's bounds); packed sequences take the
+    table's (two-warpgroup) config, one program a tile."""
+    if varlen is not None:
+        return configs.HOPPER_FWD[(head_dim, head_dim_v)]
+    span = None if window is None else window[0] + window[1] + 1
+    return config_for(head_dim, head_dim_v, causal, None if window is not None else n_k, span)
 
 
 @functools.cache
