@@ -349,6 +349,7 @@ class HopperBwdConfig:
     stats_tma: bool = False     # d = 64/128: lse₂ and Δ by the copy engine into shared memory (else loads)
     dq_turns: bool = False      # d = 64/128: the warpgroups take turns forming a tile's whole dQ (else half each)
     head_slices: int | None = None  # GQA, d = 64/128: grid rows a kv head (None: launch.hopper.head_slices)
+    sink_sums: bool = False     # sinks, no output remainder: their gradient from per-head sums (else dS row sums)
     group_rows: int | None = None   # causal: grid rows whose key blocks go out together (None: launch.grid_order)
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
@@ -358,7 +359,8 @@ class HopperBwdConfig:
     def name(self) -> str:
         on = (("-dks", self.dk_from_smem), ("-ds", self.defer_sums), ("-st", self.stats_tma), ("-dqt", self.dq_turns),
               ("-paired", self.pair_blocks is True), ("-unpaired", self.pair_blocks is False),
-              (f"-hs{self.head_slices}", self.head_slices is not None), (f"-g{self.group_rows}", self.group_rows))
+              (f"-hs{self.head_slices}", self.head_slices is not None), (f"-g{self.group_rows}", self.group_rows),
+              ("-ss", self.sink_sums))
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}" + "".join(f for f, x in on if x)
 
 
@@ -366,8 +368,7 @@ class HopperBwdConfig:
 # does); below it the portable kernel was as fast or faster on the H200 (perf-notes v11, v15, v19).
 HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 2048, (128, False): 2048, (128, True): 2048,
                        (192, False): 1024, (192, True): 2048, (256, False): 2048, (256, True): 2048}
-# head dim (QK = V) -> the narrowest window (left + right + 1 keys) the Hopper forward takes by default, and the
-# widest it runs persistent, one program a tile above (H200 against the portable forward: perf-notes v48, v50)
+# head dim -> narrowest window (left + right + 1) the Hopper forward takes, widest it runs persistent (v48, v50)
 HOPPER_FWD_WINDOW_MIN_SPAN = {64: 513, 128: 1}
 HOPPER_FWD_WINDOW_PERSISTENT_SPAN = {64: 4095, 128: 2049}
 # (head dim, causal) -> the most keys at which the table's forward runs persistent, with sinks or without (perf-notes
@@ -388,8 +389,7 @@ HOPPER_FWD = {
 # (QK, V) -> non-causal calls' config (no window, not packed) where not HOPPER_FWD's; d = 64: three warpgroups
 HOPPER_FWD_NONCAUSAL = {(64, 64): HopperFwdConfig(pingpong=False, row_tree=True, warpgroups=3, maxnreg=128,
                                                   early_p=True, source="H100: +3..+12 % at 2k-16k; perf-notes v51")}
-# (QK, V head dim) -> config.  perf-notes v12: dSᵀ from shared memory for dK won 2-6 % at d = 64, lost ~3 % at 128;
-# v16: defer_sums (sinks only) +4-10 % at 64, 0 / -47 % at 128; v17: stats_tma; v19: dq_turns; 192/128: v15
+# (QK, V head dim) -> config (perf-notes v12: dk_from_smem; v16: defer_sums; v17: stats_tma; v19: dq_turns; v15)
 HOPPER_BWD = {
     (64, 64): HopperBwdConfig(dk_from_smem=True, defer_sums=True, stats_tma=True, dq_turns=True,
                               source="H200 timing, v12, v16, v17, v19"),

@@ -21,7 +21,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["with_sinks", "sink_grad", "kernel_sink_grad", "encode_remainder", "decode_remainder", "remainder_like"]
+__all__ = ["with_sinks", "sink_grad", "kernel_sink_grad", "sink_sums_grad", "encode_remainder", "decode_remainder",
+           "remainder_like"]
 
 # The output's rounding remainder O - round(O), which a forward whose sinks
 # will be differentiated keeps for the backward, is stored as one int8 a
@@ -135,3 +136,17 @@ def kernel_sink_grad(sinks: Tensor, lse: Tensor, dlse: Optional[Tensor], delta: 
     if dlse is not None:
         p_dp -= dlse.float()
     return sink_grad(sinks.float(), lse, p_dp).to(sinks.dtype)
+
+
+def sink_sums_grad(sinks: Tensor, lse: Tensor, dlse: Optional[Tensor], sink_sums: Tensor) -> Tensor:
+    """d sink_h = -sum_i p_sink_i (sum_j P_ij dP_ij - dlse_i) from the
+    per-head sums sum_i p_sink_i sum_j P_ij dP_ij (``sink_sums``, float32
+    (Hq,), over every batch element and row: the Hopper backward's
+    ``sink_sums`` route, formed from float32 product tiles, so no
+    rowsum(dO o O) of a rounded output is needed), p_sink_i =
+    exp(sink_h - lse_i); the dlse term is added here."""
+    grad = -sink_sums.float()
+    if dlse is not None:
+        p_sink = torch.exp(sinks.float()[None, :, None] - lse.float())
+        grad = grad + (p_sink * dlse.float()).sum(dim=(0, 2))
+    return grad.to(sinks.dtype)

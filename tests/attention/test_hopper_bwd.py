@@ -72,7 +72,10 @@ COMPILED = ([(dims, c, causal, False) for dims, c in FORCED for causal in (False
                for causal in (False, True)]
             # dq_turns with dS row sums: the launcher gives the kernel half-width boxes (each half a tile)
             + [((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, defer_sums=True, dq_turns=True), True,
-                True)])
+                True)]
+            # the sinks' per-head sums instead of dS's row sums (sink_sums), causal pairs too
+            + [(dims, dataclasses.replace(c, sink_sums=True, pair_blocks=pairs), causal, True) for dims, c in SUMMING
+               for causal, pairs in ((False, None), (True, False), (True, True))])
 
 
 def _dims_id(dims):
@@ -92,7 +95,7 @@ def _expected_shared(dims, cfg, sinks=False):
     kv = 2 * cfg.block_n * (d + dv) * 2
     ring = cfg.num_stages * cfg.block_m * (d + dv) * 2
     ds = (2 if split else 1) * 2 * (2 * cfg.block_n * cfg.block_m * 2)
-    dq_width = d if cfg.dq_turns and not sinks else d // 2
+    dq_width = d if cfg.dq_turns and not (sinks and not cfg.sink_sums) else d // 2
     chunks = 4 if cfg.block_m <= 32 or split else 2
     dq = chunks * 64 * cfg.block_m * 4 if dv != d or split else 2 * cfg.block_m * dq_width * 4
     stats = 2 * cfg.num_stages * cfg.block_m * 4 if cfg.stats_tma else 0
@@ -460,7 +463,8 @@ def test_head_slices_against_float64(head_dim, causal, slices):
 
 
 @needs_hopper
-@pytest.mark.parametrize("mode", ["remainder", "sums-at-once", "defer-sums", "sums-head-slices"])
+@pytest.mark.parametrize("mode", ["remainder", "sums-at-once", "defer-sums", "sums-head-slices", "sink-sums",
+                                  "sink-sums-head-slices"])
 @pytest.mark.parametrize("head_dim,causal,n", [(64, True, 700), (64, False, 700), (128, True, 700),
                                                (64, False, 2100), (128, True, 2100)],
                          ids=["d64-causal", "d64-full", "d128-causal", "d64-full-hopper-fwd",
@@ -469,12 +473,13 @@ def test_sinks_gradient_on_the_hopper_kernel(head_dim, causal, n, mode, monkeypa
     """gpt-oss's shape family (GQA 8, d = 64) and d = 128: dq, dk, dv and the
     sinks' gradient against float64: from the forward's output remainder (the
     default), or, where the forward kept none, from the kernel's dS row sums,
-    added at each tile or deferred to the next.  From 2048 keys the forward
-    is the Hopper kernel too (its remainder), below it the portable one."""
+    added at each tile or deferred to the next, or from its per-head sums
+    (``sink_sums``).  From 2048 keys the forward is the Hopper kernel too
+    (its remainder), below it the portable one."""
     if mode != "remainder":
         monkeypatch.setattr(ops, "keeps_remainder", lambda *args: False)
     defer = mode == "defer-sums"
-    slices = 4 if mode == "sums-head-slices" else 1   # the dS row sums of query heads split across grid rows
+    slices = 4 if mode.endswith("head-slices") else 1   # the sums of query heads split across grid rows
     q, k, v, do = _inputs(1, 16, 2, n, n, head_dim, torch.bfloat16, seed=21)
     sinks = torch.linspace(-3.0, 3.0, 16, device="cuda")
     dlse = torch.randn(1, 16, n, device="cuda")
@@ -486,12 +491,15 @@ def test_sinks_gradient_on_the_hopper_kernel(head_dim, causal, n, mode, monkeypa
         return torch.autograd.grad(loss, leaves)
     table = configs.HOPPER_BWD[(head_dim, head_dim)]
     with _hopper_calls() as calls, mock.patch.dict(configs.HOPPER_BWD,
-                                                   {(head_dim, head_dim): dataclasses.replace(table, defer_sums=defer,
-                                                                                       head_slices=slices)}):
+                                                   {(head_dim, head_dim): dataclasses.replace(
+                                                       table, defer_sums=defer, head_slices=slices,
+                                                       sink_sums=mode.startswith("sink-sums"))}):
         got = grads(q, k, v, sinks, do, functools.partial(tileattn.attention, deterministic=False))
     assert calls, "the Hopper backward did not run"
-    args, _ = calls[-1]   # attn_bwd_dkdv(..., config, ds_sum)
-    assert (args[12] is None) == (mode == "remainder"), "the kernel summed dS with a remainder kept, or not without"
+    args, kwargs = calls[-1]   # attn_bwd_dkdv(..., config, ds_sum, ..., sink_sums=)
+    assert (args[12] is None) == (mode == "remainder" or mode.startswith("sink-sums")), \
+        "the kernel summed dS with a remainder kept, or not without"
+    assert (kwargs.get("sink_sums") is not None) == mode.startswith("sink-sums")
     ref = grads(q.double(), k.double(), v.double(), sinks.double(), do.double(), standard_attention)
     low = grads(q, k, v, sinks, do, standard_attention)
     for part, g, r, lo in zip(("dq", "dk", "dv", "dsinks"), got, ref, low):
@@ -763,8 +771,9 @@ def test_hopper_call_plumbing(chunked, monkeypatch):
     out, lse = standard_attention(q.double(), k.double(), v.double(), causal=True, scale=scale, return_lse=True)
     chunks = []
 
-    def fake_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum, window=None, varlen=None):
-        assert window is None and varlen is None   # a plain call
+    def fake_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum, window=None, varlen=None,
+                  sink_sums=None, sinks=None):
+        assert window is None and varlen is None and sink_sums is None   # a plain call
         chunks.append((q.shape, dq_acc.shape))
         leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
         ref = standard_attention(*leaves, causal=causal, scale=scale)

@@ -19,7 +19,7 @@ import triton.language as tl
 import tileattn
 from tileattn.kernels import remainder as remainder_kernels
 from tileattn.reference import standard_attention, standard_attention_varlen
-from tileattn.sinks import decode_remainder, encode_remainder
+from tileattn.sinks import decode_remainder, encode_remainder, sink_sums_grad
 from tileattn.testing import DEVICE, DT_NAME, SEED_OFFSET, case_number, check_accuracy, check_remainder
 
 from conftest import INTERPRETED
@@ -366,3 +366,28 @@ def test_compiled_graph_differentiates_the_sinks(path):
     want = torch.autograd.grad(tileattn.attention(q, k, v, causal=True, sinks=sinks).sum(), (q, k, v, sinks))
     for name, a, b in zip(("dq", "dk", "dv", "dsinks"), got, want):
         torch.testing.assert_close(a, b, msg=name)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sinks_gradient_from_per_head_sums(causal):
+    """The Hopper backward's ``sink_sums`` route, its contract in float64:
+    the sums over (batch, row) of p_sink_i sum_j P_ij dP_ij (what its
+    kernel adds up, P with the sink in the denominator, dP = dO V^T) and
+    dlse give the sinks' gradient that autograd gives, GQA 2, Nq > Nk
+    (causal: rows that see no key, whose P is 0)."""
+    torch.manual_seed(41 + SEED_OFFSET)
+    q = torch.randn(2, 4, 19, 8, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 13, 8, dtype=torch.float64) for _ in range(2))
+    sinks = torch.linspace(-1.5, 2.0, 4, dtype=torch.float64, requires_grad=True)
+    do, dlse = torch.randn_like(q), torch.randn(2, 4, 19, dtype=torch.float64)
+    out, lse = standard_attention(q, k, v, causal=causal, sinks=sinks, return_lse=True)
+    want = torch.autograd.grad((out * do).sum() + (lse * dlse).sum(), sinks)[0]
+    kk, vv = (t.repeat_interleave(2, dim=1) for t in (k, v))
+    s = q @ kk.transpose(-1, -2) * 8 ** -0.5
+    if causal:   # bottom-right: row i sees key j iff j <= i + Nk - Nq
+        s = s.masked_fill(torch.ones(19, 13, dtype=torch.bool).triu(13 - 19 + 1), float("-inf"))
+    p = torch.exp(s - lse.detach()[..., None])
+    p_sink = torch.exp(sinks.detach()[None, :, None] - lse.detach())
+    sums = (p_sink * (p * (do @ vv.transpose(-1, -2))).sum(-1)).sum(dim=(0, 2))
+    got = sink_sums_grad(sinks.detach(), lse.detach(), dlse, sums.float())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -341,7 +341,9 @@ def test_varlen_backward_call_plumbing(monkeypatch):
     out, lse, gq, gk, gv = per_sequence(q, k, v, do)
     seen = []
 
-    def fake_dkdv(do_, q_, k_, v_, dq_acc, dk, dv, lse2, delta, causal, scale_, cfg, ds_sum, window=None, varlen=None):
+    def fake_dkdv(do_, q_, k_, v_, dq_acc, dk, dv, lse2, delta, causal, scale_, cfg, ds_sum, window=None, varlen=None,
+                  sink_sums=None, sinks=None):
+        assert sink_sums is None and sinks is None
         seen.append((cfg.stats_tma, varlen))
         dk.copy_(gk)
         dv.copy_(gv)

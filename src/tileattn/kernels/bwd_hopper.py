@@ -36,7 +36,14 @@ With ``SUM_DS`` each warpgroup also sums dS over its keys for every query
 row and adds the sums into ``DS_SUM`` (float32, (B, Hq, N_Q)): the sinks'
 gradient needs them.  The sum over keys runs across the warps, so it is an
 MMA of dSᵀ (already in shared memory for dQ) against a ones column, not a
-reduction in registers.
+reduction in registers.  With ``SINK_SUMS`` instead (the sinks' gradient
+without the forward's output remainder) each warpgroup sums Pᵀ ∘ dPᵀ
+weighted by each query's sink probability p_sink = 2^(sink₂ − lse₂) over
+the tile's queries (a thread's own columns
+and its lane quad: no shared memory), a vector over its keys kept across
+the tiles; once a query head's tiles are done it adds the vector's sum into
+``DS_SUM[hq]`` (float32, (Hq,)): Σ_i p_sink,i Σ_j P_ij dP_ij over the
+program's keys, what d sink needs without rowsum(dO∘O) of a rounded O.
 
 Rows past N_Q read as zeros with lse₂ = +inf, so their P is 0 (by TMA, lse₂
 reads 0 there and P is 1, but their dO rows are zeros, so their dP, dS and
@@ -55,41 +62,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .bwd_hopper_common import (_barriers, _invalidate, _load_partition, _probs, _query_tiles,
-                                 _ring_buffers, _sequence_edge, _tma_reduce_add)
+from .bwd_hopper_common import (_add_row_sums, _barriers, _dq_reduce, _invalidate, _load_partition, _probs,
+                                 _query_tiles, _ring_buffers, _rows_inside, _sequence_edge)
 from .fwd_hopper_load import _grid_coords, _sequence
-
-
-@gluon.jit
-def _add_row_sums(DS_SUM, sums, off_b, hq, m, N_HEADS, N_Q, BLOCK_M: gl.constexpr, rs_layout: gl.constexpr):
-    """Add one query tile's row sums of dS into DS_SUM (rows past N_Q dropped;
-    each query row gets one add per warpgroup of keys)."""
-    offs_rs = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rs_layout))
-    rs_row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_rs
-    gl.atomic_add(DS_SUM + rs_row, sums, mask=offs_rs < N_Q, sem="relaxed")
-
-
-@gluon.jit
-def _rows_inside(dq, m, N_Q, BLOCK_M: gl.constexpr, dq_layout: gl.constexpr):
-    """A packed sequence's dQ tile with the rows past the sequence set to 0:
-    the copy engine's add reaches the next sequence's rows, where a NaN of
-    this sequence's K (times the zero dS there) would otherwise land."""
-    rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-    return gl.where((rows < N_Q)[:, None], dq, 0.0)
-
-
-@gluon.jit
-def _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, col0, WG: gl.constexpr, BLOCK_M: gl.constexpr,
-               WIDTH: gl.constexpr):
-    """Stage this warpgroup's dQ columns [col0, col0 + WIDTH) and let the copy
-    engine add them into the float32 sum at rows [m, m + BLOCK_M) of head ``hq``."""
-    # the warpgroup's previous reduce has read its staging buffer by now
-    tma.store_wait(0)
-    stage = dq_smem.index(WG)
-    stage.store(dq)
-    fence_async_shared()
-    gl.thread_barrier()
-    _tma_reduce_add(dq_desc, [off_b, hq, m, col0], stage.reshape([1, 1, BLOCK_M, WIDTH]))
+from .fwd_hopper_softmax import LOG2E
 
 
 @gluon.jit
@@ -103,7 +79,7 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                        SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr, t0, kv_phase, kv_empty,
                        ARRIVE_KV: gl.constexpr, lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr,
                        ADD_DKDV: gl.constexpr, WIN_LEFT=None, WIN_RIGHT=None, IS_VARLEN: gl.constexpr = False,
-                       q_base=0, k_base=0, ROWS_Q=None):
+                       q_base=0, k_base=0, ROWS_Q=None, SINK_SUMS: gl.constexpr = False, SINKS=None):
     """One key block of the program: ``t0`` ring tiles came before it and its
     K and V tiles complete ``kv_bar`` in phase ``kv_phase`` (a pair's second
     block: 1); with ``ARRIVE_KV`` the warpgroup arrives on ``kv_empty`` after
@@ -118,7 +94,8 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     lengths, its rows from ``q_base``/``k_base``, ``ROWS_Q`` the stats' rows
     a head): queries past it get lse₂ = +inf and Δ = 0 (their Q and dO rows
     read as zeros) and add zeros to dQ (:func:`_rows_inside`), keys past it
-    Pᵀ = dSᵀ = 0 (:func:`_sequence_edge`)."""
+    Pᵀ = dSᵀ = 0 (:func:`_sequence_edge`).  ``SINK_SUMS``: the sinks' sums
+    into ``DS_SUM`` (module docstring; ``SINKS`` the heads' sink logits)."""
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     # the dQ sum's box says who forms dQ: D/2 wide, each warpgroup half the
@@ -155,6 +132,8 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         rs_sum = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, rs_layout))
         m_sum = m_lo
         hq_sum = hq0
+    if SINK_SUMS:   # this query head's sum so far, a partial sum a key
+        sink_keys = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, s_layout))
     for t in range(HEADS * n_m):
         g = t // n_m
         m = m_lo + (t - g * n_m) * BLOCK_M
@@ -213,7 +192,22 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
         dpt = warpgroup_mma_wait(1, deps=[dpt])
         if IS_VARLEN:   # the next sequence's Δ: queries past this one have P = 0 and dP = 0 (zero dO rows)
             delta = gl.where(offs_m < N_Q, delta, 0.0)
-        ds = pt * (dpt - delta[None, :])
+        if SINK_SUMS:
+            # u = Pᵀ ∘ dPᵀ weighted by p_sink, summed over the queries; keys past N_K (zero V rows), queries
+            # past N_Q (zero dO rows) and masked pairs add 0
+            if STATS_TMA:
+                lse2 = lse_smem.index(s).reshape([BLOCK_M]).load(gl.SliceLayout(0, s_layout))
+            else:
+                lse2 = gl.load(LSE2 + row, mask=offs_m < N_Q, other=float("inf"))
+            u = pt * dpt
+            ds = u - pt * delta[None, :]
+            p_sink = gl.exp2(gl.load(SINKS + hq) * LOG2E - lse2)
+            sink_keys += gl.sum(u * p_sink[None, :], axis=1)
+            if t - g * n_m == n_m - 1:   # the head's last tile: one add a program and head
+                gl.atomic_add(DS_SUM + hq, gl.sum(sink_keys, axis=0), sem="relaxed")
+                sink_keys = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, s_layout))
+        else:
+            ds = pt * (dpt - delta[None, :])
         if IS_VARLEN:   # 0 x a NaN of the next sequence's V in dP is not 0
             if key0 + BLOCK_N > N_K:
                 ds = _sequence_edge(ds, offs_n, N_K)
@@ -310,7 +304,8 @@ def _compute_paired(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
                     N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                     DK_FROM_SMEM: gl.constexpr, SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr, lse_smem,
-                    delta_smem, stat_ready, STATS_TMA: gl.constexpr, ADD_DKDV: gl.constexpr):
+                    delta_smem, stat_ready, STATS_TMA: gl.constexpr, ADD_DKDV: gl.constexpr,
+                    SINK_SUMS: gl.constexpr, SINKS):
     """A compute warpgroup over a pair of key blocks (the second one only
     where ``n_m_b`` >= 0), one loop iteration each (one copy of the block's
     code, not two): the ring's and the dSᵀ buffers' counts run on across
@@ -325,7 +320,7 @@ def _compute_paired(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
                            gl.where(first, n_m, n_m_b), HEADS, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                            DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS,
                            DEFER_SUMS, t0, blk, kv_empty, True, lse_smem, delta_smem, stat_ready, STATS_TMA,
-                           ADD_DKDV)
+                           ADD_DKDV, SINK_SUMS=SINK_SUMS, SINKS=SINKS)
         t0 = t0 + HEADS * n_m
 
 
@@ -356,7 +351,8 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                             STATS_TMA: gl.constexpr = False, HEADS=1, ADD_DKDV: gl.constexpr = False, N_ROWS=1,
                             GROUPED: gl.constexpr = False, WIN_LEFT=None, WIN_RIGHT=None,
                             IS_VARLEN: gl.constexpr = False, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, K=None, Q=None,
-                            DO=None, stride_kh=0, stride_kn=0, stride_qh=0, stride_qn=0, stride_doh=0, stride_don=0):
+                            DO=None, stride_kh=0, stride_kn=0, stride_qh=0, stride_qn=0, stride_doh=0, stride_don=0,
+                            SINK_SUMS: gl.constexpr = False, SINKS=None):
     """A program owns 2 * BLOCK_N keys: BLOCK_N per compute warpgroup; with
     PAIRED (causal) two such key blocks, the grid's first half of them and
     their mirror images, so that every program has the same work.  With
@@ -373,7 +369,9 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
     no head slices or dS sums): the tensors are (1, H, total, D), the grid's
     batch axis runs over the sequences (``fwd_hopper_load._sequence``), and
     tiles that end past a sequence read K, Q and dO (pointers and strides
-    here) through descriptors that end with it."""
+    here) through descriptors that end with it.  ``SINK_SUMS`` (not with
+    ``SUM_DS``): ``DS_SUM`` is a zeroed float32 (Hq,) that gets the sinks'
+    sums (module docstring), ``SINKS`` the heads' float32 sink logits."""
     # causal: the first key blocks see the most query tiles, run them first
     pid_n, pid_h, off_b, _ = _grid_coords(N_ROWS, GROUPED)
     if ADD_DKDV:
@@ -385,7 +383,9 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
         hq0 = pid_h * GROUP_SIZE
     start_n = pid_n * (2 * BLOCK_N)
     gl.static_assert(WIN_LEFT is None or not (IS_CAUSAL or PAIRED), "a window: causal folded into it, not paired")
-    gl.static_assert(not IS_VARLEN or not (PAIRED or ADD_DKDV or SUM_DS or GROUPED), "packed: a plain grid")
+    gl.static_assert(not IS_VARLEN or not (PAIRED or ADD_DKDV or SUM_DS or GROUPED or SINK_SUMS),
+                     "packed: a plain grid, no sinks")
+    gl.static_assert(not (SUM_DS and SINK_SUMS), "the sinks' gradient one way: dS row sums or the sinks' sums")
     if IS_VARLEN:
         ROWS_Q = N_Q   # the stats' rows a head (all sequences')
         off_b, q_base, N_Q, k_base, N_K = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, off_b, N_Q, N_K, IS_VARLEN)
@@ -444,14 +444,14 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                off_b, off_hk, hq0, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, HEADS,
                                N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM,
                                NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS, lse_smem, delta_smem,
-                               stat_ready, STATS_TMA, ADD_DKDV)),
+                               stat_ready, STATS_TMA, ADD_DKDV, SINK_SUMS, SINKS)),
             (_compute_paired, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                                stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                off_b, off_hk, hq0, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b, kv_empty, HEADS,
                                N_HEADS, N_Q, N_K, qk_scale, sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM,
                                NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, SUM_DS, DEFER_SUMS, lse_smem, delta_smem,
-                               stat_ready, STATS_TMA, ADD_DKDV)),
+                               stat_ready, STATS_TMA, ADD_DKDV, SINK_SUMS, SINKS)),
             (_load_paired, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                             q_empty, do_ready, do_empty, off_b, off_hk, hq0, start_n, m_lo, n_m, start_b, m_lo_b,
                             n_m_b, kv_empty, HEADS, BLOCK_M, NUM_STAGES, LSE2, DELTA, lse_smem, delta_smem, stat_ready,
@@ -467,7 +467,8 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                   off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS, N_HEADS, N_Q, N_K, qk_scale,
                                   sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
                                   SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, lse_smem, delta_smem, stat_ready,
-                                  STATS_TMA, ADD_DKDV, WIN_LEFT, WIN_RIGHT, IS_VARLEN, q_base, k_base, ROWS_Q)),
+                                  STATS_TMA, ADD_DKDV, WIN_LEFT, WIN_RIGHT, IS_VARLEN, q_base, k_base, ROWS_Q,
+                                  SINK_SUMS, SINKS)),
             (_compute_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ones_smem, kv_bar, q_ready,
                                   q_empty,
                                   do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
@@ -475,7 +476,8 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                   off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS, N_HEADS, N_Q, N_K, qk_scale,
                                   sm_scale, DS_SUM, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
                                   SUM_DS, DEFER_SUMS, 0, 0, kv_bar, False, lse_smem, delta_smem, stat_ready,
-                                  STATS_TMA, ADD_DKDV, WIN_LEFT, WIN_RIGHT, IS_VARLEN, q_base, k_base, ROWS_Q)),
+                                  STATS_TMA, ADD_DKDV, WIN_LEFT, WIN_RIGHT, IS_VARLEN, q_base, k_base, ROWS_Q,
+                                  SINK_SUMS, SINKS)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, off_b, off_hk, hq0, start_n, m_lo, n_m, HEADS,
                                BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_smem, 0, 0, kv_bar, False, LSE2, DELTA,

@@ -5,7 +5,8 @@ causal range of a key block's query tiles, a tile's coordinates in a compute
 warpgroup's walk, the K/V tiles and the Q/dO ring in shared memory, the load
 partition (the program's K and V tiles once, then the Q and dO tiles, and
 with ``STATS_TMA`` lse₂ and Δ, of every query tile into a ring), the
-mbarriers, and Pᵀ from the saved log-sum-exp.
+mbarriers, Pᵀ from the saved log-sum-exp, and the d <= 128 kernel's
+adds: a dQ tile's (by the copy engine), dS's row sums and the sinks' sums.
 
 This module imports Gluon at load time: only the Hopper kernels import it.
 """
@@ -13,7 +14,7 @@ from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from .fwd_hopper_load import _edge_descriptor, _load_rows
 
@@ -193,3 +194,35 @@ def _sequence_edge(x, offs_n, N_K):
     N_K: their K rows read as zeros (an edge descriptor), so their scores
     are 0, not -inf, and their dP may hold the next sequence's values."""
     return gl.where((offs_n < N_K)[:, None], x, 0.0)
+
+
+@gluon.jit
+def _add_row_sums(DS_SUM, sums, off_b, hq, m, N_HEADS, N_Q, BLOCK_M: gl.constexpr, rs_layout: gl.constexpr):
+    """Add one query tile's row sums of dS into DS_SUM (rows past N_Q dropped;
+    each query row gets one add per warpgroup of keys)."""
+    offs_rs = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rs_layout))
+    rs_row = (off_b * N_HEADS + hq).to(gl.int64) * N_Q + offs_rs
+    gl.atomic_add(DS_SUM + rs_row, sums, mask=offs_rs < N_Q, sem="relaxed")
+
+
+@gluon.jit
+def _rows_inside(dq, m, N_Q, BLOCK_M: gl.constexpr, dq_layout: gl.constexpr):
+    """A packed sequence's dQ tile with the rows past the sequence set to 0:
+    the copy engine's add reaches the next sequence's rows, where a NaN of
+    this sequence's K (times the zero dS there) would otherwise land."""
+    rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    return gl.where((rows < N_Q)[:, None], dq, 0.0)
+
+
+@gluon.jit
+def _dq_reduce(dq, dq_smem, dq_desc, off_b, hq, m, col0, WG: gl.constexpr, BLOCK_M: gl.constexpr,
+               WIDTH: gl.constexpr):
+    """Stage this warpgroup's dQ columns [col0, col0 + WIDTH) and let the copy
+    engine add them into the float32 sum at rows [m, m + BLOCK_M) of head ``hq``."""
+    # the warpgroup's previous reduce has read its staging buffer by now
+    tma.store_wait(0)
+    stage = dq_smem.index(WG)
+    stage.store(dq)
+    fence_async_shared()
+    gl.thread_barrier()
+    _tma_reduce_add(dq_desc, [off_b, hq, m, col0], stage.reshape([1, 1, BLOCK_M, WIDTH]))

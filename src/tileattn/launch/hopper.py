@@ -310,9 +310,10 @@ def dq_turns(cfg: HopperBwdConfig, ds_sum) -> bool:
 
 
 def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_sum=None, paired=False, slices=1,
-              window=None):
+              window=None, sink_sums=None, sinks=None):
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
+    sink_args = {} if sink_sums is None else dict(SINK_SUMS=True, SINKS=sinks)
     return dict(**({} if window is None else dict(WIN_LEFT=int(window[0]), WIN_RIGHT=int(window[1]))),
         q_desc=_descriptor(q, cfg.block_m), k_desc=_descriptor(k, 2 * cfg.block_n),
         v_desc=_descriptor(v, 2 * cfg.block_n), do_desc=_descriptor(do, cfg.block_m),
@@ -322,10 +323,10 @@ def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_s
         stride_dkb=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
         stride_dvb=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
         GROUP_SIZE=hq // hkv, N_HEADS=hq, N_Q=n_q, N_K=n_k, qk_scale=scale * LOG2E, sm_scale=scale,
-        DS_SUM=delta if ds_sum is None else ds_sum, SUM_DS=ds_sum is not None,
+        DS_SUM=sink_sums if sink_sums is not None else delta if ds_sum is None else ds_sum, SUM_DS=ds_sum is not None,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal), NUM_STAGES=cfg.num_stages,
         DK_FROM_SMEM=cfg.dk_from_smem, DEFER_SUMS=cfg.defer_sums, PAIRED=paired, STATS_TMA=cfg.stats_tma,
-        HEADS=hq // hkv // slices, ADD_DKDV=slices > 1)
+        HEADS=hq // hkv // slices, ADD_DKDV=slices > 1, **sink_args)
 
 
 def bwd_config_for(head_dim: int, head_dim_v: int | None = None) -> HopperBwdConfig:
@@ -394,7 +395,8 @@ def _transposed_kernel(head_dim: int, head_dim_v: int):
 
 
 def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale: float,
-                  config: HopperBwdConfig | None = None, ds_sum=None, window=None, varlen=None):
+                  config: HopperBwdConfig | None = None, ds_sum=None, window=None, varlen=None, sink_sums=None,
+                  sinks=None):
     """dK, dV (written) and the float32 dQ sum (added into ``dq_acc``) on the
     Hopper backward kernel.  ``lse2``/``delta`` come from the portable
     preprocess kernel; the portable convert kernel turns ``dq_acc`` into dq.
@@ -405,7 +407,11 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     ``window``: a sliding window's kernel bounds (as :func:`attn_fwd`'s; the
     d <= 128 kernel, ``causal`` False, no pairs or head slices).
     ``varlen``: packed sequences, as :func:`attn_fwd`'s (the d <= 128
-    kernel, QK = V head dim, no pairs, head slices or dS sums)."""
+    kernel, QK = V head dim, no pairs, head slices or dS sums).
+    ``sink_sums``: instead of ``ds_sum``, a zeroed float32 (Hq,) tensor that
+    gets each head's sum over rows of p_sink Σ_j P dP (``sinks``: the heads'
+    float32 sink logits; the d <= 128 kernel, not packed;
+    ``tileattn.sinks.sink_sums_grad``)."""
     b, hq, n_q, d = q.shape
     hkv, n_k, w = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or bwd_config_for(d, w)
@@ -417,6 +423,8 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
                                or ds_sum is not None or b != 1):
         raise ValueError("varlen: the Hopper backward runs packed (1, H, total, D) sequences on the d <= 128 "
                          "kernel, QK = V head dim, without head slices, pairs or dS sums")
+    if sink_sums is not None and (ds_sum is not None or varlen is not None or transposed_dq(d, w) or sinks is None):
+        raise ValueError("sink_sums: the d <= 128 Hopper backward's, with sinks, not with ds_sum or packed sequences")
     if cfg.stats_tma and any(t.stride(1) % 4 or t.data_ptr() % 16 for t in (lse2, delta)):
         padded = stats_rows(b, hq, n_q, q.device)   # rows the copy engine cannot address: copies that it can
         for dst, src in zip(padded, (delta, lse2)):
@@ -452,7 +460,8 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     sums = torch.zeros((2,) + k.shape, device=k.device, dtype=torch.float32) if slices > 1 else None
     runtime.run(_attn_bwd_hopper_kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
                 dict(_bwd_args(do, q, k, v, dq_acc, dk if sums is None else sums[0], dv if sums is None else sums[1],
-                               lse2, delta, causal, scale, cfg, ds_sum, pair, slices, window), N_ROWS=hkv * slices,
+                               lse2, delta, causal, scale, cfg, ds_sum, pair, slices, window, sink_sums, sinks),
+                     N_ROWS=hkv * slices,
                      GROUPED=grouped))
     if sums is not None:
         dk.copy_(sums[0])

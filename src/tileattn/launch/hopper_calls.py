@@ -23,7 +23,7 @@ import dataclasses
 
 import torch
 
-from ..sinks import kernel_sink_grad, remainder_like
+from ..sinks import kernel_sink_grad, remainder_like, sink_sums_grad
 from . import bwd_memory, bwd_steps, grid_order, hopper, runtime
 from .runtime import aligned, output_f32, output_like
 
@@ -142,22 +142,32 @@ def _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_
         dq, dk, dv = output_like(q), output_like(k), output_like(v)
         delta, lse2 = _stats(q, cfg)
         tensors = {}
-    sums_ds = sinks is not None and o_lo is None
+    # sinks without the forward's output remainder: their gradient from the kernel's dS row sums, or its
+    # per-head sums (cfg.sink_sums)
+    sums_ds = sinks is not None and o_lo is None and not cfg.sink_sums
     ds_sum = torch.zeros((b, hq, n_q), device=q.device, dtype=torch.float32) if sums_ds else None
+    per_head = sinks is not None and o_lo is None and cfg.sink_sums
+    sink_sums = torch.zeros(hq, device=q.device, dtype=torch.float32) if per_head else None
+    sinks32 = sinks.float().contiguous() if per_head else None
     dsinks = bwd_steps.preprocess(do, o, lse, dlse, delta, lse2, o_lo, sinks)
     new_sum = hopper.dq_sum_transposed if hopper.transposed_dq(d, v.shape[-1]) else bwd_steps.dq_accumulator
     dq_acc = None   # one float32 dQ sum for every chunk (bwd_memory: a bound on the peak)
     for bs, hs, hks in chunks:
         def part(t, idx, bs=bs):   # this chunk's view; one chunk: the tensor itself
             return t if one or t is None else t[bs, idx]
+
+        def heads(t, hs=hs):   # a per-head vector's view
+            return t if one or t is None else t[hs]
         if dq_acc is None:
             dq_acc = tensors["dq_acc"] if tensors else new_sum(part(q, hs))
         else:
             dq_acc.zero_()
         hopper.attn_bwd_dkdv(part(do, hs), part(q, hs), part(k, hks), part(v, hks), dq_acc, part(dk, hks),
                              part(dv, hks), part(lse2, hs), part(delta, hs), causal, scale, cfg, part(ds_sum, hs),
-                             window=window, varlen=varlen)
+                             window=window, varlen=varlen, sink_sums=heads(sink_sums), sinks=heads(sinks32))
         bwd_steps.dq_convert(dq_acc, part(dq, hs), scale)
-    grads = (dq, dk, dv) if sinks is None else (
-        dq, dk, dv, dsinks if dsinks is not None else kernel_sink_grad(sinks, lse, dlse, delta, ds_sum))
+    if sinks is not None and dsinks is None:
+        dsinks = (sink_sums_grad(sinks, lse, dlse, sink_sums) if per_head
+                  else kernel_sink_grad(sinks, lse, dlse, delta, ds_sum))
+    grads = (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
     return grads + (tensors,)

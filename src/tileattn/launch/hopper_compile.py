@@ -102,7 +102,8 @@ def compile_report(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str
 def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False,
                      head_dim_v: int | None = None, window: bool = False, varlen: bool = False):
     """:func:`compile_sm90` for the backward kernel (``sinks``: with the dS
-    row sums their gradient needs; ``head_dim_v`` narrower than ``head_dim``:
+    row sums their gradient needs, or with ``cfg.sink_sums`` the per-head
+    sums; ``head_dim_v`` narrower than ``head_dim``:
     the wide kernel; QK = V head dim above 128: the split kernel; ``window``:
     a sliding window's build of the d <= 128 kernel, ``causal`` then False;
     ``varlen``: packed sequences' build of it, plain grid)."""
@@ -119,8 +120,13 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
     else:
         from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel as kernel
         f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
-        args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, torch.empty(1, 2, 256) if sinks else None,
-                         paired=bool(causal) and cfg.pair_blocks is True, window=(16, 0) if window else None)
+        per_head = sinks and cfg.sink_sums   # the sinks' per-head sums, else dS's row sums
+        args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg,
+                         torch.empty(1, 2, 256) if sinks and not per_head else None,
+                         paired=bool(causal) and cfg.pair_blocks is True, window=(16, 0) if window else None,
+                         sink_sums=torch.empty(2) if per_head else None, sinks=torch.empty(2) if per_head else None)
+        if not per_head:
+            args.update(SINK_SUMS=False, SINKS=None)
         args.update(N_ROWS=16, GROUPED=grid_order.compiled_grouped(causal, cfg, other_grid=cfg.pair_blocks is True
                                                                     or varlen))
         if varlen:
@@ -133,7 +139,8 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
         if (cfg.head_slices or 1) > 1:   # the float32 dK/dV sums (the group's size is a run-time argument)
             args.update(DK=f, DV=f, ADD_DKDV=True)
         const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "SUM_DS", "PAIRED",
-                 "DEFER_SUMS", "STATS_TMA", "ADD_DKDV", "GROUPED", "IS_VARLEN"} | (
+                 "DEFER_SUMS", "STATS_TMA", "ADD_DKDV", "GROUPED", "IS_VARLEN", "SINK_SUMS"} | (
+                     set() if per_head else {"SINKS"}) | (
                      set() if varlen else {"CU_SEQLENS_Q", "CU_SEQLENS_K", "K", "Q", "DO"} | {
                          f"stride_{x}{y}" for x in ("k", "q", "do") for y in "hn"})
         if not window:   # as a launch without one specializes them
