@@ -211,7 +211,8 @@ def _references(q, k, v, causal, sinks=None, window=None):
 def _check(name, q, k, v, causal, cfg=None):
     runtime.POISON_OUTPUTS = True
     assert dispatch.hopper_fwd_eligible(q, k, v)
-    cfg = cfg or launch_hopper.config_for(q.shape[-1], v.shape[-1])   # forced: the Hopper kernel at every size
+    # forced: the Hopper kernel at every size, the config the call's kind takes
+    cfg = cfg or launch_hopper.config_for(q.shape[-1], v.shape[-1], causal=causal)
     out, lse = launch.attn_fwd(q, k, v, causal, q.shape[-1] ** -0.5, config=cfg)
     ref, ref_lse, low, low_lse = _references(q, k, v, causal)
     check_accuracy(f"{name} out", out, ref, low, q.dtype)
@@ -374,7 +375,7 @@ def test_window_against_float64(case, walk, dtype):
     b, hq, hkv, n_q, n_k, d, causal, window = WINDOW_CASES[case]
     q, k, v = _inputs(b, hq, hkv, n_q, n_k, d, dtype, seed=case_number(case) % 1000)
     runtime.POISON_OUTPUTS = True
-    cfg = dataclasses.replace(launch_hopper.config_for(d, d), persistent=walk == "persistent")
+    cfg = dataclasses.replace(configs.HOPPER_FWD[(d, d)], persistent=walk == "persistent")   # windows' table
     with counting_calls(launch_hopper, "attn_fwd") as calls:
         out, lse = launch.attn_fwd(q, k, v, causal, d ** -0.5, config=cfg, window=window)
     assert calls and calls[0][1]["window"] is not None, "the window did not run on the Hopper kernel"
@@ -527,7 +528,7 @@ def test_sinks_remainder_in_the_kernel(dims, layout, causal, dtype):
     d, dv = dims
     q, k, v = _inputs(2, 4, 2, 701, 333, d, dtype, seed=19, layout=layout, dv=dv)
     sinks = torch.linspace(-4.0, 4.0, 4, device="cuda")
-    cfg = launch_hopper.config_for(d, dv)
+    cfg = launch_hopper.config_for(d, dv, causal=causal)
     out, lse = launch_hopper.attn_fwd(q, k, v, causal, d ** -0.5, cfg, poison=True, sinks=sinks)
     out2, lse2, out_lo = launch_hopper.attn_fwd(q, k, v, causal, d ** -0.5, cfg, poison=True, sinks=sinks,
                                                 remainder=True)
