@@ -106,10 +106,12 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
     # a 16-bit call with sinks that will be differentiated keeps its output's
     # rounding remainder, so its backward needs no dS sums for their gradient
     remainder = ops.keeps_remainder(q, sinks, ops.wants_remainder(q, k, v, sinks))
+    # the Hopper backward runs plain calls and sliding windows alone (d <= 128)
+    hopper_ok = plain or ((cap, slopes, mask) == (0.0, None, None) and dispatch.hopper_window_bwd(q, v))
     if det is None:
-        # the Hopper backward runs plain calls and sliding windows alone (d <= 128)
-        hopper_ok = plain or ((cap, slopes, mask) == (0.0, None, None) and dispatch.hopper_window_bwd(q, v))
         det = dispatch.default_deterministic(q, k, v, hopper_ok, sinks is not None and not remainder)
+    if remainder and not det and dispatch.hopper_sink_sums(q, k, v, hopper_ok):
+        remainder = False   # the Hopper backward's per-head sums give the sinks' gradient without it
     check_shared_memory(q, k, v, sinks, det)
     if dispatch.eager_applies(q, k, v):
         # same launchers, without the custom-op dispatch (host time; see ops.py)

@@ -297,6 +297,16 @@ def hopper_varlen_bwd(q: torch.Tensor, v: torch.Tensor, forced: bool = False) ->
             and hopper_varlen(forced))
 
 
+def hopper_sink_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plain: bool) -> bool:
+    """Whether the non-deterministic backward of a call with sinks would take
+    their gradient from the Hopper kernel's per-head sums (the table's
+    ``HopperBwdConfig.sink_sums``), so that its forward needs no output
+    remainder.  ``plain``: as :func:`default_deterministic`'s."""
+    cfg = configs.HOPPER_BWD.get((q.shape[-1], v.shape[-1]))
+    do = q if v.shape[-1] == q.shape[-1] else v   # dO is as wide as V
+    return plain and cfg is not None and cfg.sink_sums and hopper_bwd_eligible(q, k, v, do, sinks=True)
+
+
 def default_deterministic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plain: bool,
                           sinks: bool = False) -> bool:
     """``deterministic=None`` resolved: the atomic Hopper backward where it

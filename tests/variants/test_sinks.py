@@ -391,3 +391,29 @@ def test_sinks_gradient_from_per_head_sums(causal):
     sums = (p_sink * (p * (do @ vv.transpose(-1, -2))).sum(-1)).sum(dim=(0, 2))
     got = sink_sums_grad(sinks.detach(), lse.detach(), dlse, sums.float())
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["table-sink-sums", "table-row-sums", "deterministic"])
+def test_forward_keeps_no_remainder_for_the_sink_sums_route(case, monkeypatch):
+    """A differentiated 16-bit call with sinks keeps its output's remainder,
+    except where its backward will be the Hopper kernel with the table's
+    ``sink_sums`` (the per-head sums need none): the choice that reaches the
+    forward, with the Hopper backward's eligibility stubbed (CPU)."""
+    import dataclasses
+
+    from tileattn import api, configs, dispatch, ops
+    table = configs.HOPPER_BWD[(64, 64)]
+    monkeypatch.setitem(configs.HOPPER_BWD, (64, 64), dataclasses.replace(table, sink_sums=case != "table-row-sums"))
+    monkeypatch.setattr(dispatch, "hopper_bwd_eligible", lambda *args, **kwargs: True)
+    seen = []
+
+    def spy_fwd(*args, **kwargs):
+        seen.append(args[-1])
+        raise StopIteration
+    monkeypatch.setattr(ops, "attention_fwd", spy_fwd)
+    monkeypatch.setattr(ops, "eager_attention", spy_fwd)
+    q, k, v = (torch.randn(1, 2, 16, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    sinks = torch.zeros(2, requires_grad=True)
+    with pytest.raises(StopIteration):
+        api.attention(q, k, v, sinks=sinks, deterministic=case == "deterministic")
+    assert seen == [case != "table-sink-sums"]
