@@ -39,11 +39,11 @@ MMA of dSᵀ (already in shared memory for dQ) against a ones column, not a
 reduction in registers.  With ``SINK_SUMS`` instead (the sinks' gradient
 without the forward's output remainder) each warpgroup sums Pᵀ ∘ dPᵀ
 weighted by each query's sink probability p_sink = 2^(sink₂ − lse₂) over
-the tile's queries (a thread's own columns
-and its lane quad: no shared memory), a vector over its keys kept across
-the tiles; once a query head's tiles are done it adds the vector's sum into
-``DS_SUM[hq]`` (float32, (Hq,)): Σ_i p_sink,i Σ_j P_ij dP_ij over the
-program's keys, what d sink needs without rowsum(dO∘O) of a rounded O.
+the tile's queries (a thread's own columns and its lane quad: no shared
+memory), a vector over its keys kept across the tiles; once a query head's
+tiles are done it adds the vector's sum into ``DS_SUM[hq]`` (float32,
+(Hq,)): Σ_i p_sink,i Σ_j P_ij dP_ij over the program's keys, what d sink
+needs without rowsum(dO∘O) of a rounded O.
 
 Rows past N_Q read as zeros with lse₂ = +inf, so their P is 0 (by TMA, lse₂
 reads 0 there and P is 1, but their dO rows are zeros, so their dP, dS and
