@@ -83,7 +83,8 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
     wg3 = dict(d64, warpgroups=3, maxnreg=128, early_p=True)    # three softmax warpgroups, 192 query rows
     d128 = dict(num_stages=2)
     variants = {64: [d64, dict(d64, persistent=True), dict(d64, early_p=True),
-                     dict(d64, persistent=True, early_p=True), dict(d64, persistent=True, stream_k=True), wg3,
+                     dict(d64, persistent=True, early_p=True), dict(d64, persistent=True, stream_k=True),
+                     dict(d64, persistent=True, defer_o=True), wg3,
                      dict(wg3, persistent=True), dict(wg3, persistent=True, pingpong=True),
                      dict(wg3, persistent=True, defer_o=True)],
                 128: [d128, dict(d128, persistent=True), dict(d128, persistent=True, defer_o=True), dict(num_stages=3),
