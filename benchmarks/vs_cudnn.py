@@ -20,8 +20,10 @@ and 3 ring slots).
 rounding remainder, from staging tiles of its own and from O's buffer, and the
 call with sinks kept off the persistent kernel, and the one needing a gradient
 with ``HopperFwdConfig.defer_o`` (where persistent, the copies of O and of the
-remainder waited on under the next work item); backward: also the sinks'
-gradient from the kernels' dS row sums, the forward keeping no remainder).
+remainder waited on under the next work item), and the one whose backward
+will take the per-head sums of ``HopperBwdConfig.sink_sums`` (no remainder);
+backward: also the sinks' gradient from the kernels' dS row sums and from
+those per-head sums, the forward keeping no remainder in both).
 ``--memory`` (backward): each provider's forward+backward peak over the
 tensors a training step must hold.
 ``--plot DIR``: TFLOP/s and ratio-to-cuDNN figures of the rows (``tflops.png``,
@@ -139,9 +141,30 @@ def with_sinks_providers(mode: str) -> dict:
             with mock.patch.dict(configs.HOPPER_FWD, table):
                 return sinks(q, k, v, causal, grad=True)
         provs["tileattn-sinks-train-dfo"] = deferred
+        def train_ss(q, k, v, causal):   # the backward will take per-head sums: the forward keeps no remainder
+            with _sink_sums_table():
+                return sinks(q, k, v, causal, grad=True)
+        provs["tileattn-sinks-train-ss"] = train_ss
     else:   # the forward keeps no remainder: the kernels sum dS for the sinks' gradient
         provs["tileattn-sinks-dS-sums"] = sinks
+        provs["tileattn-sinks-ss"] = sinks   # ... or per-head sums in the dK/dV kernel (_bwd_step's table)
     return provs
+
+
+@contextlib.contextmanager
+def _sink_sums_table():
+    """The Hopper backward table with ``sink_sums`` on (d <= 128): calls with
+    sinks take their gradient from the dK/dV kernel's per-head sums, and their
+    forward keeps no output remainder (``dispatch.hopper_sink_sums``)."""
+    from tileattn import configs
+    saved = dict(configs.HOPPER_BWD)
+    for dims, cfg in saved.items():
+        if dims[0] <= 128:
+            configs.HOPPER_BWD[dims] = dataclasses.replace(cfg, sink_sums=True)
+    try:
+        yield
+    finally:
+        configs.HOPPER_BWD.update(saved)
 
 
 @contextlib.contextmanager
@@ -254,13 +277,17 @@ def plot_rows(sources: list[dict], out_dir: str, tree: str | None = None) -> lis
             plots.plot_speedup(rows, out / "vs_cudnn.png", baseline="sdpa-cudnn")]
 
 
-def _bwd_step(fn, q, k, v, do, causal, sums: bool = False):
+def _bwd_step(fn, q, k, v, do, causal, sums: bool = False, sink_sums: bool = False):
+    """``sink_sums``: the graph built and the backward run under
+    ``_sink_sums_table`` (the table is read again at the backward)."""
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    with _without_remainder(sums):
+    table = _sink_sums_table if sink_sums else contextlib.nullcontext
+    with _without_remainder(sums), table():
         out = fn(*leaves, causal)
 
     def step():
-        return torch.autograd.grad(out, leaves, do, retain_graph=True)
+        with table():
+            return torch.autograd.grad(out, leaves, do, retain_graph=True)
     return step
 
 
@@ -327,7 +354,8 @@ def main():
                         errs[name] = float((step().float() - ref).abs().max())
                 else:
                     do = torch.randn_like(q)
-                    steps = {name: _bwd_step(fn, q, k, v, do, causal, sums=name.endswith("-dS-sums"))
+                    steps = {name: _bwd_step(fn, q, k, v, do, causal, sums=name.endswith("-dS-sums"),
+                                             sink_sums=name.endswith("-ss"))
                              for name, fn in provs.items()}
                     if args.configs or args.order:
                         steps.update(_only(bwd_config_steps(q, k, v, do, causal, order=args.order), args.only))
