@@ -12,7 +12,8 @@ atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
 ``--configs`` also the table's Hopper backward config and the same with
 ``stats_tma`` toggled and with ``dq_turns`` toggled, forced (causal: the
 table's with one key block a program, ``pair_blocks=False``, too; GQA: the
-table's with each count of head slices forced, 1 to the group; d = 256: the
+table's with each count of head slices forced, 1 to the group; d = 64: the
+table's with 128-query tiles, with and without ``dq_turns``; d = 256: the
 split kernel's table config (64-query tiles in one slot) and 32-query tiles with 2
 and 3 ring slots).
 ``--sinks``: tileattn's default call with and without attention sinks, beside cuDNN
@@ -211,7 +212,9 @@ def bwd_config_steps(q, k, v, do, causal, order: bool = False) -> dict:
                 dataclasses.replace(table, dq_turns=not table.dq_turns)] + (
             [dataclasses.replace(table, pair_blocks=False)] if causal else []) + (
             [dataclasses.replace(table, head_slices=s) for s in (1, 2, 4, 8) if (q.shape[1] // k.shape[1]) % s == 0]
-            if q.shape[1] > k.shape[1] else [])
+            if q.shape[1] > k.shape[1] else []) + (
+            [dataclasses.replace(table, block_m=128), dataclasses.replace(table, block_m=128, dq_turns=False)]
+            if d == 64 else [])   # 128-query tiles (231,984 / 199,216 B of shared memory)
     return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
                                                  deterministic=False)) for c in cfgs}
 
