@@ -12,8 +12,7 @@ atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
 ``--configs`` also the table's Hopper backward config and the same with
 ``stats_tma`` toggled and with ``dq_turns`` toggled, forced (causal: the
 table's with one key block a program, ``pair_blocks=False``, too; GQA: the
-table's with each count of head slices forced, 1 to the group; d = 64: the
-table's with 128-query tiles, with and without ``dq_turns``; d = 256: the
+table's with each count of head slices forced, 1 to the group; d = 256: the
 split kernel's table config (64-query tiles in one slot) and 32-query tiles with 2
 and 3 ring slots).
 ``--sinks``: tileattn's default call with and without attention sinks, beside cuDNN
@@ -21,7 +20,9 @@ and 3 ring slots).
 rounding remainder, from staging tiles of its own and from O's buffer, and the
 call with sinks kept off the persistent kernel, and the one needing a gradient
 with ``HopperFwdConfig.defer_o`` (where persistent, the copies of O and of the
-remainder waited on under the next work item), and the one whose backward
+remainder waited on under the next work item), the one needing a gradient
+with non-causal calls on the causal table's config (d = 64: two softmax
+warpgroups), and the one whose backward
 will take the per-head sums of ``HopperBwdConfig.sink_sums`` (no remainder);
 backward: also the sinks' gradient from the kernels' dS row sums and from
 those per-head sums, the forward keeping no remainder in both).
@@ -138,10 +139,19 @@ def with_sinks_providers(mode: str) -> dict:
 
         def deferred(q, k, v, causal):   # persistent items leave O's and the remainder's copies in flight
             dims = (q.shape[-1], v.shape[-1])
-            table = {dims: dataclasses.replace(configs.HOPPER_FWD[dims], defer_o=True)}
-            with mock.patch.dict(configs.HOPPER_FWD, table):
+            tables = [configs.HOPPER_FWD] + ([configs.HOPPER_FWD_NONCAUSAL] if dims in configs.HOPPER_FWD_NONCAUSAL
+                                             else [])
+            with contextlib.ExitStack() as stack:
+                for table in tables:
+                    stack.enter_context(mock.patch.dict(table, {dims: dataclasses.replace(table[dims],
+                                                                                          defer_o=True)}))
                 return sinks(q, k, v, causal, grad=True)
         provs["tileattn-sinks-train-dfo"] = deferred
+
+        def two_warpgroups(q, k, v, causal):   # non-causal calls with the causal table's config (d = 64: 2 WG)
+            with mock.patch.dict(configs.HOPPER_FWD_NONCAUSAL, clear=True):
+                return sinks(q, k, v, causal, grad=True)
+        provs["tileattn-sinks-train-2wg"] = two_warpgroups
         def train_ss(q, k, v, causal):   # the backward will take per-head sums: the forward keeps no remainder
             with _sink_sums_table():
                 return sinks(q, k, v, causal, grad=True)
@@ -212,9 +222,7 @@ def bwd_config_steps(q, k, v, do, causal, order: bool = False) -> dict:
                 dataclasses.replace(table, dq_turns=not table.dq_turns)] + (
             [dataclasses.replace(table, pair_blocks=False)] if causal else []) + (
             [dataclasses.replace(table, head_slices=s) for s in (1, 2, 4, 8) if (q.shape[1] // k.shape[1]) % s == 0]
-            if q.shape[1] > k.shape[1] else []) + (
-            [dataclasses.replace(table, block_m=128), dataclasses.replace(table, block_m=128, dq_turns=False)]
-            if d == 64 else [])   # 128-query tiles (231,984 / 199,216 B of shared memory)
+            if q.shape[1] > k.shape[1] else [])
     return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
                                                  deterministic=False)) for c in cfgs}
 
