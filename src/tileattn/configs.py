@@ -349,7 +349,7 @@ class HopperBwdConfig:
     stats_tma: bool = False     # d = 64/128: lse₂ and Δ by the copy engine into shared memory (else loads)
     dq_turns: bool = False      # d = 64/128: the warpgroups take turns forming a tile's whole dQ (else half each)
     head_slices: int | None = None  # GQA, d = 64/128: grid rows a kv head (None: launch.hopper.head_slices)
-    sink_sums: bool = False     # sinks, no output remainder: their gradient from per-head sums (else dS row sums)
+    sink_sums: bool = False     # sinks, no remainder: their gradient from per-head sums (else dS row sums); v53: lost
     group_rows: int | None = None   # causal: grid rows whose key blocks go out together (None: launch.grid_order)
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
