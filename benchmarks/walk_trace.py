@@ -6,7 +6,9 @@ a build without the trace has no such code).  Needs a Hopper GPU.
     python benchmarks/walk_trace.py --head-dim 64 --seqlens 2048 8192 --variants pers-rt pers-rt-sk
 
 Per call (FA2 protocol: 16k tokens a batch, hidden 2048, bf16) and variant
-(the table's config made persistent, with ``-sk``: and the stream-K tail),
+(the table's config made persistent, with ``-sk``: and the stream-K tail;
+``-nc``: the non-causal table's; ``-sinks`` / ``-rem``: with sinks / and the
+output's remainder; see :func:`variant`),
 rounds interleaved: the programs' mean and latest end (µs from the first
 start; the mean is the busy time a perfect balance would end at), and the
 whole units' mean time and its spread over programs (slowest program's mean
@@ -30,12 +32,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def variant(head_dim: int, name: str):
     """The table's config made persistent; in the name ``-sk``: with the
-    stream-K tail, ``-s<n>``: n ring stages."""
-    from tileattn.configs import HOPPER_FWD
-    base = HOPPER_FWD[(head_dim, head_dim)]
+    stream-K tail, ``-s<n>``: n ring stages, ``-nc``: the non-causal
+    table's config (``configs.HOPPER_FWD_NONCAUSAL``, d = 64: three softmax
+    warpgroups) where it has one."""
+    from tileattn.configs import HOPPER_FWD, HOPPER_FWD_NONCAUSAL
+    dims = (head_dim, head_dim)
+    base = HOPPER_FWD_NONCAUSAL.get(dims, HOPPER_FWD[dims]) if "-nc" in name else HOPPER_FWD[dims]
     stages = re.search(r"-s(\d+)\b", name)
     return dataclasses.replace(base, persistent=True, stream_k="-sk" in name,
                                num_stages=int(stages.group(1)) if stages else base.num_stages)
+
+
+def call_kwargs(name: str, heads: int, device="cuda") -> dict:
+    """The call's extras by the variant's name: ``-sinks`` attention sinks,
+    ``-rem`` sinks and the output's rounding remainder (a forward whose
+    sinks will be differentiated)."""
+    import torch
+    if "-rem" not in name and "-sinks" not in name:
+        return {}
+    return dict(sinks=torch.linspace(-2.0, 2.0, heads, device=device), remainder="-rem" in name)
 
 
 def summary(rows: list[list[int]], whole: int) -> dict:
@@ -69,18 +84,19 @@ def main(argv=None) -> None:
         for n in args.seqlens:
             h, b = 2048 // d, max(1, 16384 // n)
             q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            programs = hopper._walk(q, k, args.causal, variant(d, "x"))[1]
-            trace = torch.zeros(programs, TRACE_SLOTS.value, dtype=torch.int64, device="cuda")
             cfgs = {name: variant(d, name) for name in args.variants}
-            whole = {}   # a config's whole units a program (the stream-K tail's pieces not counted)
+            extra = {name: call_kwargs(name, h) for name in args.variants}
+            traces, whole = {}, {}   # a config's clock rows; its whole units a program (stream-K pieces not counted)
             for name, cfg in cfgs.items():   # compile and warm
-                hopper.attn_fwd(q, k, v, args.causal, d ** -0.5, config=cfg, trace=trace)
-                units, _, tail = hopper._walk(q, k, args.causal, cfg)
+                units, programs, tail = hopper._walk(q, k, args.causal, cfg)
+                traces[name] = torch.zeros(programs, TRACE_SLOTS.value, dtype=torch.int64, device="cuda")
+                hopper.attn_fwd(q, k, v, args.causal, d ** -0.5, config=cfg, trace=traces[name], **extra[name])
                 whole[name] = (tail[0] if tail else units) // programs
             for r in range(args.rounds):
                 for name, cfg in cfgs.items():
+                    trace = traces[name]
                     trace.zero_()
-                    hopper.attn_fwd(q, k, v, args.causal, d ** -0.5, config=cfg, trace=trace)
+                    hopper.attn_fwd(q, k, v, args.causal, d ** -0.5, config=cfg, trace=trace, **extra[name])
                     torch.cuda.synchronize()
                     rows = trace.tolist()
                     raw.setdefault(f"d{d}-N{n}-{name}", []).append(rows)

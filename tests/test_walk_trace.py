@@ -48,6 +48,17 @@ def test_summary_skips_unwritten_entries():
     ("pers-rt-sk", "hopper-M64x2-N128-s2-ov-pers-rt-sk"),
     ("pers-rt-s4", "hopper-M64x2-N128-s4-ov-pers-rt"),
     ("pers-rt-sk-s5", "hopper-M64x2-N128-s5-ov-pers-rt-sk"),
+    ("pers-rt-nc", "hopper-M64x3-N128-s2-ov-pers-rt-ep"),
+    ("pers-rt-nc-rem", "hopper-M64x3-N128-s2-ov-pers-rt-ep"),
 ])
 def test_variant_names(name, want):
     assert walk_trace.variant(64, name).name == want
+
+
+@pytest.mark.parametrize("name,want", [("pers-rt", {}), ("pers-rt-sinks", {"remainder": False}),
+                                       ("pers-rt-nc-rem", {"remainder": True})])
+def test_call_kwargs(name, want):
+    """The variant's name asks for sinks (one logit a head) and the remainder."""
+    got = walk_trace.call_kwargs(name, heads=4, device="cpu")
+    assert {k: v for k, v in got.items() if k != "sinks"} == want
+    assert ("sinks" in got) == bool(want) and (not want or got["sinks"].shape == (4,))
