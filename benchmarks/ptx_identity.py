@@ -92,6 +92,10 @@ def hopper_cases():
                           "-rt", "-pers-rt", "-pers-rt-sk"):
                 cases[f"hopper-fwd-d{d}-{d}-{'causal' if causal else 'full'}{extra}"] = (
                     "hopper", "fwd-flags", d, d, causal, extra, False)
+    # the non-causal table's config (d = 64: three softmax warpgroups), persistent, with sinks and the remainder
+    for (d, dv) in configs.HOPPER_FWD_NONCAUSAL:
+        for extra in ("-nc", "-nc-pers-rt", "-nc-pers-rt-sinks", "-nc-pers-rt-sinks-remainder"):
+            cases[f"hopper-fwd-d{d}-{dv}-full{extra}"] = ("hopper", "fwd-flags", d, dv, False, extra, False)
     for (d, dv) in configs.HOPPER_BWD:
         for causal in (False, True):
             for sinks in ((False, True) if d == dv else (False,)):
@@ -120,10 +124,11 @@ def _compile_hopper(case):
     _, kind, d, dv, causal, flag, paired = case
     if kind == "fwd":
         return hopper_compile.compile_sm90(d, configs.HOPPER_FWD[(d, dv)], causal, "bf16", False, head_dim_v=dv)
-    if kind == "fwd-flags":   # "-pers" with "-dfo" or "-sinks" (and "-remainder"), "-rt" with or without it, "-sk"
-        on = set(flag.split("-"))
-        cfg = dataclasses.replace(configs.HOPPER_FWD[(d, dv)], persistent="pers" in on, defer_o="dfo" in on,
-                                  row_tree="rt" in on, stream_k="sk" in on)
+    if kind == "fwd-flags":   # "-pers" with "-dfo" or "-sinks" (and "-remainder"), "-rt" with or without it, "-sk";
+        on = set(flag.split("-"))   # "-nc": the non-causal table's config (alone: as it is)
+        table = configs.HOPPER_FWD_NONCAUSAL if "nc" in on else configs.HOPPER_FWD
+        cfg = table[(d, dv)] if flag == "-nc" else dataclasses.replace(
+            table[(d, dv)], persistent="pers" in on, defer_o="dfo" in on, row_tree="rt" in on, stream_k="sk" in on)
         return hopper_compile.compile_sm90(d, cfg, causal, "bf16", "sinks" in on, head_dim_v=dv,
                                            remainder="remainder" in on)
     if kind == "bwd":
