@@ -22,9 +22,8 @@ call with sinks kept off the persistent kernel, and the one needing a gradient
 with ``HopperFwdConfig.defer_o`` (where persistent, the copies of O and of the
 remainder waited on under the next work item), the one needing a gradient
 with non-causal calls on the causal table's config (d = 64: two softmax
-warpgroups), and the one whose backward
-will take the per-head sums of ``HopperBwdConfig.sink_sums`` (no remainder);
-backward: also the sinks' gradient from the kernels' dS row sums and from
+warpgroups), and the one whose backward will take the per-head sums of
+``HopperBwdConfig.sink_sums`` (no remainder); backward: also the sinks' gradient from the kernels' dS row sums and from
 those per-head sums, the forward keeping no remainder in both).
 ``--memory`` (backward): each provider's forward+backward peak over the
 tensors a training step must hold.
@@ -152,6 +151,7 @@ def with_sinks_providers(mode: str) -> dict:
             with mock.patch.dict(configs.HOPPER_FWD_NONCAUSAL, clear=True):
                 return sinks(q, k, v, causal, grad=True)
         provs["tileattn-sinks-train-2wg"] = two_warpgroups
+
         def train_ss(q, k, v, causal):   # the backward will take per-head sums: the forward keeps no remainder
             with _sink_sums_table():
                 return sinks(q, k, v, causal, grad=True)
