@@ -23,8 +23,9 @@ with ``HopperFwdConfig.defer_o`` (where persistent, the copies of O and of the
 remainder waited on under the next work item), the one needing a gradient
 with non-causal calls on the causal table's config (d = 64: two softmax
 warpgroups), and the one whose backward will take the per-head sums of
-``HopperBwdConfig.sink_sums`` (no remainder); backward: also the sinks' gradient from the kernels' dS row sums and from
-those per-head sums, the forward keeping no remainder in both).
+``HopperBwdConfig.sink_sums`` (no remainder); backward: also the sinks'
+gradient from the kernels' dS row sums and from those per-head sums, the
+forward keeping no remainder in both).
 ``--memory`` (backward): each provider's forward+backward peak over the
 tensors a training step must hold.
 ``--plot DIR``: TFLOP/s and ratio-to-cuDNN figures of the rows (``tflops.png``,
@@ -162,20 +163,16 @@ def with_sinks_providers(mode: str) -> dict:
     return provs
 
 
-@contextlib.contextmanager
 def _sink_sums_table():
-    """The Hopper backward table with ``sink_sums`` on (d <= 128): calls with
-    sinks take their gradient from the dK/dV kernel's per-head sums, and their
-    forward keeps no output remainder (``dispatch.hopper_sink_sums``)."""
+    """The Hopper backward table with ``sink_sums`` on (d <= 128), as a
+    reusable context: calls with sinks take their gradient from the dK/dV
+    kernel's per-head sums, and their forward keeps no output remainder
+    (``dispatch.hopper_sink_sums``)."""
+    from unittest import mock
+
     from tileattn import configs
-    saved = dict(configs.HOPPER_BWD)
-    for dims, cfg in saved.items():
-        if dims[0] <= 128:
-            configs.HOPPER_BWD[dims] = dataclasses.replace(cfg, sink_sums=True)
-    try:
-        yield
-    finally:
-        configs.HOPPER_BWD.update(saved)
+    return mock.patch.dict(configs.HOPPER_BWD, {dims: dataclasses.replace(cfg, sink_sums=True)
+                                                for dims, cfg in configs.HOPPER_BWD.items() if dims[0] <= 128})
 
 
 @contextlib.contextmanager
@@ -292,12 +289,12 @@ def _bwd_step(fn, q, k, v, do, causal, sums: bool = False, sink_sums: bool = Fal
     """``sink_sums``: the graph built and the backward run under
     ``_sink_sums_table`` (the table is read again at the backward)."""
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    table = _sink_sums_table if sink_sums else contextlib.nullcontext
-    with _without_remainder(sums), table():
+    table = _sink_sums_table() if sink_sums else contextlib.nullcontext()   # made once, entered each step
+    with _without_remainder(sums), table:
         out = fn(*leaves, causal)
 
     def step():
-        with table():
+        with table:
             return torch.autograd.grad(out, leaves, do, retain_graph=True)
     return step
 

@@ -35,9 +35,9 @@ def variant(head_dim: int, name: str):
     stream-K tail, ``-s<n>``: n ring stages, ``-nc``: the non-causal
     table's config (``configs.HOPPER_FWD_NONCAUSAL``, d = 64: three softmax
     warpgroups) where it has one."""
-    from tileattn.configs import HOPPER_FWD, HOPPER_FWD_NONCAUSAL
-    dims = (head_dim, head_dim)
-    base = HOPPER_FWD_NONCAUSAL.get(dims, HOPPER_FWD[dims]) if "-nc" in name else HOPPER_FWD[dims]
+    from tileattn.configs import HOPPER_FWD
+    from tileattn.launch.hopper import config_for
+    base = config_for(head_dim) if "-nc" in name else HOPPER_FWD[(head_dim, head_dim)]
     stages = re.search(r"-s(\d+)\b", name)
     return dataclasses.replace(base, persistent=True, stream_k="-sk" in name,
                                num_stages=int(stages.group(1)) if stages else base.num_stages)
