@@ -345,7 +345,7 @@ class HopperBwdConfig:
     num_stages: int = 2         # Q/dO ring slots
     dk_from_smem: bool = False  # dK += dSᵀ Q reads dSᵀ from shared memory (else registers)
     defer_sums: bool = False    # sinks, d = 64/128: a tile's dS row sums added under the next tile's products
-    pair_blocks: bool | None = None  # causal, d = 64/128: key blocks j, n-1-j a program (None: pairs_pay)
+    pair_blocks: bool | None = None  # d = 64/128: key blocks j, n-1-j a program (None: causal where pairs_pay)
     stats_tma: bool = False     # d = 64/128: lse₂ and Δ by the copy engine into shared memory (else loads)
     dq_turns: bool = False      # d = 64/128: the warpgroups take turns forming a tile's whole dQ (else half each)
     head_slices: int | None = None  # GQA, d = 64/128: grid rows a kv head (None: launch.hopper.head_slices)

@@ -85,9 +85,10 @@ def test_pairing_rule(n, copies, rows, expected):
 def test_pairing_follows_the_config():
     q = torch.empty(1, 16, 4096, 128)
     k = torch.empty(1, 2, 4096, 128)
-    assert not grid_order.paired(q, k, False, HopperBwdConfig(pair_blocks=True))   # never without causal
+    assert grid_order.paired(q, k, False, HopperBwdConfig(pair_blocks=True))   # forced: without causal too
     assert grid_order.paired(q, k, True, HopperBwdConfig(pair_blocks=True))
     assert not grid_order.paired(q, k, True, HopperBwdConfig(pair_blocks=False))
+    assert not grid_order.paired(q, k, False, HopperBwdConfig())   # the rule pairs causal calls only
 
 
 @pytest.mark.parametrize("rows", [0, True, 2.0, -1], ids=["zero", "bool", "float", "negative"])

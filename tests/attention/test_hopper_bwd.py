@@ -43,7 +43,8 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     # d = 256, 32-query tiles (the table's is 64 in one Q/dO slot): 2 and 3 ring slots
     ((256, 256), HopperBwdConfig(block_m=32, block_n=32, num_stages=2)),
     ((256, 256), HopperBwdConfig(block_m=32, block_n=32, num_stages=3)),
-    # causal: always a pair of mirror-image key blocks a program, never (the table's: where pairs_pay)
+    # always a pair of mirror-image key blocks a program (non-causal calls too), never (the table's: causal, where
+    # pairs_pay)
     ((128, 128), HopperBwdConfig(pair_blocks=True)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=True)),
     ((128, 128), HopperBwdConfig(pair_blocks=False)), ((64, 64), HopperBwdConfig(dk_from_smem=True, pair_blocks=False)),
     # lse₂ and Δ by the copy engine into shared memory

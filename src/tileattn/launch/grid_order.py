@@ -126,11 +126,14 @@ def pairs_pay(n_q: int, n_k: int, copies: int, block_keys: int, block_m: int, sm
 
 
 def paired(q, k, causal: bool, cfg: HopperBwdConfig, slices: int = 1) -> bool:
-    """Whether this call's d = 64/128 backward takes key blocks in pairs."""
-    if not causal or cfg.pair_blocks is False:
+    """Whether this call's d = 64/128 backward takes key blocks in pairs:
+    ``cfg.pair_blocks`` where set (without causal too: two key blocks of
+    equal work a program, half the programs), else for a causal call where
+    :func:`pairs_pay`."""
+    if cfg.pair_blocks is not None:
+        return bool(cfg.pair_blocks)
+    if not causal:
         return False
-    if cfg.pair_blocks:
-        return True
     b, _, n_q, _ = q.shape
     return pairs_pay(n_q, k.shape[2], b * k.shape[1] * slices, 2 * cfg.block_n, cfg.block_m, sm_count(q.device),
                      cfg.group_rows)

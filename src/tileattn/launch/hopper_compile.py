@@ -123,7 +123,7 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
         per_head = sinks and cfg.sink_sums   # the sinks' per-head sums, else dS's row sums
         args = _bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg,
                          torch.empty(1, 2, 256) if sinks and not per_head else None,
-                         paired=bool(causal) and cfg.pair_blocks is True, window=(16, 0) if window else None,
+                         paired=cfg.pair_blocks is True, window=(16, 0) if window else None,
                          sink_sums=torch.empty(2) if per_head else None, sinks=torch.empty(2) if per_head else None)
         if not per_head:
             args.update(SINK_SUMS=False, SINKS=None)
