@@ -68,6 +68,8 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     # P made 16-bit once the previous P V completed (the overlapped loop's other order)
     ((64, 64), dataclasses.replace(configs.HOPPER_FWD[(64, 64)], early_p=True)),
     ((128, 128), dataclasses.replace(configs.HOPPER_FWD[(128, 128)], early_p=True)),
+    # ... and persistent on two warpgroups (d = 64 causal to 4k: +1..+5 % over the table's, perf-notes v51, v54)
+    ((64, 64), dataclasses.replace(configs.HOPPER_FWD[(64, 64)], early_p=True, persistent=True)),
     # three softmax warpgroups over 192 query rows (d = 64), turns round the three or none
     ((64, 64), HopperFwdConfig(pingpong=False, row_tree=True, warpgroups=3, maxnreg=128, early_p=True)),
     ((64, 64), HopperFwdConfig(pingpong=False, row_tree=True, warpgroups=3, maxnreg=128, early_p=True,
