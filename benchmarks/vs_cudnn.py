@@ -11,7 +11,8 @@ with ``--configs``, each Hopper config.  Backward providers (the time of
 atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
 ``--configs`` also the table's Hopper backward config and the same with
 ``stats_tma`` toggled and with ``dq_turns`` toggled, forced (causal: the
-table's with one key block a program, ``pair_blocks=False``, too; GQA: the
+table's with one key block a program, ``pair_blocks=False``, too; non-causal: with
+two a program, ``pair_blocks=True``; GQA: the
 table's with each count of head slices forced, 1 to the group; d = 256: the
 split kernel's table config (64-query tiles in one slot) and 32-query tiles with 2
 and 3 ring slots).
