@@ -217,8 +217,8 @@ def bwd_config_steps(q, k, v, do, causal, order: bool = False) -> dict:
         cfgs = [table] + [dataclasses.replace(table, block_m=32, num_stages=st) for st in (2, 3)]
     else:
         cfgs = [table, dataclasses.replace(table, stats_tma=not table.stats_tma),
-                dataclasses.replace(table, dq_turns=not table.dq_turns)] + (
-            [dataclasses.replace(table, pair_blocks=not causal)]) + (
+                dataclasses.replace(table, dq_turns=not table.dq_turns),
+                dataclasses.replace(table, pair_blocks=not causal)] + (
             [dataclasses.replace(table, head_slices=s) for s in (1, 2, 4, 8) if (q.shape[1] // k.shape[1]) % s == 0]
             if q.shape[1] > k.shape[1] else [])
     return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
