@@ -6,9 +6,8 @@ footprint of a config is estimated by :func:`fwd_smem_bytes` /
 :func:`bwd_smem_bytes`; the same functions back the tile-shape solver in
 ``tileattn.cost`` so that the cost model and the kernels agree on what fits.
 
-On a GPU the launcher autotunes over the candidates of the matching head-dim
-bucket, after dropping those whose estimate exceeds the device's shared memory
-per block.  Under ``TRITON_INTERPRET=1``, one small config (no GPU timer).
+On a GPU the launcher autotunes over the bucket's candidates that fit the
+device's shared memory; under ``TRITON_INTERPRET=1``, one small config.
 """
 from __future__ import annotations
 
@@ -366,14 +365,15 @@ class HopperBwdConfig:
 
 # (head dim, causal) -> the fewest keys at which the default dispatch takes the Hopper kernel (a forced config always
 # does); below it the portable kernel was as fast or faster on the H200 (perf-notes v11, v15, v19).
-HOPPER_FWD_MIN_KEYS = {(64, False): 2048, (64, True): 2048, (128, False): 2048, (128, True): 2048,
-                       (192, False): 1024, (192, True): 2048, (256, False): 2048, (256, True): 2048}
+HOPPER_FWD_MIN_KEYS = {**{(d, c): 2048 for d in (64, 128, 192, 256) for c in (False, True)}, (192, False): 1024}
 # head dim -> narrowest window (left + right + 1) the Hopper forward takes, widest it runs persistent (v48, v50)
 HOPPER_FWD_WINDOW_MIN_SPAN = {64: 513, 128: 1}
 HOPPER_FWD_WINDOW_PERSISTENT_SPAN = {64: 4095, 128: 2049}
-# (head dim, causal) -> the most keys at which the table's forward runs persistent, with sinks or without (perf-notes
-# v19, v26, v27, v41; v45: d = 64 causal 8k one program a tile 423 TFLOP/s against 409 persistent, 16k 457 / 433)
+# (head dim, causal) -> the most keys at which the table's forward runs persistent, with sinks or without (v19, v26,
+# v27, v41; v45: d = 64 causal 8k one program a tile 423 TFLOP/s against 409 persistent, 16k 457 / 433)
 HOPPER_FWD_PERSISTENT_MAX_KEYS = {(64, False): 8192, (64, True): 4096, (128, False): 4096, (128, True): 4096}
+# (head dim, causal) -> early_p in the persistent form (H100, d = 64 causal 2k / 4k: +4.8 / +0.9 % v51, +3.1 / +1.2 % v54)
+HOPPER_FWD_PERSISTENT_EARLY_P = {(64, True)}
 # (QK head dim, V head dim) -> config.  QK 192 / V 128 (MLA): 2 Q tiles of 64 x 192 + 2 stages of K (128 x 192)
 # and V (128 x 128) = 212,992 B; O (as wide as V) is staged in the Q tile's first piece.  256: 64-key tiles
 # (2 Q tiles of 64 KB + 2 stages of 2 x 32 KB = 196,608 B; O is 128 registers a thread of the 240).

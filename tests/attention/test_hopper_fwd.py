@@ -174,7 +174,9 @@ def test_table_config_persistent_by_keys(dims, causal, n_k, want):
     cfg = launch_hopper.config_for(*dims, causal=causal, n_k=n_k)
     assert cfg.persistent is want
     table = configs.HOPPER_FWD if causal else {**configs.HOPPER_FWD, **configs.HOPPER_FWD_NONCAUSAL}
-    assert dataclasses.replace(cfg, persistent=False) == table[dims]
+    early_p = want and (dims[0], causal) in configs.HOPPER_FWD_PERSISTENT_EARLY_P
+    assert cfg.early_p is (table[dims].early_p or early_p)
+    assert dataclasses.replace(cfg, persistent=False, early_p=table[dims].early_p) == table[dims]
 
 
 @pytest.mark.parametrize("case,want_warpgroups", [

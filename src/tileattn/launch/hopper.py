@@ -109,7 +109,7 @@ def config_for(head_dim: int, head_dim_v: int | None = None, causal: bool = Fals
         return _persistent(cfg) if widest is not None and window_span <= widest else cfg
     most = None if dv != head_dim else configs.HOPPER_FWD_PERSISTENT_MAX_KEYS.get((head_dim, bool(causal)))
     if most is not None and n_k is not None and n_k <= most:
-        return _persistent(cfg)
+        return _persistent(cfg, (head_dim, bool(causal)) in configs.HOPPER_FWD_PERSISTENT_EARLY_P)
     return cfg
 
 
@@ -125,9 +125,10 @@ def call_config(head_dim: int, head_dim_v: int, n_k: int, causal: bool, window: 
 
 
 @functools.cache
-def _persistent(cfg: HopperFwdConfig) -> HopperFwdConfig:
-    """``cfg`` run persistent (made once: config_for is on every call's path)."""
-    return dataclasses.replace(cfg, persistent=True)
+def _persistent(cfg: HopperFwdConfig, early_p: bool = False) -> HopperFwdConfig:
+    """``cfg`` run persistent, with ``early_p`` where asked (made once:
+    config_for is on every call's path)."""
+    return dataclasses.replace(cfg, persistent=True, early_p=cfg.early_p or early_p)
 
 
 def _walk(q, k, causal: bool, cfg: HopperFwdConfig) -> tuple[int, int, tuple[int, int, int] | None]:
