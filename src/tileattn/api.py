@@ -102,12 +102,14 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
     slopes = val.check_alibi(alibi_slopes, q, b, hq)
     mask = val.check_block_mask(block_mask, q, b, hq, n_q, k.shape[2])
     sinks = val.check_sinks(sinks, q, hq)
-    plain = (left, right, cap, slopes, mask) == (-1, -1, 0.0, None, None)
+    # (`is None`, not a tuple ==: a tensor == None breaks torch.compile's graph on torch 2.11)
+    plain_scores = cap == 0.0 and slopes is None and mask is None   # no softcap, ALiBi or block mask
+    plain = plain_scores and left == -1 and right == -1
     # a 16-bit call with sinks that will be differentiated keeps its output's
     # rounding remainder, so its backward needs no dS sums for their gradient
     remainder = ops.keeps_remainder(q, sinks, ops.wants_remainder(q, k, v, sinks))
     # the Hopper backward runs plain calls and sliding windows alone (d <= 128)
-    hopper_ok = plain or ((cap, slopes, mask) == (0.0, None, None) and dispatch.hopper_window_bwd(q, v))
+    hopper_ok = plain or (plain_scores and dispatch.hopper_window_bwd(q, v))
     if det is None:
         det = dispatch.default_deterministic(q, k, v, hopper_ok, sinks is not None and not remainder)
     if remainder and not det and dispatch.hopper_sink_sums(q, k, v, hopper_ok):
@@ -188,8 +190,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     det = val.check_deterministic(deterministic)
     if det is None:   # the atomic Hopper backward where it runs (d <= 128, no softcap or ALiBi), else deterministic
         qv, kv, vv = (t.transpose(0, 1)[None] for t in (q, k, v))
-        hopper_ok = ((cap, slopes) == (0.0, None) and dispatch.hopper_varlen_bwd(qv, vv)
-                     and ((left, right) == (-1, -1) or dispatch.hopper_window_bwd(qv, vv)))
+        hopper_ok = (cap == 0.0 and slopes is None and dispatch.hopper_varlen_bwd(qv, vv)
+                     and ((left == -1 and right == -1) or dispatch.hopper_window_bwd(qv, vv)))
         det = dispatch.default_deterministic(qv, kv, vv, hopper_ok)
     check_shared_memory(q, k, v, sinks, det)
     out, lse = ops.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_q), int(max_k), causal, scale,
