@@ -8,7 +8,10 @@ and returns wrong values, so under the interpreter (only) a shim upcasts bf16
 inputs of the kernel launchers to float32 and rounds the results back.  The
 kernels' bf16 arithmetic is verified for real by the same tests on a GPU.
 """
+import fcntl
+import gc
 import os
+import tempfile
 
 import pytest
 import torch
@@ -79,6 +82,31 @@ def decode_bf16_upcast(monkeypatch):
 
     monkeypatch.setattr(launch_decode, "kvcache_attention", upcast)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _gpu_share(request):
+    """On a GPU every test holds a shared lock on one file and a test marked
+    ``gpu_exclusive`` an exclusive one, so that pytest-xdist's other workers
+    do not run out of memory beside it (the >2^31-element test takes ~50 GB;
+    under ``-n 15`` it took the tests beside it down, perf-notes v55).  The
+    exclusive test hands its cached blocks back when it ends."""
+    if not HAS_CUDA:
+        yield
+        return
+    exclusive = request.node.get_closest_marker("gpu_exclusive") is not None
+    with open(_GPU_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            if exclusive:
+                gc.collect()
+                torch.cuda.empty_cache()
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+_GPU_LOCK = os.path.join(tempfile.gettempdir(), f"tileattn-tests-gpu-{os.getuid()}.lock")
 
 
 @pytest.fixture(autouse=True)
