@@ -62,7 +62,10 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((128, 128), HopperBwdConfig(stats_tma=True, head_slices=2, group_rows=4)),
     ((64, 64), HopperBwdConfig(dk_from_smem=True, stats_tma=True, dq_turns=True, group_rows=2)),
     ((192, 128), HopperBwdConfig(block_m=32, num_stages=2, group_rows=4)),
-    ((256, 256), HopperBwdConfig(block_m=64, block_n=32, num_stages=1, group_rows=4))]
+    ((256, 256), HopperBwdConfig(block_m=64, block_n=32, num_stages=1, group_rows=4)),
+    # d = 64: one program an SM walks the key blocks (causal: mirror-image pairs), K and V in two buffers
+    ((64, 64), dataclasses.replace(configs.HOPPER_BWD[(64, 64)], persistent=True)),
+    ((64, 64), HopperBwdConfig(dk_from_smem=True, persistent=True))]
 # the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D <= 128)
 SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1] <= 128]
 # (dims, config, causal, sinks): every forced config; with sinks, the table's configs adding each tile's
@@ -90,10 +93,10 @@ def _expected_shared(dims, cfg, sinks=False):
     unless the kernel sums dS; the wide kernel: two 64-row chunks a
     warpgroup at 32-query tiles, one at 64; the split kernel, d = 256: two
     chunks a warpgroup, and two Pᵀ buffers beside dSᵀ's); with ``stats_tma``
-    each slot's lse₂ and Δ rows."""
+    each slot's lse₂ and Δ rows; the persistent walk two K/V buffers."""
     d, dv = dims
     split = d == dv and d > 128
-    kv = 2 * cfg.block_n * (d + dv) * 2
+    kv = (2 if cfg.persistent and not sinks else 1) * 2 * cfg.block_n * (d + dv) * 2   # persistent: two buffers
     ring = cfg.num_stages * cfg.block_m * (d + dv) * 2
     ds = (2 if split else 1) * 2 * (2 * cfg.block_n * cfg.block_m * 2)
     dq_width = d if cfg.dq_turns and not (sinks and not cfg.sink_sums) else d // 2
@@ -221,6 +224,44 @@ def test_against_float64(case, causal, dtype):
 @pytest.mark.parametrize("dims,cfg", FORCED, ids=[f"{_dims_id(dims)}-{c.name}" for dims, c in FORCED])
 def test_every_config(dims, cfg, causal):
     _check(cfg.name, *_inputs(2, 4, 2, 700, 900, dims[0], torch.bfloat16, seed=7, dv=dims[1]), causal, cfg)
+
+
+@needs_hopper
+@pytest.mark.parametrize("programs", [1, 3, 5], ids=["1-program", "3-programs", "5-programs"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", ["B2-H4x2-N700x900", "B1-H2x1-N1000x333", "B3-H3x3-N129x257"])
+def test_persistent_walk(case, causal, programs, monkeypatch):
+    """The persistent d = 64 backward with fewer programs than work items:
+    each program walks several key blocks (causal: mirror-image pairs, the
+    middle block alone where their count is odd), both K/V buffers and
+    their phases wrap, the Q/dO ring's count runs on across blocks; against
+    float64 (odd lengths, Nq != Nk both ways, GQA)."""
+    b, hq, hkv, n_q, n_k = {"B2-H4x2-N700x900": (2, 4, 2, 700, 900), "B1-H2x1-N1000x333": (1, 2, 1, 1000, 333),
+                            "B3-H3x3-N129x257": (3, 3, 3, 129, 257)}[case]
+    monkeypatch.setattr(launch_hopper, "sm_count", lambda device: programs)
+    cfg = dataclasses.replace(configs.HOPPER_BWD[(64, 64)], persistent=True)
+    with counting_calls(launch_hopper, "_bwd_persistent") as walks:
+        _check(f"{case}-{programs}", *_inputs(b, hq, hkv, n_q, n_k, 64, torch.bfloat16,
+                                              seed=case_number(case) % 1000), causal, cfg)
+    assert walks, "the persistent kernel did not run"
+
+
+@pytest.mark.parametrize("dims,slices", [((128, 128), None), ((64, 32), None), ((64, 64), 2)],
+                         ids=["d128", "d64-dv32", "d64-slices"])
+def test_persistent_bwd_config_checks(dims, slices):
+    """``persistent=True`` runs the d = 64 kernel only: other head dims get a
+    ValueError naming the config before any launch (bwd_memory calls the
+    check first); forced head slices take the one-program-a-block grid,
+    which is what the rule gives a persistent config's GQA calls (one slice)."""
+    cfg = HopperBwdConfig(persistent=True, head_slices=slices)
+    if slices is None:
+        with pytest.raises(ValueError, match="config: persistent=True"):
+            launch_hopper.check_slices(cfg, *dims)
+        return
+    launch_hopper.check_slices(cfg, *dims)
+    q, k = torch.empty(1, 8, 4096, 64), torch.empty(1, 2, 4096, 64)
+    assert launch_hopper.head_slices(q, k, True, cfg) == 2
+    assert launch_hopper.head_slices(q, k, True, dataclasses.replace(cfg, head_slices=None)) == 1
 
 
 @pytest.mark.parametrize("sums", [False, True], ids=["plain", "ds-sums"])

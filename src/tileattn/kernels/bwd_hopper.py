@@ -62,8 +62,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .bwd_hopper_common import (_add_row_sums, _barriers, _dq_reduce, _invalidate, _load_partition, _probs,
-                                 _query_tiles, _ring_buffers, _rows_inside, _sequence_edge)
+from .bwd_hopper_common import (_add_row_sums, _barriers, _dq_reduce, _ds_dq_buffers, _invalidate, _load_partition,
+                                 _probs, _query_tiles, _ring_buffers, _rows_inside, _sequence_edge, _stat_buffers)
 from .fwd_hopper_load import _grid_coords, _sequence
 from .fwd_hopper_softmax import LOG2E
 
@@ -79,11 +79,14 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
                        SUM_DS: gl.constexpr, DEFER_SUMS: gl.constexpr, t0, kv_phase, kv_empty,
                        ARRIVE_KV: gl.constexpr, lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr,
                        ADD_DKDV: gl.constexpr, WIN_LEFT=None, WIN_RIGHT=None, IS_VARLEN: gl.constexpr = False,
-                       q_base=0, k_base=0, ROWS_Q=None, SINK_SUMS: gl.constexpr = False, SINKS=None):
+                       q_base=0, k_base=0, ROWS_Q=None, SINK_SUMS: gl.constexpr = False, SINKS=None,
+                       RELEASE_KV: gl.constexpr = False):
     """One key block of the program: ``t0`` ring tiles came before it and its
     K and V tiles complete ``kv_bar`` in phase ``kv_phase`` (a pair's second
     block: 1); with ``ARRIVE_KV`` the warpgroup arrives on ``kv_empty`` after
-    a pair's first block, once its products are done with its K and V.  With
+    a pair's first block, once its products are done with its K and V; with
+    ``RELEASE_KV`` (the persistent walk) after every block, before its dK/dV
+    stores, and the dQ reduces are waited on only where the caller ends.  With
     ``STATS_TMA`` lse₂ and Δ are read from the slot's shared-memory copies
     (rows past N_Q read as 0 there: harmless, their dO rows are 0, so are
     their dP and dS), else from global memory.  The block walks ``HEADS``
@@ -275,10 +278,13 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
     if SUM_DS and DEFER_SUMS:
         if HEADS * n_m > 0:
             _add_row_sums(DS_SUM, rs_sum, off_b, hq_sum, m_sum, N_HEADS, N_Q, BLOCK_M, rs_layout)
-    tma.store_wait(0)
-    if ARRIVE_KV:   # after a pair's first block: the second block's K and V may land now
-        if kv_phase == 0:
-            mbarrier.arrive(kv_empty, count=1)
+    if RELEASE_KV:   # every product that read this K and V has completed
+        mbarrier.arrive(kv_empty, count=1)
+    else:
+        tma.store_wait(0)
+        if ARRIVE_KV:   # after a pair's first block: the second block's K and V may land now
+            if kv_phase == 0:
+                mbarrier.arrive(kv_empty, count=1)
 
     # dK and dV of this warpgroup's keys (rows past N_K dropped)
     offs_kn = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
@@ -401,12 +407,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
 
     dtype: gl.constexpr = q_desc.dtype
     k_smem, v_smem, q_smem, do_smem = _ring_buffers(q_desc, k_desc, v_desc, do_desc, NUM_STAGES)
-    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BLOCK_N, BLOCK_M], dtype)
-    ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_N, BLOCK_M], ds_layout)
-    # a staging tile a compute warpgroup, as wide as the dQ sum's box (D/2, or D with dq_turns)
-    DQ_W: gl.constexpr = dq_desc.block_type.shape[3]
-    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_W], gl.float32)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_W], dq_layout)
+    ds_smem, dq_smem = _ds_dq_buffers(dtype, dq_desc, BLOCK_M, BLOCK_N)
     ones_smem = dq_smem  # a placeholder without SUM_DS
     if SUM_DS:
         # a column of ones (row 0 of this K-major tile) for dS's sums over keys
@@ -417,16 +418,7 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                               gl.where(rows == 0, 1.0, 0.0).to(dtype))
         fence_async_shared()
     kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty = _barriers(NUM_STAGES)
-    if STATS_TMA:   # lse₂ and Δ of each ring slot, and the barrier the copy engine completes with them
-        lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + LSE2.block_type.shape, LSE2.layout)
-        delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + DELTA.block_type.shape, DELTA.layout)
-        stat_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(NUM_STAGES):
-            mbarrier.init(stat_ready.index(i), count=1)
-    else:   # unused
-        lse_smem = dq_smem
-        delta_smem = dq_smem
-        stat_ready = q_ready
+    lse_smem, delta_smem, stat_ready = _stat_buffers(LSE2, DELTA, NUM_STAGES, STATS_TMA, dq_smem, q_ready)
 
     # the two compute partitions' argument tuples are written out: a tuple
     # built by concatenation in the kernel loses its constexpr entries (triton 3.6)
@@ -484,7 +476,4 @@ def _attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LS
                                lse_smem, delta_smem, stat_ready, STATS_TMA, q_base, k_base, EDGES, N_Q, N_K)),
         ], [4, 1], [240, 24])
 
-    _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES)
-    if STATS_TMA:
-        for i in gl.static_range(NUM_STAGES):
-            mbarrier.invalidate(stat_ready.index(i))
+    _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES, stat_ready, STATS_TMA)

@@ -161,7 +161,8 @@ def _barriers(NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES: gl.constexpr):
+def _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES: gl.constexpr, stat_ready=None,
+                STATS_TMA: gl.constexpr = False):
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(2):
         mbarrier.invalidate(ds_bars.index(i))
@@ -170,6 +171,40 @@ def _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGE
         mbarrier.invalidate(do_ready.index(i))
         mbarrier.invalidate(q_empty.index(i))
         mbarrier.invalidate(do_empty.index(i))
+    if STATS_TMA:
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.invalidate(stat_ready.index(i))
+
+
+@gluon.jit
+def _ds_dq_buffers(dtype: gl.constexpr, dq_desc, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The d <= 128 kernel's two dSᵀ buffers (both warpgroups' keys) and a
+    float32 dQ staging tile a compute warpgroup, as wide as the dQ sum's box
+    (D/2, or D with dq_turns)."""
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BLOCK_N, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_N, BLOCK_M], ds_layout)
+    DQ_W: gl.constexpr = dq_desc.block_type.shape[3]
+    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_W], gl.float32)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_W], dq_layout)
+    return ds_smem, dq_smem
+
+
+@gluon.jit
+def _stat_buffers(LSE2, DELTA, NUM_STAGES: gl.constexpr, STATS_TMA: gl.constexpr, unused_smem, unused_bar):
+    """With ``STATS_TMA`` each ring slot's lse₂ and Δ rows in shared memory
+    and the barriers the copy engine completes with them; without it the
+    placeholders given (the kernels read them from global memory)."""
+    if STATS_TMA:
+        lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + LSE2.block_type.shape, LSE2.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + DELTA.block_type.shape, DELTA.layout)
+        stat_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(stat_ready.index(i), count=1)
+    else:
+        lse_smem = unused_smem
+        delta_smem = unused_smem
+        stat_ready = unused_bar
+    return lse_smem, delta_smem, stat_ready
 
 
 @gluon.jit

@@ -279,7 +279,10 @@ SLICE_MIN_KEYS = 4096   # the fewest keys at which slices were timed and won
 
 
 def check_slices(cfg: HopperBwdConfig, head_dim: int, head_dim_v: int) -> None:
-    """A ValueError for a ``head_slices`` or ``group_rows`` the launcher cannot run."""
+    """A ValueError for a ``head_slices``, ``group_rows`` or ``persistent`` the launcher cannot run."""
+    if cfg.persistent and (head_dim, head_dim_v) != (64, 64):
+        raise ValueError(f"config: persistent=True runs the d = 64 backward (its K and V in two buffers), "
+                         f"not head dims {head_dim} / {head_dim_v}")
     if cfg.group_rows is not None and (type(cfg.group_rows) is not int or cfg.group_rows < 1):
         raise ValueError(f"config: group_rows must be None or an int >= 1, got {cfg.group_rows!r}")
     if cfg.head_slices is not None and (type(cfg.head_slices) is not int or cfg.head_slices < 1
@@ -298,7 +301,7 @@ def head_slices(q: torch.Tensor, k: torch.Tensor, causal: bool, cfg: HopperBwdCo
         return 1
     if cfg.head_slices is not None:
         return next(s for s in range(min(cfg.head_slices, group), 0, -1) if group % s == 0)
-    if not causal or k.shape[2] < SLICE_MIN_KEYS:
+    if not causal or k.shape[2] < SLICE_MIN_KEYS or cfg.persistent:   # the persistent walk takes whole groups
         return 1
     return next(s for s in range(1, group + 1) if group % s == 0 and group // s <= SLICE_HEADS)
 
@@ -328,6 +331,27 @@ def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_s
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=bool(causal), NUM_STAGES=cfg.num_stages,
         DK_FROM_SMEM=cfg.dk_from_smem, DEFER_SUMS=cfg.defer_sums, PAIRED=paired, STATS_TMA=cfg.stats_tma,
         HEADS=hq // hkv // slices, ADD_DKDV=slices > 1, **sink_args)
+
+
+def persistent_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, sms: int) -> tuple:
+    """(grid, keyword arguments) of ``kernels/bwd_hopper_persistent.py``'s
+    kernel: :func:`_bwd_args`' (those it takes), the key blocks, kv heads
+    and work items (causal: mirror-image pairs of blocks), one program an
+    SM at most."""
+    from ..kernels.bwd_hopper_persistent import _attn_bwd_hopper_persistent_kernel as kernel
+    b, hkv, n_k = k.shape[0], k.shape[1], k.shape[2]
+    n_blocks = triton.cdiv(n_k, 2 * cfg.block_n)
+    total = (triton.cdiv(n_blocks, 2) if causal else n_blocks) * hkv * b
+    args = _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg)
+    args = {name: x for name, x in args.items() if name in kernel.arg_names}
+    return (max(1, min(total, sms)),), dict(args, N_BLOCKS=n_blocks, N_ROWS=hkv, TOTAL=total)
+
+
+def _bwd_persistent(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg) -> None:
+    from ..kernels.bwd_hopper_persistent import _attn_bwd_hopper_persistent_kernel as kernel
+    grid, args = persistent_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg,
+                                     sm_count(q.device))
+    runtime.run(kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg), args)
 
 
 def bwd_config_for(head_dim: int, head_dim_v: int | None = None) -> HopperBwdConfig:
@@ -412,7 +436,9 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     ``sink_sums``: instead of ``ds_sum``, a zeroed float32 (Hq,) tensor that
     gets each head's sum over rows of p_sink Σ_j P dP (``sinks``: the heads'
     float32 sink logits; the d <= 128 kernel, not packed;
-    ``tileattn.sinks.sink_sums_grad``)."""
+    ``tileattn.sinks.sink_sums_grad``).  ``cfg.persistent`` (d = 64) runs
+    the persistent kernel where the call has none of ``ds_sum``,
+    ``sink_sums``, a window or head slices, else the one-program-a-block one."""
     b, hq, n_q, d = q.shape
     hkv, n_k, w = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or bwd_config_for(d, w)
@@ -453,6 +479,9 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
                          stride_qn=q.stride(2), stride_doh=do.stride(1), stride_don=do.stride(2)))
         return
     slices = head_slices(q, k, causal, cfg)
+    if cfg.persistent and slices == 1 and window is None and ds_sum is None and sink_sums is None:
+        _bwd_persistent(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg)
+        return
     pair = grid_order.paired(q, k, causal, cfg, slices)
     # paired: a program, two key blocks (equal work: one row after another)
     rows = 1 if pair else grid_order.group_rows(causal, n_blocks, hkv * slices * b, cfg, sm_count(q.device))

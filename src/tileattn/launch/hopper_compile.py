@@ -17,7 +17,7 @@ import triton
 from ..configs import HopperBwdConfig, HopperFwdConfig
 from . import grid_order, runtime
 from .hopper import (_bwd_args, _descriptor, _qk_descriptors, _transposed_kernel, defers_o, dq_sum_transposed,
-                     fwd_shape, split_kernel, transposed_dq)
+                     fwd_shape, persistent_bwd_args, split_kernel, transposed_dq)
 
 
 def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False,
@@ -106,7 +106,8 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
     sums; ``head_dim_v`` narrower than ``head_dim``:
     the wide kernel; QK = V head dim above 128: the split kernel; ``window``:
     a sliding window's build of the d <= 128 kernel, ``causal`` then False;
-    ``varlen``: packed sequences' build of it, plain grid)."""
+    ``varlen``: packed sequences' build of it, plain grid; ``cfg.persistent``
+    without those: ``kernels/bwd_hopper_persistent.py``'s)."""
     w = head_dim if head_dim_v is None else head_dim_v
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
     t, tv = (torch.empty(1, 2, 256, x, dtype=torch_dtype) for x in (head_dim, w))
@@ -117,6 +118,11 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
                     GROUPED=grid_order.compiled_grouped(causal, cfg))
         const = {"BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "GROUPED"} | (
             {"HEAD_DIM"} if split_kernel(head_dim, w) else {"HEAD_DIM_V", "TAIL_DIM", "DQ_BUFS"})
+    elif cfg.persistent and not (sinks or window or varlen):   # the persistent walk (plain calls)
+        from ..kernels.bwd_hopper_persistent import _attn_bwd_hopper_persistent_kernel as kernel
+        f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
+        _, args = persistent_bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, 132)
+        const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "STATS_TMA"}
     else:
         from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel as kernel
         f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
