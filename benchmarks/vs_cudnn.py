@@ -12,7 +12,7 @@ atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
 ``--configs`` also the table's Hopper backward config and the same with
 ``stats_tma`` toggled and with ``dq_turns`` toggled, forced (causal: the
 table's with one key block a program, ``pair_blocks=False``, too; non-causal: with
-two a program, ``pair_blocks=True``; GQA: the
+two a program, ``pair_blocks=True``; d = 64: the persistent walk; GQA: the
 table's with each count of head slices forced, 1 to the group; d = 256: the
 split kernel's table config (64-query tiles in one slot) and 32-query tiles with 2
 and 3 ring slots).
@@ -204,7 +204,8 @@ def bwd_providers() -> dict:
 def bwd_config_steps(q, k, v, do, causal, order: bool = False) -> dict:
     """Backward: each Hopper config forced, through the launcher (no autograd);
     ``order``: only the table's beside its causal grid one (row, batch) pair
-    after another (``group_rows=1``) and in pairs of key blocks."""
+    after another (``group_rows=1``), in pairs of key blocks and (d = 64)
+    persistent."""
     from tileattn import configs, launch
     d = q.shape[-1]
     scale = d ** -0.5
@@ -212,7 +213,8 @@ def bwd_config_steps(q, k, v, do, causal, order: bool = False) -> dict:
     table = configs.HOPPER_BWD[(d, d)]
     if order:
         cfgs = [table, dataclasses.replace(table, group_rows=1)] + (
-            [dataclasses.replace(table, pair_blocks=True)] if d <= 128 else [])
+            [dataclasses.replace(table, pair_blocks=True)] if d <= 128 else []) + (
+            [dataclasses.replace(table, persistent=True)] if d == 64 else [])
     elif d > 128:   # the split kernel: the table's (64-query tiles, one slot), 2 and 3 ring slots of 32-query tiles
         cfgs = [table] + [dataclasses.replace(table, block_m=32, num_stages=st) for st in (2, 3)]
     else:
@@ -220,7 +222,7 @@ def bwd_config_steps(q, k, v, do, causal, order: bool = False) -> dict:
                 dataclasses.replace(table, dq_turns=not table.dq_turns),
                 dataclasses.replace(table, pair_blocks=not causal)] + (
             [dataclasses.replace(table, head_slices=s) for s in (1, 2, 4, 8) if (q.shape[1] // k.shape[1]) % s == 0]
-            if q.shape[1] > k.shape[1] else [])
+            if q.shape[1] > k.shape[1] else []) + ([dataclasses.replace(table, persistent=True)] if d == 64 else [])
     return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
                                                  deterministic=False)) for c in cfgs}
 
