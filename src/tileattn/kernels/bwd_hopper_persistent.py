@@ -64,6 +64,24 @@ def _item(i, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.cons
 
 
 @gluon.jit
+def _blocks(i, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """How many key blocks work item ``i`` has (1, or 2 for a causal pair)."""
+    n_m_b = _item(i, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)[7]
+    return gl.where(n_m_b >= 0, 2, 1)
+
+
+@gluon.jit
+def _block(i, blk, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+           IS_CAUSAL: gl.constexpr):
+    """Block ``blk`` of work item ``i``: (batch element, kv head, first key,
+    first query row, query tiles)."""
+    off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b = _item(i, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M,
+                                                                      BLOCK_N, IS_CAUSAL)
+    first = blk == 0
+    return off_b, off_hk, gl.where(first, start_n, start_b), gl.where(first, m_lo, m_lo_b), gl.where(first, n_m, n_m_b)
+
+
+@gluon.jit
 def _compute_walk(WG: gl.constexpr, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq_smem, kv_ready, kv_empty, q_ready,
                   q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                   stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
@@ -75,20 +93,17 @@ def _compute_walk(WG: gl.constexpr, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq
     t0 = gl.program_id(0) * 0   # the ring's tiles before this block
     kc = t0                     # the program's blocks before this one
     for i in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
-        off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b = _item(i, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M,
-                                                                          BLOCK_N, IS_CAUSAL)
-        for blk in range(gl.where(n_m_b >= 0, 2, 1)):
-            first = blk == 0
-            tiles = gl.where(first, n_m, n_m_b)
+        for blk in range(_blocks(i, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)):
+            off_b, off_hk, start, m_lo, tiles = _block(i, blk, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M, BLOCK_N,
+                                                       IS_CAUSAL)
             buf = kc % 2
             _compute_partition(WG, k_bufs.index(buf), v_bufs.index(buf), q_smem, do_smem, ds_smem, dq_smem, dq_smem,
                                kv_ready.index(buf), q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV,
                                LSE2, DELTA, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                               off_b, off_hk, off_hk * GROUP_SIZE, gl.where(first, start_n, start_b),
-                               gl.where(first, m_lo, m_lo_b), tiles, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale,
-                               sm_scale, DELTA, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
-                               False, False, t0, (kc // 2) & 1, kv_empty.index(buf), False, lse_smem, delta_smem,
-                               stat_ready, STATS_TMA, False, RELEASE_KV=True)
+                               off_b, off_hk, off_hk * GROUP_SIZE, start, m_lo, tiles, GROUP_SIZE, N_HEADS, N_Q, N_K,
+                               qk_scale, sm_scale, DELTA, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL,
+                               DK_FROM_SMEM, False, False, t0, (kc // 2) & 1, kv_empty.index(buf), False, lse_smem,
+                               delta_smem, stat_ready, STATS_TMA, False, RELEASE_KV=True)
             t0 = t0 + GROUP_SIZE * tiles
             kc = kc + 1
     tma.store_wait(0)   # the last dQ reduces have read their staging tile
@@ -105,19 +120,17 @@ def _load_walk(q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_smem, do_smem,
     t0 = gl.program_id(0) * 0
     kc = t0
     for i in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
-        off_b, off_hk, start_n, m_lo, n_m, start_b, m_lo_b, n_m_b = _item(i, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M,
-                                                                          BLOCK_N, IS_CAUSAL)
-        for blk in range(gl.where(n_m_b >= 0, 2, 1)):
-            first = blk == 0
-            tiles = gl.where(first, n_m, n_m_b)
+        for blk in range(_blocks(i, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)):
+            off_b, off_hk, start, m_lo, tiles = _block(i, blk, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M, BLOCK_N,
+                                                       IS_CAUSAL)
             buf = kc % 2
             # a buffer starts empty: the first wait on each passes (phase 1)
             mbarrier.wait(kv_empty.index(buf), ((kc // 2) & 1) ^ 1)
             _load_partition(q_desc, k_desc, v_desc, do_desc, k_bufs.index(buf), v_bufs.index(buf), q_smem, do_smem,
                             kv_ready.index(buf), q_ready, q_empty, do_ready, do_empty, off_b, off_hk,
-                            off_hk * GROUP_SIZE, gl.where(first, start_n, start_b), gl.where(first, m_lo, m_lo_b),
-                            tiles, GROUP_SIZE, BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_bufs, 0, t0,
-                            kv_empty, False, lse_desc, delta_desc, lse_smem, delta_smem, stat_ready, STATS_TMA)
+                            off_hk * GROUP_SIZE, start, m_lo, tiles, GROUP_SIZE, BLOCK_M, NUM_STAGES, q_desc, k_desc,
+                            q_smem, k_bufs, 0, t0, kv_empty, False, lse_desc, delta_desc, lse_smem, delta_smem,
+                            stat_ready, STATS_TMA)
             t0 = t0 + GROUP_SIZE * tiles
             kc = kc + 1
 
