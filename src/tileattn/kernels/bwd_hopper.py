@@ -240,7 +240,8 @@ def _compute_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sme
             if tg % 2 == WG:
                 # ds_bars[WG] is waited on by this warpgroup alone, once a phase: the
                 # other cannot arrive at its next phase before this one arrived at the
-                # tile between, i.e. before this tile's dQ has read the buffer
+                # tile between, i.e. before this tile's dQ has read the buffer (tg runs
+                # on across a pair's or a persistent walk's blocks: the same holds there)
                 mbarrier.wait(ds_bars.index(tg % 2), (tg // 2) & 1)
                 zero_q = gl.zeros([BLOCK_M, DQ_W], gl.float32, dq_layout)
                 dq = warpgroup_mma(ds_buf.permute([1, 0]), k_cols, zero_q, use_acc=False, is_async=True)
