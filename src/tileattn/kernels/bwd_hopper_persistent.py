@@ -152,7 +152,7 @@ def _attn_bwd_hopper_persistent_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc,
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
     ds_smem, dq_smem = _ds_dq_buffers(dtype, dq_desc, BLOCK_M, BLOCK_N)
-    kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty = _barriers(NUM_STAGES)
+    kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty = _barriers(NUM_STAGES)   # kv_bar unused: kv_ready
     lse_smem, delta_smem, stat_ready = _stat_buffers(LSE2, DELTA, NUM_STAGES, STATS_TMA, dq_smem, q_ready)
     # per K/V buffer: its tiles landed (the copy engine), both compute warpgroups are done with them
     kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
