@@ -26,7 +26,7 @@ from sinks_profile import host_us, kernel_times
 import tileattn
 from tileattn.bench.runner import round_orders
 from tileattn.cost.io import attention_flops
-from tileattn.launch import hopper, runtime
+from tileattn.launch import hopper_descriptors, runtime
 
 POINTS = ["128:8:1:512", "128:8:1:1024", "128:8:1:2048", "128:4:1:2048", "128:1:1:2048", "64:1:1:2048"]
 
@@ -54,12 +54,12 @@ def before_v25(on: bool):
             run(kernel, grid, options, args)
     def no_hopper_plans(kind, *args):
         return None if kind.startswith("hopper") else plan_key(kind, *args)
-    runtime.shared_layout = hopper.shared_layout = cached.__wrapped__
+    runtime.shared_layout = hopper_descriptors.shared_layout = cached.__wrapped__
     runtime.run, runtime.plan_key = old_run, no_hopper_plans
     try:
         yield
     finally:
-        runtime.shared_layout = hopper.shared_layout = cached
+        runtime.shared_layout = hopper_descriptors.shared_layout = cached
         runtime.run, runtime.plan_key = run, plan_key
 
 

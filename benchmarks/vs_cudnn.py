@@ -12,7 +12,8 @@ atomic-dQ backward, with the deterministic one, and SDPA cuDNN; with
 ``--configs`` also the table's Hopper backward config and the same with
 ``stats_tma`` toggled and with ``dq_turns`` toggled, forced (causal: the
 table's with one key block a program, ``pair_blocks=False``, too; non-causal: with
-two a program, ``pair_blocks=True``; d = 64: the persistent walk; GQA: the
+two a program, ``pair_blocks=True``; d = 64: the persistent walk, non-causal also
+with its last round split (``split_tail``); GQA: the
 table's with each count of head slices forced, 1 to the group; d = 256: the
 split kernel's table config (64-query tiles in one slot) and 32-query tiles with 2
 and 3 ring slots).
@@ -222,7 +223,8 @@ def bwd_config_steps(q, k, v, do, causal, order: bool = False) -> dict:
                 dataclasses.replace(table, dq_turns=not table.dq_turns),
                 dataclasses.replace(table, pair_blocks=not causal)] + (
             [dataclasses.replace(table, head_slices=s) for s in (1, 2, 4, 8) if (q.shape[1] // k.shape[1]) % s == 0]
-            if q.shape[1] > k.shape[1] else []) + ([dataclasses.replace(table, persistent=True)] if d == 64 else [])
+            if q.shape[1] > k.shape[1] else []) + ([dataclasses.replace(table, persistent=True)] + (
+                [] if causal else [dataclasses.replace(table, persistent=True, split_tail=True)]) if d == 64 else [])
     return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
                                                  deterministic=False)) for c in cfgs}
 

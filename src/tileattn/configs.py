@@ -116,9 +116,8 @@ _S = "H200 config sweep, triton 3.6 (benchmarks/config_sweep.py; docs/perf-notes
 # first, then wider tiles; each table has a tile that fits 227 KB (sm_90), one 99 KB (sm_86/sm_89), float32's.
 _W = "d > 256, sized for shared memory; first configs timed on the H200 (perf-notes v14), not swept"
 
-# Candidates for autotuning on a GPU, by head-dim bucket; the first that fits is also the choice when autotuning
-# is off (TILEATTN_AUTOTUNE=0).  The order follows the H200 sweep: the first config is the best or within 3% of
-# the best at N = 2k..16k, causal and not; the others win at some point.
+# Autotuning candidates by head-dim bucket; the first that fits is also the choice with TILEATTN_AUTOTUNE=0.  The
+# order follows the H200 sweep: the first is the best or within 3% of it at N = 2k..16k, causal and not.
 FWD_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     64: (
         KernelConfig(64, 128, 4, 3, _S + ": best non-causal and causal at 16k, within 3% at 2k"),
@@ -350,6 +349,7 @@ class HopperBwdConfig:
     sink_sums: bool = False     # sinks, no remainder: their gradient from per-head sums (else dS row sums); v53: lost
     group_rows: int | None = None   # causal: grid rows whose key blocks go out together (None: launch.grid_order)
     persistent: bool = False    # d = 64 plain calls: a program an SM walks key blocks, K/V in two buffers
+    split_tail: bool = False    # persistent, non-causal: the last round's blocks cut along their query tiles
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168
     source: str = ""
@@ -359,7 +359,7 @@ class HopperBwdConfig:
         on = (("-dks", self.dk_from_smem), ("-ds", self.defer_sums), ("-st", self.stats_tma), ("-dqt", self.dq_turns),
               ("-paired", self.pair_blocks is True), ("-unpaired", self.pair_blocks is False),
               (f"-hs{self.head_slices}", self.head_slices is not None), (f"-g{self.group_rows}", self.group_rows),
-              ("-ss", self.sink_sums), ("-pers", self.persistent))
+              ("-ss", self.sink_sums), ("-pers", self.persistent), ("-tail", self.split_tail))
         return f"hopper-bwd-M{self.block_m}-N{self.block_n}x2-s{self.num_stages}" + "".join(f for f, x in on if x)
 
 

@@ -27,7 +27,7 @@ import torch
 import tileattn
 from tileattn import configs, dispatch, launch, ops
 from tileattn.configs import HopperBwdConfig
-from tileattn.launch import bwd_memory, bwd_steps, hopper as launch_hopper, hopper_calls, runtime
+from tileattn.launch import bwd_memory, bwd_steps, grid_order, hopper as launch_hopper, hopper_calls, runtime
 from tileattn.reference import standard_attention
 from tileattn.testing import DEVICE, HOPPER_CASES, case_number, check_accuracy, counting_calls, hopper_inputs
 
@@ -65,7 +65,9 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((256, 256), HopperBwdConfig(block_m=64, block_n=32, num_stages=1, group_rows=4)),
     # d = 64: one program an SM walks the key blocks (causal: mirror-image pairs), K and V in two buffers
     ((64, 64), dataclasses.replace(configs.HOPPER_BWD[(64, 64)], persistent=True)),
-    ((64, 64), HopperBwdConfig(dk_from_smem=True, persistent=True))]
+    ((64, 64), HopperBwdConfig(dk_from_smem=True, persistent=True)),
+    # ... and the last round's blocks cut along their query tiles (non-causal)
+    ((64, 64), dataclasses.replace(configs.HOPPER_BWD[(64, 64)], persistent=True, split_tail=True))]
 # the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D <= 128)
 SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1] <= 128]
 # (dims, config, causal, sinks): every forced config; with sinks, the table's configs adding each tile's
@@ -227,24 +229,63 @@ def test_every_config(dims, cfg, causal):
 
 
 @needs_hopper
-@pytest.mark.parametrize("programs", [1, 3, 5], ids=["1-program", "3-programs", "5-programs"])
+@pytest.mark.parametrize("tail", [False, True], ids=["whole", "split-tail"])
+@pytest.mark.parametrize("programs", [1, 3, 5, 13], ids=["1-program", "3-programs", "5-programs", "13-programs"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("case", ["B2-H4x2-N700x900", "B1-H4x2-N1500x700", "B3-H3x3-N129x257"])
-def test_persistent_walk(case, causal, programs, monkeypatch):
+def test_persistent_walk(case, causal, programs, tail, monkeypatch):
     """The persistent d = 64 backward with fewer programs than work items:
     each program walks several key blocks (causal: mirror-image pairs, the
     middle block alone where their count is odd), both K/V buffers and
     their phases wrap, the Q/dO ring's count runs on across blocks; against
-    float64 (odd lengths, Nq != Nk both ways, GQA)."""
+    float64 (odd lengths, Nq != Nk both ways, GQA).  ``split_tail``
+    (non-causal): the last round's items cut into pieces (5 programs: 2
+    pieces of each of 2 items; 13: 2 of 6 items, or 13 of 1 item, some of
+    them without a query tile), their float32 sums rounded after."""
     # work items (full / causal pairs): 32 / 16, 12 / 6, 27 / 18: more than 5 programs take in one round each
     b, hq, hkv, n_q, n_k = {"B2-H4x2-N700x900": (2, 4, 2, 700, 900), "B1-H4x2-N1500x700": (1, 4, 2, 1500, 700),
                             "B3-H3x3-N129x257": (3, 3, 3, 129, 257)}[case]
     monkeypatch.setattr(launch_hopper, "sm_count", lambda device: programs)
-    cfg = dataclasses.replace(configs.HOPPER_BWD[(64, 64)], persistent=True)
+    cfg = dataclasses.replace(configs.HOPPER_BWD[(64, 64)], persistent=True, split_tail=tail)
     with counting_calls(launch_hopper, "_bwd_persistent") as walks:
         _check(f"{case}-{programs}", *_inputs(b, hq, hkv, n_q, n_k, 64, torch.bfloat16,
                                               seed=case_number(case) % 1000), causal, cfg)
     assert walks, "the persistent kernel did not run"
+
+
+@pytest.mark.parametrize("total,programs,want", [
+    (4096, 132, (4092, 33)), (2048, 132, (2048, 1)), (264, 132, (264, 1)), (32, 5, (30, 2)), (32, 3, (32, 1)),
+    (4, 3, (3, 3)), (27, 13, (26, 13))],
+                         ids=["d64-protocol", "d128-protocol-half-round", "whole-rounds", "2-pieces", "tail-too-wide",
+                              "3-pieces", "13-pieces"])
+def test_tail_split(total, programs, want):
+    """grid_order.tail_split: whole rounds first, then each leftover item
+    cut into as many pieces as the programs allow (at least 2, else none)."""
+    assert grid_order.tail_split(total, programs) == want
+
+
+def test_tail_fixup_kernel(kernels):
+    """kernels/bwd_tail.py rounds each workspace slot into its item's dK and
+    dV rows (keys past N_K dropped) and writes nothing else."""
+    from tileattn.kernels.bwd_tail import _bwd_tail_kernel
+    b, hkv, n_k, d, keys = 2, 3, 300, 64, 128
+    n_blocks = -(-n_k // keys)
+    total, main = n_blocks * hkv * b, 13
+    ws = torch.randn(2, total - main, keys, d, device=DEVICE)
+    # float16: the interpreter's bf16 rounding is not round-to-nearest (the kernel is the same for both)
+    dk, dv = (torch.full((b, hkv, n_k, d), float("nan"), device=DEVICE, dtype=torch.float16) for _ in range(2))
+    _bwd_tail_kernel[(total - main,)](ws, dk, dv, *dk.stride()[:3], *dv.stride()[:3], MAIN=main, TAIL=total - main,
+                                      N_BLOCKS=n_blocks, N_ROWS=hkv, N_K=n_k, KEYS=keys, HEAD_DIM=d, BLOCK_D=d)
+    written = torch.zeros(b, hkv, n_k, dtype=torch.bool, device=DEVICE)
+    for t in range(total - main):
+        item = main + t
+        j, hk, bb = item % n_blocks, item // n_blocks % hkv, item // (n_blocks * hkv)
+        rows = slice(j * keys, min((j + 1) * keys, n_k))
+        n = rows.stop - rows.start
+        for out, w in ((dk, ws[0, t]), (dv, ws[1, t])):
+            assert torch.equal(out[bb, hk, rows], w[:n].to(torch.float16))
+        written[bb, hk, rows] = True
+    assert torch.isnan(dk[~written]).all() and torch.isnan(dv[~written]).all()
 
 
 @pytest.mark.parametrize("dims,slices", [((128, 128), None), ((64, 32), None), ((64, 64), 2)],
@@ -254,6 +295,8 @@ def test_persistent_bwd_config_checks(dims, slices):
     ValueError naming the config before any launch (bwd_memory calls the
     check first); forced head slices take the one-program-a-block grid,
     which is what the rule gives a persistent config's GQA calls (one slice)."""
+    with pytest.raises(ValueError, match="config: split_tail=True"):
+        launch_hopper.check_slices(HopperBwdConfig(split_tail=True), 64, 64)
     cfg = HopperBwdConfig(persistent=True, head_slices=slices)
     if slices is None:
         with pytest.raises(ValueError, match="config: persistent=True"):

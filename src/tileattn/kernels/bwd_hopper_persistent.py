@@ -24,6 +24,14 @@ showed (perf-notes v54, v55).  Here each program takes work items ``pid``,
   does (``RELEASE_KV``: it releases the buffer before its dK/dV stores, and
   waits for its dQ reduces only at the end).
 
+With ``SPLIT_TAIL`` (``HopperBwdConfig.split_tail``, non-causal) the walk's
+last round, where fewer items than programs are left (the FA2 protocol's
+4,096 blocks at d = 64 are 31 rounds of 132 and 4 items), cuts each of those
+items along its query tiles into ``SPLIT`` pieces, one a program: a piece
+adds its partial dK (scaled) and dV into the item's float32 workspace slot
+(``_compute_partition``'s ``ADD_DKDV`` into ``WS``) and ``kernels/bwd_tail.py``
+rounds the slots into dK and dV after the kernel; dQ is added as always.
+
 Plain calls only (no sinks' sums, head slices, windows or packed
 sequences); the second K/V buffer fits at d = 64 (165 KB of shared memory;
 d = 128 would need 256 KB).
@@ -82,17 +90,34 @@ def _block(i, blk, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: g
 
 
 @gluon.jit
+def _piece(N_BLOCKS, N_ROWS, N_Q, N_K, TOTAL, MAIN, SPLIT, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """This program's piece of the split tail (non-causal; ``SPLIT`` pieces
+    an item from ``MAIN`` on, program p piece p % SPLIT of item MAIN + p //
+    SPLIT): (workspace slot, batch element, kv head, first key, the piece's
+    first query row and its query tiles: a SPLIT-th of the block's, -1
+    where the program has no piece)."""
+    t = gl.program_id(0) // SPLIT
+    p = gl.program_id(0) - t * SPLIT
+    off_b, off_hk, start, m_lo, tiles = _block(MAIN + t, 0, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M, BLOCK_N, False)
+    first = p * tiles // SPLIT
+    mine = (p + 1) * tiles // SPLIT - first
+    return t, off_b, off_hk, start, m_lo + first * BLOCK_M, gl.where(MAIN + t < TOTAL, mine, -1)
+
+
+@gluon.jit
 def _compute_walk(WG: gl.constexpr, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq_smem, kv_ready, kv_empty, q_ready,
                   q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                   stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                  GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, N_BLOCKS, N_ROWS, TOTAL,
+                  GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, N_BLOCKS, N_ROWS, TOTAL, MAIN, SPLIT, WS,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr, lse_smem, delta_smem, stat_ready,
-                  STATS_TMA: gl.constexpr):
-    """A compute warpgroup over the program's items (module docstring)."""
+                  STATS_TMA: gl.constexpr, SPLIT_TAIL: gl.constexpr):
+    """A compute warpgroup over the program's items (module docstring),
+    then with ``SPLIT_TAIL`` its piece of the tail: the block's dK and dV
+    over the piece's query tiles added into workspace slot t (float32)."""
     t0 = gl.program_id(0) * 0   # the ring's tiles before this block
     kc = t0                     # the program's blocks before this one
-    for i in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
+    for i in range(gl.program_id(0), MAIN, gl.num_programs(0)):
         for blk in range(_blocks(i, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)):
             off_b, off_hk, start, m_lo, tiles = _block(i, blk, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M, BLOCK_N,
                                                        IS_CAUSAL)
@@ -106,46 +131,89 @@ def _compute_walk(WG: gl.constexpr, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq
                                delta_smem, stat_ready, STATS_TMA, False, RELEASE_KV=True)
             t0 = t0 + GROUP_SIZE * tiles
             kc = kc + 1
+    if SPLIT_TAIL:
+        t, off_b, off_hk, start, m_lo, tiles = _piece(N_BLOCKS, N_ROWS, N_Q, N_K, TOTAL, MAIN, SPLIT, BLOCK_M,
+                                                      BLOCK_N)
+        if tiles >= 0:
+            buf = kc % 2
+            SLOT: gl.constexpr = 2 * BLOCK_N * HEAD_DIM
+            ws_k = WS + t.to(gl.int64) * SLOT
+            ws_v = WS + (TOTAL - MAIN + t).to(gl.int64) * SLOT
+            # rows of the slot from the block's first key (k_base): key start + r at row r
+            _compute_partition(WG, k_bufs.index(buf), v_bufs.index(buf), q_smem, do_smem, ds_smem, dq_smem, dq_smem,
+                               kv_ready.index(buf), q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, ws_k,
+                               ws_v, LSE2, DELTA, 0, 0, HEAD_DIM, 0, 0, HEAD_DIM, off_b, off_hk, off_hk * GROUP_SIZE,
+                               start, m_lo, tiles, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, DELTA, BLOCK_M,
+                               BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, False, False, t0,
+                               (kc // 2) & 1, kv_empty.index(buf), False, lse_smem, delta_smem, stat_ready,
+                               STATS_TMA, True, k_base=0 - start, RELEASE_KV=True)
     tma.store_wait(0)   # the last dQ reduces have read their staging tile
 
 
 @gluon.jit
+def _load_block(q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_smem, do_smem, kv_ready, kv_empty, q_ready,
+                q_empty, do_ready, do_empty, kc, t0, off_b, off_hk, start, m_lo, tiles, GROUP_SIZE,
+                BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, lse_desc, delta_desc, lse_smem, delta_smem,
+                stat_ready, STATS_TMA: gl.constexpr):
+    """The program's ``kc``-th block (``t0`` ring tiles before it): its K
+    and V into buffer ``kc % 2`` once both compute warpgroups released it,
+    then its Q and dO tiles."""
+    buf = kc % 2
+    # a buffer starts empty: the first wait on each passes (phase 1)
+    mbarrier.wait(kv_empty.index(buf), ((kc // 2) & 1) ^ 1)
+    _load_partition(q_desc, k_desc, v_desc, do_desc, k_bufs.index(buf), v_bufs.index(buf), q_smem, do_smem,
+                    kv_ready.index(buf), q_ready, q_empty, do_ready, do_empty, off_b, off_hk, off_hk * GROUP_SIZE,
+                    start, m_lo, tiles, GROUP_SIZE, BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_bufs, 0, t0,
+                    kv_empty, False, lse_desc, delta_desc, lse_smem, delta_smem, stat_ready, STATS_TMA)
+
+
+@gluon.jit
 def _load_walk(q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_smem, do_smem, kv_ready, kv_empty, q_ready,
-               q_empty, do_ready, do_empty, GROUP_SIZE, N_Q, N_K, N_BLOCKS, N_ROWS, TOTAL, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, lse_desc, delta_desc,
-               lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr):
+               q_empty, do_ready, do_empty, GROUP_SIZE, N_Q, N_K, N_BLOCKS, N_ROWS, TOTAL, MAIN, SPLIT,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+               lse_desc, delta_desc, lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr,
+               SPLIT_TAIL: gl.constexpr):
     """The load warp over the program's items: each block's K and V into
     buffer ``kc % 2`` once both compute warpgroups released it, then its Q
-    and dO tiles (``bwd_hopper_common._load_partition``)."""
+    and dO tiles (``bwd_hopper_common._load_partition``); then with
+    ``SPLIT_TAIL`` its tail piece's block and query tiles."""
     t0 = gl.program_id(0) * 0
     kc = t0
-    for i in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
+    for i in range(gl.program_id(0), MAIN, gl.num_programs(0)):
         for blk in range(_blocks(i, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)):
             off_b, off_hk, start, m_lo, tiles = _block(i, blk, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M, BLOCK_N,
                                                        IS_CAUSAL)
-            buf = kc % 2
-            # a buffer starts empty: the first wait on each passes (phase 1)
-            mbarrier.wait(kv_empty.index(buf), ((kc // 2) & 1) ^ 1)
-            _load_partition(q_desc, k_desc, v_desc, do_desc, k_bufs.index(buf), v_bufs.index(buf), q_smem, do_smem,
-                            kv_ready.index(buf), q_ready, q_empty, do_ready, do_empty, off_b, off_hk,
-                            off_hk * GROUP_SIZE, start, m_lo, tiles, GROUP_SIZE, BLOCK_M, NUM_STAGES, q_desc, k_desc,
-                            q_smem, k_bufs, 0, t0, kv_empty, False, lse_desc, delta_desc, lse_smem, delta_smem,
-                            stat_ready, STATS_TMA)
+            _load_block(q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_smem, do_smem, kv_ready, kv_empty, q_ready,
+                        q_empty, do_ready, do_empty, kc, t0, off_b, off_hk, start, m_lo, tiles, GROUP_SIZE, BLOCK_M,
+                        NUM_STAGES, lse_desc, delta_desc, lse_smem, delta_smem, stat_ready, STATS_TMA)
             t0 = t0 + GROUP_SIZE * tiles
             kc = kc + 1
+    if SPLIT_TAIL:
+        _, off_b, off_hk, start, m_lo, tiles = _piece(N_BLOCKS, N_ROWS, N_Q, N_K, TOTAL, MAIN, SPLIT, BLOCK_M,
+                                                      BLOCK_N)
+        if tiles >= 0:
+            _load_block(q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_smem, do_smem, kv_ready, kv_empty, q_ready,
+                        q_empty, do_ready, do_empty, kc, t0, off_b, off_hk, start, m_lo, tiles, GROUP_SIZE, BLOCK_M,
+                        NUM_STAGES, lse_desc, delta_desc, lse_smem, delta_smem, stat_ready, STATS_TMA)
 
 
 @gluon.jit
 def _attn_bwd_hopper_persistent_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LSE2, DELTA,
                                        stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                        GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, N_BLOCKS, N_ROWS, TOTAL,
-                                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                                       IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
-                                       DK_FROM_SMEM: gl.constexpr, STATS_TMA: gl.constexpr):
+                                       MAIN, SPLIT, WS, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                                       BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
+                                       DK_FROM_SMEM: gl.constexpr, STATS_TMA: gl.constexpr,
+                                       SPLIT_TAIL: gl.constexpr):
     """One program an SM (at most), walking ``TOTAL`` items of ``N_BLOCKS``
     key blocks (causal: mirror-image pairs of them) of ``N_ROWS`` kv heads
     of every batch element (module docstring); the arguments are
-    ``bwd_hopper._attn_bwd_hopper_kernel``'s."""
+    ``bwd_hopper._attn_bwd_hopper_kernel``'s.  With ``SPLIT_TAIL``
+    (non-causal) the items from ``MAIN`` on are cut along their query tiles
+    into ``SPLIT`` pieces, one a program (``_piece``), whose dK and dV go
+    into ``WS``'s float32 slots for ``kernels/bwd_tail.py`` (else ``MAIN`` is
+    ``TOTAL``)."""
+    gl.static_assert(not (SPLIT_TAIL and IS_CAUSAL), "a split tail: non-causal items (one block each)")
     dtype: gl.constexpr = q_desc.dtype
     k_bufs = gl.allocate_shared_memory(dtype, [2] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(dtype, [2] + v_desc.block_type.shape, v_desc.layout)
@@ -166,16 +234,19 @@ def _attn_bwd_hopper_persistent_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc,
         (_compute_walk, (0, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq_smem, kv_ready, kv_empty, q_ready, q_empty,
                          do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA, stride_dkb, stride_dkh,
                          stride_dkn, stride_dvb, stride_dvh, stride_dvn, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale,
-                         sm_scale, N_BLOCKS, N_ROWS, TOTAL, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL,
-                         DK_FROM_SMEM, lse_smem, delta_smem, stat_ready, STATS_TMA)),
+                         sm_scale, N_BLOCKS, N_ROWS, TOTAL, MAIN, SPLIT, WS, BLOCK_M, BLOCK_N, HEAD_DIM,
+                         NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, lse_smem, delta_smem, stat_ready, STATS_TMA,
+                         SPLIT_TAIL)),
         (_compute_walk, (1, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq_smem, kv_ready, kv_empty, q_ready, q_empty,
                          do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA, stride_dkb, stride_dkh,
                          stride_dkn, stride_dvb, stride_dvh, stride_dvn, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale,
-                         sm_scale, N_BLOCKS, N_ROWS, TOTAL, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL,
-                         DK_FROM_SMEM, lse_smem, delta_smem, stat_ready, STATS_TMA)),
+                         sm_scale, N_BLOCKS, N_ROWS, TOTAL, MAIN, SPLIT, WS, BLOCK_M, BLOCK_N, HEAD_DIM,
+                         NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, lse_smem, delta_smem, stat_ready, STATS_TMA,
+                         SPLIT_TAIL)),
         (_load_walk, (q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_smem, do_smem, kv_ready, kv_empty, q_ready,
-                      q_empty, do_ready, do_empty, GROUP_SIZE, N_Q, N_K, N_BLOCKS, N_ROWS, TOTAL, BLOCK_M, BLOCK_N,
-                      NUM_STAGES, IS_CAUSAL, LSE2, DELTA, lse_smem, delta_smem, stat_ready, STATS_TMA)),
+                      q_empty, do_ready, do_empty, GROUP_SIZE, N_Q, N_K, N_BLOCKS, N_ROWS, TOTAL, MAIN, SPLIT,
+                      BLOCK_M, BLOCK_N, NUM_STAGES, IS_CAUSAL, LSE2, DELTA, lse_smem, delta_smem, stat_ready,
+                      STATS_TMA, SPLIT_TAIL)),
     ], [4, 1], [240, 24])
 
     _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES, stat_ready, STATS_TMA)

@@ -137,3 +137,15 @@ def paired(q, k, causal: bool, cfg: HopperBwdConfig, slices: int = 1) -> bool:
     b, _, n_q, _ = q.shape
     return pairs_pay(n_q, k.shape[2], b * k.shape[1] * slices, 2 * cfg.block_n, cfg.block_m, sm_count(q.device),
                      cfg.group_rows)
+
+
+def tail_split(total: int, programs: int) -> tuple[int, int]:
+    """(MAIN, SPLIT) of a persistent walk of ``total`` equal work items over
+    ``programs`` programs (the backward's, ``HopperBwdConfig.split_tail``):
+    the items before MAIN go whole, in full rounds; each of the rest (fewer
+    than ``programs``) is cut along its query tiles into SPLIT pieces, one a
+    program, where SPLIT >= 2 (else (total, 1): no split)."""
+    main = total // programs * programs
+    tail = total - main
+    split = programs // tail if tail else 0
+    return (main, split) if split >= 2 else (total, 1)

@@ -24,19 +24,8 @@ from ..configs import HopperBwdConfig, HopperFwdConfig
 from ..dispatch import tma_addressable
 from ..sinks import remainder_like
 from . import grid_order, runtime, stream_k
-from .runtime import LOG2E, output_f32, shared_layout, sm_count, tma_strides
-
-
-def _descriptor(t: torch.Tensor, rows: int):
-    """A rank-4 (B, H, N, D) TMA descriptor with a (1, 1, rows, D) box.  Rows
-    past N read as zeros and are clipped on stores, so a tile never reaches
-    into the next head."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    runtime.register_descriptor_type(TensorDescriptor)   # direct launches key on it (launch/runtime.py)
-    shape, strides = list(t.shape), tma_strides(t, 3)   # the row dim too: a 1-row tensor
-    block = [1, 1, rows, shape[3]]
-    dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int8: "int8"}[t.dtype]
-    return TensorDescriptor(t, shape, strides, block, shared_layout(tuple(block), dtype))
+from .hopper_descriptors import _descriptor, _dq_descriptor, _row_descriptor, stats_rows  # noqa: F401
+from .runtime import LOG2E, sm_count
 
 
 def _qk_descriptors(q: torch.Tensor, k: torch.Tensor, dv: int, cfg: HopperFwdConfig) -> dict:
@@ -235,32 +224,6 @@ def fwd_outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return o, torch.empty((b, hq, n_q), device=q.device, dtype=torch.float32)
 
 
-def stats_rows(b: int, hq: int, n_q: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(delta, lse2) for the backward, float32 (B, Hq, N_Q) views of rows
-    padded to a multiple of 4 (a copy-engine stride is 16-byte aligned), so
-    that ``HopperBwdConfig.stats_tma`` can address them (NaN under
-    POISON_OUTPUTS)."""
-    pad = (n_q + 3) // 4 * 4
-    store = output_f32((2, b, hq, pad), device)
-    return store[0, ..., :n_q], store[1, ..., :n_q]
-
-
-def _row_descriptor(x: torch.Tensor, rows: int):
-    """A rank-3 (B, H, N) float32 descriptor with a (1, 1, rows) box, no
-    swizzle (one row of a tile: lse₂ or Δ); rows past N read as zeros."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    return TensorDescriptor(x, list(x.shape), tma_strides(x, 2), [1, 1, rows], shared_layout((1, 1, rows), "rows"))
-
-
-def _dq_descriptor(dq_acc: torch.Tensor, rows: int, cols: int):
-    """The float32 dQ sum as a rank-4 descriptor with a (1, 1, rows, cols)
-    box: the backward adds column halves of its dQ tiles into it."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    block = [1, 1, rows, cols]
-    return TensorDescriptor(dq_acc, list(dq_acc.shape), tma_strides(dq_acc, 3), block,
-                            shared_layout(tuple(block), "float32"))
-
-
 # A program walks its group's query heads one after the other, and causal
 # programs (of different lengths) drift apart in that walk: the Q and dO the
 # running programs read span the whole group.  At GQA 8, 16k, d = 128 that is
@@ -279,7 +242,9 @@ SLICE_MIN_KEYS = 4096   # the fewest keys at which slices were timed and won
 
 
 def check_slices(cfg: HopperBwdConfig, head_dim: int, head_dim_v: int) -> None:
-    """A ValueError for a ``head_slices``, ``group_rows`` or ``persistent`` the launcher cannot run."""
+    """A ValueError for a ``head_slices``, ``group_rows``, ``persistent`` or ``split_tail`` the launcher cannot run."""
+    if cfg.split_tail and not cfg.persistent:
+        raise ValueError("config: split_tail=True cuts the persistent walk's last round: it needs persistent=True")
     if cfg.persistent and (head_dim, head_dim_v) != (64, 64):
         raise ValueError(f"config: persistent=True runs the d = 64 backward (its K and V in two buffers), "
                          f"not head dims {head_dim} / {head_dim_v}")
@@ -337,21 +302,36 @@ def persistent_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale,
     """(grid, keyword arguments) of ``kernels/bwd_hopper_persistent.py``'s
     kernel: :func:`_bwd_args`' (those it takes), the key blocks, kv heads
     and work items (causal: mirror-image pairs of blocks), one program an
-    SM at most."""
+    SM at most; with ``cfg.split_tail`` (non-causal) the tail's cut
+    (``grid_order.tail_split``) and its zeroed float32 workspace ``WS``
+    (dK then dV, a slot of 2 * block_n x D an item)."""
     from ..kernels.bwd_hopper_persistent import _attn_bwd_hopper_persistent_kernel as kernel
-    b, hkv, n_k = k.shape[0], k.shape[1], k.shape[2]
+    b, hkv, n_k, d = k.shape[0], k.shape[1], k.shape[2], k.shape[3]
     n_blocks = triton.cdiv(n_k, 2 * cfg.block_n)
     total = (triton.cdiv(n_blocks, 2) if causal else n_blocks) * hkv * b
+    programs = max(1, min(total, sms))
+    main, split = grid_order.tail_split(total, programs) if cfg.split_tail and not causal else (total, 1)
+    ws = torch.zeros(2 * (total - main) * 2 * cfg.block_n * d, device=q.device, dtype=torch.float32) \
+        if main < total else None
     args = _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg)
     args = {name: x for name, x in args.items() if name in kernel.arg_names}
-    return (max(1, min(total, sms)),), dict(args, N_BLOCKS=n_blocks, N_ROWS=hkv, TOTAL=total)
+    return (programs,), dict(args, N_BLOCKS=n_blocks, N_ROWS=hkv, TOTAL=total, MAIN=main, SPLIT=split, WS=ws,
+                             SPLIT_TAIL=ws is not None)
 
 
 def _bwd_persistent(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg) -> None:
     from ..kernels.bwd_hopper_persistent import _attn_bwd_hopper_persistent_kernel as kernel
+    from ..kernels.bwd_tail import _bwd_tail_kernel
     grid, args = persistent_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg,
                                      sm_count(q.device))
     runtime.run(kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg), args)
+    if args["SPLIT_TAIL"]:   # the tail items' float32 sums rounded into their dK and dV rows
+        tail = args["TOTAL"] - args["MAIN"]
+        runtime.run(_bwd_tail_kernel, (tail,), dict(num_warps=4), dict(
+            WS=args["WS"], DK=dk, DV=dv, stride_dkb=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
+            stride_dvb=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2), MAIN=args["MAIN"], TAIL=tail,
+            N_BLOCKS=args["N_BLOCKS"], N_ROWS=args["N_ROWS"], N_K=k.shape[2], KEYS=2 * cfg.block_n,
+            HEAD_DIM=k.shape[3], BLOCK_D=triton.next_power_of_2(k.shape[3])))
 
 
 def bwd_config_for(head_dim: int, head_dim_v: int | None = None) -> HopperBwdConfig:
