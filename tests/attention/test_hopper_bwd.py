@@ -230,7 +230,8 @@ def test_every_config(dims, cfg, causal):
 
 @needs_hopper
 @pytest.mark.parametrize("tail", [False, True], ids=["whole", "split-tail"])
-@pytest.mark.parametrize("programs", [1, 3, 5, 13], ids=["1-program", "3-programs", "5-programs", "13-programs"])
+@pytest.mark.parametrize("programs", [1, 3, 5, 13, 30], ids=["1-program", "3-programs", "5-programs", "13-programs",
+                                                            "30-programs"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("case", ["B2-H4x2-N700x900", "B1-H4x2-N1500x700", "B3-H3x3-N129x257"])
 def test_persistent_walk(case, causal, programs, tail, monkeypatch):
@@ -239,18 +240,24 @@ def test_persistent_walk(case, causal, programs, tail, monkeypatch):
     middle block alone where their count is odd), both K/V buffers and
     their phases wrap, the Q/dO ring's count runs on across blocks; against
     float64 (odd lengths, Nq != Nk both ways, GQA).  ``split_tail``
-    (non-causal): the last round's items cut into pieces (5 programs: 2
-    pieces of each of 2 items; 13: 2 of 6 items, or 13 of 1 item, some of
-    them without a query tile), their float32 sums rounded after."""
+    (non-causal): the last round's items cut into pieces, or every item where
+    they are at most half the programs (5 programs: 2 pieces of 2 items; 13:
+    2 of 6 items, or 13 of 1 item, most of them without a query tile; 30: 15
+    of 2 items, or 2 of all 12), their float32 sums rounded after: the fix-up
+    kernel runs exactly where ``grid_order.tail_split`` cuts."""
     # work items (full / causal pairs): 32 / 16, 12 / 6, 27 / 18: more than 5 programs take in one round each
     b, hq, hkv, n_q, n_k = {"B2-H4x2-N700x900": (2, 4, 2, 700, 900), "B1-H4x2-N1500x700": (1, 4, 2, 1500, 700),
                             "B3-H3x3-N129x257": (3, 3, 3, 129, 257)}[case]
     monkeypatch.setattr(launch_hopper, "sm_count", lambda device: programs)
     cfg = dataclasses.replace(configs.HOPPER_BWD[(64, 64)], persistent=True, split_tail=tail)
-    with counting_calls(launch_hopper, "_bwd_persistent") as walks:
+    from tileattn.kernels.bwd_tail import _bwd_tail_kernel
+    total = -(-n_k // 128) * hkv * b
+    cut = tail and not causal and grid_order.tail_split(total, programs)[1] >= 2
+    with counting_calls(launch_hopper, "_bwd_persistent") as walks, counting_calls(runtime, "run") as runs:
         _check(f"{case}-{programs}", *_inputs(b, hq, hkv, n_q, n_k, 64, torch.bfloat16,
                                               seed=case_number(case) % 1000), causal, cfg)
     assert walks, "the persistent kernel did not run"
+    assert any(args[0] is _bwd_tail_kernel for args, _ in runs) is cut, "the tail was (not) cut"
 
 
 @pytest.mark.parametrize("total,programs,want", [

@@ -302,15 +302,18 @@ def persistent_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale,
     """(grid, keyword arguments) of ``kernels/bwd_hopper_persistent.py``'s
     kernel: :func:`_bwd_args`' (those it takes), the key blocks, kv heads
     and work items (causal: mirror-image pairs of blocks), one program an
-    SM at most; with ``cfg.split_tail`` (non-causal) the tail's cut
-    (``grid_order.tail_split``) and its zeroed float32 workspace ``WS``
-    (dK then dV, a slot of 2 * block_n x D an item)."""
+    SM at most; with ``cfg.split_tail`` (non-causal) one an SM, the tail's
+    cut (``grid_order.tail_split``: the leftover items of the last round,
+    or all items where there are at most half as many as SMs) and its
+    zeroed float32 workspace ``WS`` (dK then dV, a slot of 2 * block_n x D
+    an item)."""
     from ..kernels.bwd_hopper_persistent import _attn_bwd_hopper_persistent_kernel as kernel
     b, hkv, n_k, d = k.shape[0], k.shape[1], k.shape[2], k.shape[3]
     n_blocks = triton.cdiv(n_k, 2 * cfg.block_n)
     total = (triton.cdiv(n_blocks, 2) if causal else n_blocks) * hkv * b
-    programs = max(1, min(total, sms))
-    main, split = grid_order.tail_split(total, programs) if cfg.split_tail and not causal else (total, 1)
+    cut = cfg.split_tail and not causal
+    programs = max(1, sms if cut else min(total, sms))   # cut: fewer items than SMs are cut too
+    main, split = grid_order.tail_split(total, programs) if cut else (total, 1)
     ws = torch.zeros(2 * (total - main) * 2 * cfg.block_n * d, device=q.device, dtype=torch.float32) \
         if main < total else None
     args = _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg)
