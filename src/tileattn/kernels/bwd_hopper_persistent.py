@@ -105,6 +105,28 @@ def _piece(N_BLOCKS, N_ROWS, N_Q, N_K, TOTAL, MAIN, SPLIT, BLOCK_M: gl.constexpr
 
 
 @gluon.jit
+def _compute_block(WG: gl.constexpr, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq_smem, kv_ready, kv_empty, q_ready,
+                   q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA, stride_dkb, stride_dkh,
+                   stride_dkn, stride_dvb, stride_dvh, stride_dvn, kc, t0, off_b, off_hk, start, m_lo, tiles,
+                   GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                   DK_FROM_SMEM: gl.constexpr, lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr,
+                   ADD_DKDV: gl.constexpr, k_base):
+    """The program's ``kc``-th block (``t0`` ring tiles before it) on K/V
+    buffer ``kc % 2``, released after its last product: dK and dV stored
+    at ``DK``/``DV``, or with ``ADD_DKDV`` added there (float32, rows from
+    ``k_base`` + key)."""
+    buf = kc % 2
+    _compute_partition(WG, k_bufs.index(buf), v_bufs.index(buf), q_smem, do_smem, ds_smem, dq_smem, dq_smem,
+                       kv_ready.index(buf), q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2,
+                       DELTA, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, off_b, off_hk,
+                       off_hk * GROUP_SIZE, start, m_lo, tiles, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
+                       DELTA, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, False, False, t0,
+                       (kc // 2) & 1, kv_empty.index(buf), False, lse_smem, delta_smem, stat_ready, STATS_TMA,
+                       ADD_DKDV, k_base=k_base, RELEASE_KV=True)
+
+
+@gluon.jit
 def _compute_walk(WG: gl.constexpr, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq_smem, kv_ready, kv_empty, q_ready,
                   q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA,
                   stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
@@ -121,32 +143,26 @@ def _compute_walk(WG: gl.constexpr, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq
         for blk in range(_blocks(i, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)):
             off_b, off_hk, start, m_lo, tiles = _block(i, blk, N_BLOCKS, N_ROWS, N_Q, N_K, BLOCK_M, BLOCK_N,
                                                        IS_CAUSAL)
-            buf = kc % 2
-            _compute_partition(WG, k_bufs.index(buf), v_bufs.index(buf), q_smem, do_smem, ds_smem, dq_smem, dq_smem,
-                               kv_ready.index(buf), q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV,
-                               LSE2, DELTA, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                               off_b, off_hk, off_hk * GROUP_SIZE, start, m_lo, tiles, GROUP_SIZE, N_HEADS, N_Q, N_K,
-                               qk_scale, sm_scale, DELTA, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL,
-                               DK_FROM_SMEM, False, False, t0, (kc // 2) & 1, kv_empty.index(buf), False, lse_smem,
-                               delta_smem, stat_ready, STATS_TMA, False, RELEASE_KV=True)
+            _compute_block(WG, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq_smem, kv_ready, kv_empty, q_ready,
+                           q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA, stride_dkb, stride_dkh,
+                           stride_dkn, stride_dvb, stride_dvh, stride_dvn, kc, t0, off_b, off_hk, start, m_lo, tiles,
+                           GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                           IS_CAUSAL, DK_FROM_SMEM, lse_smem, delta_smem, stat_ready, STATS_TMA, False, 0)
             t0 = t0 + GROUP_SIZE * tiles
             kc = kc + 1
     if SPLIT_TAIL:
         t, off_b, off_hk, start, m_lo, tiles = _piece(N_BLOCKS, N_ROWS, N_Q, N_K, TOTAL, MAIN, SPLIT, BLOCK_M,
                                                       BLOCK_N)
         if tiles >= 0:
-            buf = kc % 2
             SLOT: gl.constexpr = 2 * BLOCK_N * HEAD_DIM
             ws_k = WS + t.to(gl.int64) * SLOT
             ws_v = WS + (TOTAL - MAIN + t).to(gl.int64) * SLOT
-            # rows of the slot from the block's first key (k_base): key start + r at row r
-            _compute_partition(WG, k_bufs.index(buf), v_bufs.index(buf), q_smem, do_smem, ds_smem, dq_smem, dq_smem,
-                               kv_ready.index(buf), q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, ws_k,
-                               ws_v, LSE2, DELTA, 0, 0, HEAD_DIM, 0, 0, HEAD_DIM, off_b, off_hk, off_hk * GROUP_SIZE,
-                               start, m_lo, tiles, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, DELTA, BLOCK_M,
-                               BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, False, False, t0,
-                               (kc // 2) & 1, kv_empty.index(buf), False, lse_smem, delta_smem, stat_ready,
-                               STATS_TMA, True, k_base=0 - start, RELEASE_KV=True)
+            # added into the slots (rows from the block's first key: k_base = -start puts key start + r at row r)
+            _compute_block(WG, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq_smem, kv_ready, kv_empty, q_ready,
+                           q_empty, do_ready, do_empty, ds_bars, dq_desc, ws_k, ws_v, LSE2, DELTA, 0, 0, HEAD_DIM, 0,
+                           0, HEAD_DIM, kc, t0, off_b, off_hk, start, m_lo, tiles, GROUP_SIZE, N_HEADS, N_Q, N_K,
+                           qk_scale, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
+                           lse_smem, delta_smem, stat_ready, STATS_TMA, True, 0 - start)
     tma.store_wait(0)   # the last dQ reduces have read their staging tile
 
 
