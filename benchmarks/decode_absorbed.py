@@ -53,15 +53,13 @@ def run_absorbed(args, dev, dtype, do_bench, copy_bw, meta) -> list[dict]:
     import tileattn
     from tileattn import dispatch
     from tileattn.cost import DecodeShape, decode_bound, decode_cache_bytes, decode_flops, get_hardware
+    from tileattn.cost.hardware import catalogue_name_for_device
     from tileattn.reference import standard_attention
     if dev.type == "cuda":
         from triton.testing import do_bench_cudagraph
     d, dv, b = 576, 512, args.batch
-    hw = None
-    try:
-        hw = get_hardware("nvidia-h200") if "H200" in str(meta.get("gpu")) else None
-    except Exception:  # noqa: BLE001 - no catalogue entry: no prediction
-        hw = None
+    name = catalogue_name_for_device(meta.get("gpu") or "")   # no catalogue entry: no prediction
+    hw = get_hardware(name) if name else None
     rows: list[dict] = []
 
     def record(**r):

@@ -46,7 +46,7 @@ H200, ``tileattn.cost.decode``), caches of ``--cache-lens`` (default
   is never loaded on its own); the achieved bandwidth is those bytes over the
   time, beside the copy bandwidth (``frac_copy``), and TFLOP/s are
   2 Hq L (576 + 512) a sequence over the time, beside the roofline's bound
-  and time for this GPU where the catalogue has it (nvidia-h200).
+  and time for this GPU where the catalogue has it (``cost.hardware.catalogue_name_for_device``).
 * On a GPU tileattn's default call is also replayed from a CUDA graph
   (``tileattn (CUDA graph)``: ``do_bench_cudagraph``, GPU time only), as a
   serving loop runs it; the summary's ``graph %`` is its fraction of the

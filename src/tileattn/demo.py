@@ -95,13 +95,8 @@ def default_hw(device) -> str:
     """The cost model's name for this GPU if its catalogue has it, else the H200."""
     if device.type != "cuda":
         return _DEFAULT_HW
-    from tileattn.cost.hardware import CATALOGUE
-    name = torch.cuda.get_device_name(device).lower()
-    for key, hw in CATALOGUE.items():
-        model = next((t for t in key.split("-")[1:] if any(ch.isdigit() for ch in t)), None)
-        if model and model in name.replace(" ", ""):
-            return key
-    return _DEFAULT_HW
+    from tileattn.cost.hardware import catalogue_name_for_device
+    return catalogue_name_for_device(torch.cuda.get_device_name(device)) or _DEFAULT_HW
 
 
 def predicted_io(hw_name: str, b, h, n, d, dtype_name, causal) -> dict:

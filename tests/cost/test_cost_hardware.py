@@ -9,11 +9,22 @@ from tileattn import configs
 from tileattn.cost import (CATALOGUE, AttentionShape, attention_flops, chosen_configs, compare, default_configs,
                            feasible_tiles, flop_breakdown, get_hardware, kernel_bytes, load_hardware_file,
                            max_block_n, paper_block_sizes, table_configs_check, tiled_traffic)
-from tileattn.cost.hardware import BASES, SCALAR_FIELDS, UnknownHardwareError
+from tileattn.cost.hardware import BASES, SCALAR_FIELDS, UnknownHardwareError, catalogue_name_for_device
 from tileattn.cost.io import KernelConfig, parse_config_name
 
 
 # ---- hardware / roofline ----------------------------------------------------
+@pytest.mark.parametrize("device,want", [
+    ("NVIDIA H100 80GB HBM3", "nvidia-h100-sxm"), ("NVIDIA H200", "nvidia-h200"),
+    ("NVIDIA A100-SXM4-80GB", "nvidia-a100-80gb-sxm4"), ("NVIDIA GeForce RTX 4090", "nvidia-rtx-4090"),
+    ("NVIDIA GeForce RTX 3090", "nvidia-rtx-3090"), ("AMD Instinct MI300X", "amd-instinct-mi300x"),
+    ("NVIDIA L4", None)], ids=["h100", "h200", "a100", "rtx4090", "rtx3090", "mi300x", "unknown"])
+def test_catalogue_name_for_device(device, want):
+    """The driver's device name picks the catalogue entry of that model (the
+    benchmarks' and the demo's predictions), or None for a GPU it lacks."""
+    assert catalogue_name_for_device(device) == want
+
+
 def test_a100_ridge_about_156():
     hw = get_hardware("nvidia-a100-80gb-sxm4")
     assert hw.ridge_point("bf16") == pytest.approx(156, rel=0.03)

@@ -217,6 +217,19 @@ def _build_catalogue() -> dict[str, Hardware]:
 CATALOGUE: dict[str, Hardware] = _build_catalogue()
 
 
+def catalogue_name_for_device(device_name: str) -> str | None:
+    """The catalogue entry whose model (the first part of its name after the
+    vendor that holds a digit: ``h100``, ``4090``, ``mi300x``) appears in a
+    device name as the driver reports it (``torch.cuda.get_device_name``:
+    "NVIDIA H100 80GB HBM3" -> ``nvidia-h100-sxm``), or None."""
+    flat = str(device_name).lower().replace(" ", "")
+    for key in CATALOGUE:
+        model = next((t for t in key.split("-")[1:] if any(ch.isdigit() for ch in t)), None)
+        if model and model in flat:
+            return key
+    return None
+
+
 # ---------------------------------------------------------------------------
 # User hardware files
 # ---------------------------------------------------------------------------
