@@ -145,8 +145,7 @@ FWD_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     ),
 }
 
-# dK/dV keeps two fp32 accumulators and the K, V tiles in registers: small
-# BLOCK_M keeps it near 255 registers.
+# dK/dV keeps two fp32 accumulators and the K, V tiles in registers: small BLOCK_M keeps it near 255 registers.
 DKDV_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     64: (
         KernelConfig(32, 64, 4, 3, _S + ": best at 2k and 16k, causal and not"),
@@ -162,9 +161,8 @@ DKDV_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
         KernelConfig(16, 16, 8, 1, "float32 on 99 KB, 67,584 B, not yet timed; sm_89 158 regs, no spills "
                      "(dkdv_atomic 84,992 B: 198 regs, no spills)"),
     ),
-    # dK and dV stay in registers (2 x BLOCK_N x 512 float32): BLOCK_N <= 32
-    # on 8 warps, no wgmma (its M is BLOCK_N); the causal diagonal stage's
-    # second loop spills on the descriptor path
+    # dK and dV stay in registers (2 x BLOCK_N x 512 float32): BLOCK_N <= 32 on 8 warps, no wgmma (its M is
+    # BLOCK_N); the causal diagonal stage's second loop spills on the descriptor path
     512: (
         KernelConfig(16, 16, 8, 2, _W + ": 100,352 B, fits 99 KB; sm_90a 192/255 regs, spills 0/708 B, "
                      "66,200 B; sm_89 spills 48/48 B; float32 on 227 KB: sm_90a spills 252/336 B"),
@@ -396,8 +394,10 @@ HOPPER_BWD = {
     (128, 128): HopperBwdConfig(dk_from_smem=False, stats_tma=True, source="H200 timing, perf-notes v12, v17"),
     (192, 128): HopperBwdConfig(block_m=32, num_stages=2, source="sm_90a compile report, perf-notes v15"),
     (256, 256): HopperBwdConfig(block_m=64, block_n=32, num_stages=1,   # kernels/bwd_hopper_split.py
-                                source="sm_90a compile report (229,904 B, no spills); H200 timing, v28, v30"),
-}
+                                source="sm_90a compile report (229,904 B, no spills); H200 timing, v28, v30")}
+# (head dim, causal) -> the most keys at which plain backward calls (no sinks, window or packing, no sliced GQA group)
+# run persistent, the last round cut without causal (H200 v56: +1.6..+2.7 % non-causal 2k-16k, causal +3..+4 % 2k-4k)
+HOPPER_BWD_PERSISTENT_MAX_KEYS = {(64, False): 16384, (64, True): 4096}
 
 
 # ---- KV-cache decoding (kernels/decode.py, launched by launch/decode.py) ----

@@ -260,6 +260,29 @@ def test_persistent_walk(case, causal, programs, tail, monkeypatch):
     assert any(args[0] is _bwd_tail_kernel for args, _ in runs) is cut, "the tail was (not) cut"
 
 
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("sinks", [False, True], ids=["plain", "sinks"])
+def test_default_call_walks_persistent(causal, sinks):
+    """A default (config-less, atomic) d = 64 backward takes the persistent
+    walk where ``bwd_call_config`` says (plain calls) and not with sinks;
+    dq, dk, dv against float64 either way (the sinks' own gradient: test_sinks.py)."""
+    q, k, v, do = _inputs(2, 4, 2, 700, 900, 64, torch.bfloat16, seed=11)
+    sink = torch.randn(4, device=q.device) if sinks else None
+
+    def grads(dtype, run):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        out = run(*leaves, causal=causal, sinks=None if sink is None else sink.to(torch.float64 if dtype ==
+                                                                                  torch.float64 else torch.float32))
+        return torch.autograd.grad(out, leaves, do.to(dtype))
+    with counting_calls(launch_hopper, "_bwd_persistent") as walks:
+        got = grads(q.dtype, functools.partial(tileattn.attention, deterministic=False))
+    assert bool(walks) is not sinks, "the persistent walk ran (or not) against the rule"
+    ref, low = grads(torch.float64, standard_attention), grads(q.dtype, standard_attention)
+    for part, g, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
+        check_accuracy(f"default-{causal}-{sinks} {part}", g, r, lo, q.dtype)
+
+
 @pytest.mark.parametrize("total,programs,want", [
     (4096, 132, (4092, 33)), (2048, 132, (2048, 1)), (264, 132, (264, 1)), (32, 5, (30, 2)), (32, 3, (32, 1)),
     (4, 3, (3, 3)), (27, 13, (26, 13))],
@@ -313,6 +336,31 @@ def test_persistent_bwd_config_checks(dims, slices):
     q, k = torch.empty(1, 8, 4096, 64), torch.empty(1, 2, 4096, 64)
     assert launch_hopper.head_slices(q, k, True, cfg) == 2
     assert launch_hopper.head_slices(q, k, True, dataclasses.replace(cfg, head_slices=None)) == 1
+
+
+@pytest.mark.parametrize("case,shape,causal,plain,want", [
+    ("full-2k", (8, 32, 32, 2048, 64), False, True, "pers-tail"),
+    ("full-16k", (1, 32, 32, 16384, 64), False, True, "pers-tail"),
+    ("full-32k", (1, 32, 32, 32768, 64), False, True, "table"),
+    ("causal-4k", (4, 32, 32, 4096, 64), True, True, "pers-tail"),
+    ("causal-8k", (2, 32, 32, 8192, 64), True, True, "table"),
+    ("sinks-or-window", (8, 32, 32, 2048, 64), False, False, "table"),
+    ("gqa-causal-sliced", (4, 32, 4, 4096, 64), True, True, "table"),
+    ("gqa-full", (4, 32, 4, 4096, 64), False, True, "pers-tail"),
+    ("d128", (8, 16, 16, 2048, 128), False, True, "table")],
+    ids=["full-2k", "full-16k", "full-32k", "causal-4k", "causal-8k", "sinks-or-window", "gqa-causal-sliced",
+         "gqa-full", "d128"])
+def test_persistent_rule(case, shape, causal, plain, want):
+    """The default backward config of a call (``bwd_call_config``): the
+    table's, run persistent (its last round cut) for plain d = 64 calls of at
+    most ``HOPPER_BWD_PERSISTENT_MAX_KEYS`` keys whose group is not cut into
+    head slices; anything else (sinks, a window, packed sequences, causal GQA
+    that slices, other head dims, longer calls) the table's config itself."""
+    b, hq, hkv, n, d = shape
+    q, k = torch.empty(b, hq, n, d, device="meta"), torch.empty(b, hkv, n, d, device="meta")
+    table = configs.HOPPER_BWD[(d, d)]
+    cfg = launch_hopper.bwd_call_config(q, k, k, causal, plain)
+    assert cfg == (dataclasses.replace(table, persistent=True, split_tail=True) if want == "pers-tail" else table)
 
 
 @pytest.mark.parametrize("sums", [False, True], ids=["plain", "ds-sums"])

@@ -343,6 +343,24 @@ def bwd_config_for(head_dim: int, head_dim_v: int | None = None) -> HopperBwdCon
     return configs.HOPPER_BWD[(head_dim, head_dim if head_dim_v is None else head_dim_v)]
 
 
+def bwd_call_config(q, k, v, causal: bool, plain: bool) -> HopperBwdConfig:
+    """The default backward config of a call: the table's, run persistent
+    (non-causal with its last round cut) where ``plain`` (no sinks, window or
+    packed sequences), its group is not cut into head slices and its keys are
+    at most ``configs.HOPPER_BWD_PERSISTENT_MAX_KEYS``."""
+    d = q.shape[-1]
+    cfg = bwd_config_for(d, v.shape[-1])
+    most = configs.HOPPER_BWD_PERSISTENT_MAX_KEYS.get((d, bool(causal))) if d == v.shape[-1] else None
+    if plain and most is not None and k.shape[2] <= most and head_slices(q, k, causal, cfg) == 1:
+        return _persistent_bwd(cfg)
+    return cfg
+
+
+@functools.cache
+def _persistent_bwd(cfg: HopperBwdConfig) -> HopperBwdConfig:
+    return dataclasses.replace(cfg, persistent=True, split_tail=True)
+
+
 def split_kernel(head_dim: int, head_dim_v: int) -> bool:
     """Whether the backward runs ``kernels/bwd_hopper_split.py`` (QK = V head dim above 128)."""
     return head_dim == head_dim_v and head_dim > 128

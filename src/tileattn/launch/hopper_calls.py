@@ -92,7 +92,7 @@ def bwd(do, q, k, v, o, lse, dlse, causal: bool, scale: float, config=None, sink
     window's kernel bounds, ``causal`` folded into them; ``varlen``: packed
     sequences (``hopper.attn_bwd_dkdv``'s, no plan)."""
     b, hq, n_q, d = q.shape
-    cfg = config or hopper.bwd_config_for(d, v.shape[-1])
+    cfg = config or hopper.bwd_call_config(q, k, v, causal, plain=sinks is None and window is None and varlen is None)
     if varlen is not None and cfg.stats_tma:   # a sequence's rows start anywhere: lse2 and Δ by pointer loads
         cfg = dataclasses.replace(cfg, stats_tma=False)
     chunks = bwd_memory.memory_chunks(q, k, v, causal, cfg)   # checks head_slices before any launch
