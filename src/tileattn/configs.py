@@ -395,9 +395,9 @@ HOPPER_BWD = {
     (192, 128): HopperBwdConfig(block_m=32, num_stages=2, source="sm_90a compile report, perf-notes v15"),
     (256, 256): HopperBwdConfig(block_m=64, block_n=32, num_stages=1,   # kernels/bwd_hopper_split.py
                                 source="sm_90a compile report (229,904 B, no spills); H200 timing, v28, v30")}
-# (head dim, causal) -> the most keys at which plain backward calls (no sinks, window or packing, no sliced GQA group)
-# run persistent, the last round cut without causal (H200 v56: +1.6..+2.7 % non-causal 2k-16k, causal +3..+4 % 2k-4k)
-HOPPER_BWD_PERSISTENT_MAX_KEYS = {(64, False): 16384, (64, True): 4096}
+# (head dim, causal) -> the keys (fewest, most) at which plain backward calls (no sinks, window or packing, no GQA)
+# run persistent, the last round cut without causal (H200 v56: +2.4..+2.7 % non-causal 2k-16k, causal +3..+4 % 2k-4k)
+HOPPER_BWD_PERSISTENT_KEYS = {(64, False): (2048, 16384), (64, True): (2048, 4096)}
 
 
 # ---- KV-cache decoding (kernels/decode.py, launched by launch/decode.py) ----

@@ -267,8 +267,8 @@ def test_default_call_walks_persistent(causal, sinks):
     """A default (config-less, atomic) d = 64 backward takes the persistent
     walk where ``bwd_call_config`` says (plain calls) and not with sinks;
     dq, dk, dv against float64 either way (the sinks' own gradient: test_sinks.py)."""
-    q, k, v, do = _inputs(2, 4, 2, 700, 900, 64, torch.bfloat16, seed=11)
-    sink = torch.randn(4, device=q.device) if sinks else None
+    q, k, v, do = _inputs(1, 2, 2, 2049, 2100, 64, torch.bfloat16, seed=11)   # in the rule's range (2k-4k keys)
+    sink = torch.randn(2, device=q.device) if sinks else None
 
     def grads(dtype, run):
         leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
@@ -342,20 +342,21 @@ def test_persistent_bwd_config_checks(dims, slices):
     ("full-2k", (8, 32, 32, 2048, 64), False, True, "pers-tail"),
     ("full-16k", (1, 32, 32, 16384, 64), False, True, "pers-tail"),
     ("full-32k", (1, 32, 32, 32768, 64), False, True, "table"),
+    ("full-1k", (16, 32, 32, 1024, 64), False, True, "table"),
     ("causal-4k", (4, 32, 32, 4096, 64), True, True, "pers-tail"),
     ("causal-8k", (2, 32, 32, 8192, 64), True, True, "table"),
     ("sinks-or-window", (8, 32, 32, 2048, 64), False, False, "table"),
     ("gqa-causal-sliced", (4, 32, 4, 4096, 64), True, True, "table"),
-    ("gqa-full", (4, 32, 4, 4096, 64), False, True, "pers-tail"),
+    ("gqa-full", (4, 32, 4, 4096, 64), False, True, "table"),
     ("d128", (8, 16, 16, 2048, 128), False, True, "table")],
-    ids=["full-2k", "full-16k", "full-32k", "causal-4k", "causal-8k", "sinks-or-window", "gqa-causal-sliced",
+    ids=["full-2k", "full-16k", "full-32k", "full-1k", "causal-4k", "causal-8k", "sinks-or-window", "gqa-causal-sliced",
          "gqa-full", "d128"])
 def test_persistent_rule(case, shape, causal, plain, want):
     """The default backward config of a call (``bwd_call_config``): the
-    table's, run persistent (its last round cut) for plain d = 64 calls of at
-    most ``HOPPER_BWD_PERSISTENT_MAX_KEYS`` keys whose group is not cut into
-    head slices; anything else (sinks, a window, packed sequences, causal GQA
-    that slices, other head dims, longer calls) the table's config itself."""
+    table's, run persistent (its last round cut) for plain d = 64 calls
+    without GQA whose keys are in ``HOPPER_BWD_PERSISTENT_KEYS``' range;
+    anything else (sinks, a window, packed sequences, GQA, other head dims,
+    shorter or longer calls) the table's config itself."""
     b, hq, hkv, n, d = shape
     q, k = torch.empty(b, hq, n, d, device="meta"), torch.empty(b, hkv, n, d, device="meta")
     table = configs.HOPPER_BWD[(d, d)]

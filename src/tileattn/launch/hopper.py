@@ -346,12 +346,12 @@ def bwd_config_for(head_dim: int, head_dim_v: int | None = None) -> HopperBwdCon
 def bwd_call_config(q, k, v, causal: bool, plain: bool) -> HopperBwdConfig:
     """The default backward config of a call: the table's, run persistent
     (non-causal with its last round cut) where ``plain`` (no sinks, window or
-    packed sequences), its group is not cut into head slices and its keys are
-    at most ``configs.HOPPER_BWD_PERSISTENT_MAX_KEYS``."""
+    packed sequences), without GQA (timed on one kv head a query head only)
+    and with keys in ``configs.HOPPER_BWD_PERSISTENT_KEYS``' range."""
     d = q.shape[-1]
     cfg = bwd_config_for(d, v.shape[-1])
-    most = configs.HOPPER_BWD_PERSISTENT_MAX_KEYS.get((d, bool(causal))) if d == v.shape[-1] else None
-    if plain and most is not None and k.shape[2] <= most and head_slices(q, k, causal, cfg) == 1:
+    keys = configs.HOPPER_BWD_PERSISTENT_KEYS.get((d, bool(causal))) if d == v.shape[-1] else None
+    if plain and keys is not None and keys[0] <= k.shape[2] <= keys[1] and q.shape[1] == k.shape[1]:
         return _persistent_bwd(cfg)
     return cfg
 
