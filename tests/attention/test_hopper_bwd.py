@@ -338,20 +338,21 @@ def test_persistent_bwd_config_checks(dims, slices):
     assert launch_hopper.head_slices(q, k, True, dataclasses.replace(cfg, head_slices=None)) == 1
 
 
-@pytest.mark.parametrize("case,shape,causal,plain,want", [
-    ("full-2k", (8, 32, 32, 2048, 64), False, True, "pers-tail"),
-    ("full-16k", (1, 32, 32, 16384, 64), False, True, "pers-tail"),
-    ("full-32k", (1, 32, 32, 32768, 64), False, True, "table"),
-    ("full-1k", (16, 32, 32, 1024, 64), False, True, "table"),
-    ("causal-4k", (4, 32, 32, 4096, 64), True, True, "pers-tail"),
-    ("causal-8k", (2, 32, 32, 8192, 64), True, True, "table"),
-    ("sinks-or-window", (8, 32, 32, 2048, 64), False, False, "table"),
-    ("gqa-causal-sliced", (4, 32, 4, 4096, 64), True, True, "table"),
-    ("gqa-full", (4, 32, 4, 4096, 64), False, True, "table"),
-    ("d128", (8, 16, 16, 2048, 128), False, True, "table")],
-    ids=["full-2k", "full-16k", "full-32k", "full-1k", "causal-4k", "causal-8k", "sinks-or-window", "gqa-causal-sliced",
-         "gqa-full", "d128"])
-def test_persistent_rule(case, shape, causal, plain, want):
+# (name, (batch, query heads, kv heads, keys, head dim), causal, plain, the config the rule gives)
+RULE_CASES = [("full-2k", (8, 32, 32, 2048, 64), False, True, "pers-tail"),
+              ("full-16k", (1, 32, 32, 16384, 64), False, True, "pers-tail"),
+              ("full-32k", (1, 32, 32, 32768, 64), False, True, "table"),
+              ("full-1k", (16, 32, 32, 1024, 64), False, True, "table"),
+              ("causal-4k", (4, 32, 32, 4096, 64), True, True, "pers-tail"),
+              ("causal-8k", (2, 32, 32, 8192, 64), True, True, "table"),
+              ("sinks-or-window", (8, 32, 32, 2048, 64), False, False, "table"),
+              ("gqa-causal", (4, 32, 4, 4096, 64), True, True, "table"),
+              ("gqa-full", (4, 32, 4, 4096, 64), False, True, "table"),
+              ("d128", (8, 16, 16, 2048, 128), False, True, "table")]
+
+
+@pytest.mark.parametrize("shape,causal,plain,want", [c[1:] for c in RULE_CASES], ids=[c[0] for c in RULE_CASES])
+def test_persistent_rule(shape, causal, plain, want):
     """The default backward config of a call (``bwd_call_config``): the
     table's, run persistent (its last round cut) for plain d = 64 calls
     without GQA whose keys are in ``HOPPER_BWD_PERSISTENT_KEYS``' range;
