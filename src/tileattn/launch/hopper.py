@@ -1,6 +1,7 @@
 """Launchers of the Hopper kernels (Gluon): the forward (``kernels/fwd_hopper.py``)
 and the backward's dK/dV kernels with the float32 dQ sum (``kernels/bwd_hopper.py``;
-``bwd_hopper_wide.py`` for V narrower than QK, ``bwd_hopper_split.py`` for d = 256),
+``bwd_hopper_wide.py`` for V narrower than QK, ``bwd_hopper_split.py`` for d = 256;
+the persistent d = 64 walk's launcher is ``hopper_persistent.py``)
 (their sm_90a compiles without a GPU: ``hopper_compile.py``).
 
 Which calls run them is ``dispatch.hopper_fwd_eligible`` /
@@ -298,45 +299,6 @@ def _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, ds_s
         HEADS=hq // hkv // slices, ADD_DKDV=slices > 1, **sink_args)
 
 
-def persistent_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg, sms: int) -> tuple:
-    """(grid, keyword arguments) of ``kernels/bwd_hopper_persistent.py``'s
-    kernel: :func:`_bwd_args`' (those it takes), the key blocks, kv heads
-    and work items (causal: mirror-image pairs of blocks), one program an
-    SM at most; with ``cfg.split_tail`` (non-causal) one an SM, the tail's
-    cut (``grid_order.tail_split``: the leftover items of the last round,
-    or all items where there are at most half as many as SMs) and its
-    zeroed float32 workspace ``WS`` (dK then dV, a slot of 2 * block_n x D
-    an item)."""
-    from ..kernels.bwd_hopper_persistent import _attn_bwd_hopper_persistent_kernel as kernel
-    b, hkv, n_k, d = k.shape[0], k.shape[1], k.shape[2], k.shape[3]
-    n_blocks = triton.cdiv(n_k, 2 * cfg.block_n)
-    total = (triton.cdiv(n_blocks, 2) if causal else n_blocks) * hkv * b
-    cut = cfg.split_tail and not causal
-    programs = max(1, sms if cut else min(total, sms))   # cut: fewer items than SMs are cut too
-    main, split = grid_order.tail_split(total, programs) if cut else (total, 1)
-    ws = torch.zeros(2 * (total - main) * 2 * cfg.block_n * d, device=q.device, dtype=torch.float32) \
-        if main < total else None
-    args = _bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg)
-    args = {name: x for name, x in args.items() if name in kernel.arg_names}
-    return (programs,), dict(args, N_BLOCKS=n_blocks, N_ROWS=hkv, TOTAL=total, MAIN=main, SPLIT=split, WS=ws,
-                             SPLIT_TAIL=ws is not None)
-
-
-def _bwd_persistent(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg) -> None:
-    from ..kernels.bwd_hopper_persistent import _attn_bwd_hopper_persistent_kernel as kernel
-    from ..kernels.bwd_tail import _bwd_tail_kernel
-    grid, args = persistent_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg,
-                                     sm_count(q.device))
-    runtime.run(kernel, grid, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg), args)
-    if args["SPLIT_TAIL"]:   # the tail items' float32 sums rounded into their dK and dV rows
-        tail = args["TOTAL"] - args["MAIN"]
-        runtime.run(_bwd_tail_kernel, (tail,), dict(num_warps=4), dict(
-            WS=args["WS"], DK=dk, DV=dv, stride_dkb=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
-            stride_dvb=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2), MAIN=args["MAIN"], TAIL=tail,
-            N_BLOCKS=args["N_BLOCKS"], N_ROWS=args["N_ROWS"], N_K=k.shape[2], KEYS=2 * cfg.block_n,
-            HEAD_DIM=k.shape[3], BLOCK_D=triton.next_power_of_2(k.shape[3])))
-
-
 def bwd_config_for(head_dim: int, head_dim_v: int | None = None) -> HopperBwdConfig:
     """The table's backward config for Q/K head dim ``head_dim`` and V head
     dim ``head_dim_v`` (default: the same)."""
@@ -422,7 +384,7 @@ def _transposed_kernel(head_dim: int, head_dim_v: int):
 
 def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale: float,
                   config: HopperBwdConfig | None = None, ds_sum=None, window=None, varlen=None, sink_sums=None,
-                  sinks=None):
+                  sinks=None, workspace=None):
     """dK, dV (written) and the float32 dQ sum (added into ``dq_acc``) on the
     Hopper backward kernel.  ``lse2``/``delta`` come from the portable
     preprocess kernel; the portable convert kernel turns ``dq_acc`` into dq.
@@ -439,7 +401,8 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     float32 sink logits; the d <= 128 kernel, not packed;
     ``tileattn.sinks.sink_sums_grad``).  ``cfg.persistent`` (d = 64) runs
     the persistent kernel where the call has none of ``ds_sum``,
-    ``sink_sums``, a window or head slices, else the one-program-a-block one."""
+    ``sink_sums``, a window or head slices, else the one-program-a-block one
+    (``workspace``: its split tail's, ``hopper_persistent.bwd_workspace``)."""
     b, hq, n_q, d = q.shape
     hkv, n_k, w = k.shape[1], k.shape[2], v.shape[-1]
     cfg = config or bwd_config_for(d, w)
@@ -481,7 +444,9 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
         return
     slices = head_slices(q, k, causal, cfg)
     if cfg.persistent and slices == 1 and window is None and ds_sum is None and sink_sums is None:
-        _bwd_persistent(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg)
+        from .hopper_persistent import bwd_persistent
+        bwd_persistent(_bwd_args(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal, scale, cfg), k, dk, dv, causal,
+                       cfg, workspace)
         return
     pair = grid_order.paired(q, k, causal, cfg, slices)
     # paired: a program, two key blocks (equal work: one row after another)

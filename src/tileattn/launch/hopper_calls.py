@@ -15,7 +15,9 @@ variants, a forced config, poisoned outputs, backward calls with sinks, and
 backward calls in memory chunks or head slices (their float32 sums are
 zeroed and rounded by PyTorch between launches, which a plan does not
 record).  Forward calls with sinks, and those that keep the output's
-rounding remainder, have plans too (perf-notes v29).
+rounding remainder, have plans too (perf-notes v29), and so do persistent
+backward calls whose last round is cut: their zeroed workspace is one of
+the named tensors (``hopper_persistent.bwd_workspace``).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import dataclasses
 import torch
 
 from ..sinks import kernel_sink_grad, remainder_like, sink_sums_grad
-from . import bwd_memory, bwd_steps, grid_order, hopper, runtime
+from . import bwd_memory, bwd_steps, grid_order, hopper, hopper_persistent, runtime
 from .runtime import aligned, output_f32, output_like
 
 
@@ -92,7 +94,8 @@ def bwd(do, q, k, v, o, lse, dlse, causal: bool, scale: float, config=None, sink
     window's kernel bounds, ``causal`` folded into them; ``varlen``: packed
     sequences (``hopper.attn_bwd_dkdv``'s, no plan)."""
     b, hq, n_q, d = q.shape
-    cfg = config or hopper.bwd_call_config(q, k, v, causal, plain=sinks is None and window is None and varlen is None)
+    plain = sinks is None and window is None and varlen is None
+    cfg = config or hopper.bwd_call_config(q, k, v, causal, plain=plain)
     if varlen is not None and cfg.stats_tma:   # a sequence's rows start anywhere: lse2 and Δ by pointer loads
         cfg = dataclasses.replace(cfg, stats_tma=False)
     chunks = bwd_memory.memory_chunks(q, k, v, causal, cfg)   # checks head_slices before any launch
@@ -104,7 +107,7 @@ def bwd(do, q, k, v, o, lse, dlse, causal: bool, scale: float, config=None, sink
                                grid_order.paired(q, k, causal, cfg), window)
         plan = runtime.PLANS.get(key) if key is not None else None
         if plan is not None:
-            tensors = _bwd_tensors(do, q, k, v, o, lse, dlse, cfg)
+            tensors = _bwd_tensors(do, q, k, v, o, lse, dlse, cfg, causal, plain)
             if aligned(*(tensors[name] for name in ("dq", "dk", "dv", "delta", "lse2", "dq_acc"))):
                 runtime.replay(plan, tensors)
                 return tensors["dq"], tensors["dk"], tensors["dv"]
@@ -121,11 +124,13 @@ def bwd(do, q, k, v, o, lse, dlse, causal: bool, scale: float, config=None, sink
     return got[:-1]
 
 
-def _bwd_tensors(do, q, k, v, o, lse, dlse, cfg) -> dict:
-    """A plain call's tensors by the names its plan knows, outputs fresh."""
+def _bwd_tensors(do, q, k, v, o, lse, dlse, cfg, causal, plain) -> dict:
+    """A one-launch call's tensors by the names its plan knows, outputs fresh
+    (``plain``: the persistent walk's split-tail workspace, where it cuts one)."""
     delta, lse2 = _stats(q, cfg)
     tensors = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse, "dq": output_like(q), "dk": output_like(k),
-               "dv": output_like(v), "delta": delta, "lse2": lse2, "dq_acc": bwd_steps.dq_accumulator(q)}
+               "dv": output_like(v), "delta": delta, "lse2": lse2, "dq_acc": bwd_steps.dq_accumulator(q),
+               **(hopper_persistent.bwd_workspace(k, causal, cfg) if plain else {})}
     if dlse is not None:
         tensors["dlse"] = dlse
     return tensors
@@ -136,7 +141,8 @@ def _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_
     b, hq, n_q, d = q.shape
     one = len(chunks) == 1
     if one and not hopper.transposed_dq(d, v.shape[-1]):   # the tensors themselves, by the names a plan knows
-        tensors = _bwd_tensors(do, q, k, v, o, lse, dlse, cfg)
+        tensors = _bwd_tensors(do, q, k, v, o, lse, dlse, cfg, causal, sinks is None and window is None
+                               and varlen is None and hopper.head_slices(q, k, causal, cfg) == 1)
         dq, dk, dv, delta, lse2 = (tensors[name] for name in ("dq", "dk", "dv", "delta", "lse2"))
     else:
         dq, dk, dv = output_like(q), output_like(k), output_like(v)
@@ -164,7 +170,8 @@ def _bwd_launch(do, q, k, v, o, lse, dlse, causal, scale, cfg, chunks, sinks, o_
             dq_acc.zero_()
         hopper.attn_bwd_dkdv(part(do, hs), part(q, hs), part(k, hks), part(v, hks), dq_acc, part(dk, hks),
                              part(dv, hks), part(lse2, hs), part(delta, hs), causal, scale, cfg, part(ds_sum, hs),
-                             window=window, varlen=varlen, sink_sums=heads(sink_sums), sinks=heads(sinks32))
+                             window=window, varlen=varlen, sink_sums=heads(sink_sums), sinks=heads(sinks32),
+                             workspace=tensors.get("ws"))
         bwd_steps.dq_convert(dq_acc, part(dq, hs), scale)
     if sinks is not None and dsinks is None:
         dsinks = (sink_sums_grad(sinks, lse, dlse, sink_sums) if per_head

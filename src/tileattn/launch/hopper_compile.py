@@ -17,7 +17,8 @@ import triton
 from ..configs import HopperBwdConfig, HopperFwdConfig
 from . import grid_order, runtime
 from .hopper import (_bwd_args, _descriptor, _qk_descriptors, _transposed_kernel, defers_o, dq_sum_transposed,
-                     fwd_shape, persistent_bwd_args, split_kernel, transposed_dq)
+                     fwd_shape, split_kernel, transposed_dq)
+from .hopper_persistent import persistent_bwd_args
 
 
 def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False,
@@ -122,7 +123,7 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
         from ..kernels.bwd_hopper_persistent import _attn_bwd_hopper_persistent_kernel as kernel
         f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)
         # 3 programs over the 4 items of (1, 2, 256) keys: with split_tail the fourth is cut in 3 pieces
-        _, args = persistent_bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg, 3)
+        _, args = persistent_bwd_args(_bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg), t, causal, cfg, 3)
         const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "STATS_TMA",
                  "SPLIT_TAIL"} | ({"WS"} if args["WS"] is None else set())
     else:
