@@ -342,8 +342,8 @@ def test_varlen_backward_call_plumbing(monkeypatch):
     seen = []
 
     def fake_dkdv(do_, q_, k_, v_, dq_acc, dk, dv, lse2, delta, causal, scale_, cfg, ds_sum, window=None, varlen=None,
-                  sink_sums=None, sinks=None):
-        assert sink_sums is None and sinks is None
+                  sink_sums=None, sinks=None, workspace=None):
+        assert sink_sums is None and sinks is None and workspace is None   # packed: never the persistent walk
         seen.append((cfg.stats_tma, varlen))
         dk.copy_(gk)
         dv.copy_(gv)
