@@ -7,6 +7,12 @@ launches it, adding dQ into a float32 accumulator.
     python benchmarks/compile_report.py --head-dim 128 --variant varlen window   # with variants on
     python benchmarks/compile_report.py --head-dim 512 --head-dim-v 256          # V of its own head dim
     python benchmarks/compile_report.py --arch 89 --pointer-path --head-dim 512  # consumer parts (no TMA)
+    python benchmarks/compile_report.py --hopper-defaults     # the Hopper configs default calls take
+
+``--hopper-defaults`` compiles, for sm_90a, the Hopper forward and backward
+configs that a default call takes at the FlashAttention-2 protocol's points
+(16k tokens, hidden 2048, N = 2k-16k, causal and not; ``launch.hopper.call_config``,
+``bwd_call_config``), each config once with the lengths it serves.
 
 ``compile_decode`` does the same for the decoding kernel (used by the test
 of its shared-memory estimate).
@@ -169,6 +175,39 @@ def _ptxas_info(ptx: str, arch: int):
     return rep["registers"], rep["spill_stores"]
 
 
+def hopper_default_configs(head_dims=(64, 128), seqlens=(2048, 4096, 8192, 16384)) -> list:
+    """[(kind, d, causal, config, [N, ...])]: the configs a default plain call
+    (no variant, MHA) takes at the FA2 protocol's points, each once."""
+    import torch
+    from tileattn.launch import hopper
+    found = {}
+    for d in head_dims:
+        for causal in (False, True):
+            for n in seqlens:
+                q = torch.empty(16384 // n, 2048 // d, n, d, device="meta")
+                for kind, cfg in (("fwd", hopper.call_config(d, d, n, causal)),
+                                  ("bwd", hopper.bwd_call_config(q, q, q, causal, plain=True))):
+                    found.setdefault((kind, d, causal, cfg), []).append(n)
+    return [key + (ns,) for key, ns in found.items()]
+
+
+def hopper_defaults_report() -> list[str]:
+    """One line a default config: its name, the lengths it serves, and what
+    the sm_90a compile says (registers at launch and per partition, shared
+    memory, spill stores, serialized warpgroup MMAs)."""
+    from tileattn.launch import hopper_compile
+    lines = [f"{'kind':4} {'d':>3} {'causal':6} {'N':18} {'config':48} {'regs':>4} {'setmaxnreg':12} "
+             f"{'smem':>7} {'spills':>6} serialized"]
+    for kind, d, causal, cfg, ns in hopper_default_configs():
+        build = hopper_compile.compile_report if kind == "fwd" else hopper_compile.compile_bwd_report
+        rep = build(d, cfg, causal)
+        lens = ",".join(f"{n // 1024}k" for n in ns)
+        lines.append(f"{kind:4} {d:>3} {str(causal):6} {lens:18} {cfg.name:48} {str(rep['registers']):>4} "
+                     f"{'/'.join(rep['setmaxnreg']):12} {rep['shared']:>7} {rep['spill_stores']:>6} "
+                     f"{rep['wgmma_serialized']}")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90)
@@ -178,7 +217,12 @@ def main():
     ap.add_argument("--pointer-path", action="store_true", help="the portable path instead of TMA")
     ap.add_argument("--variant", nargs="+", default=[], choices=sorted(VARIANTS),
                     help="compile with these variants switched on (default: the plain kernels)")
+    ap.add_argument("--hopper-defaults", action="store_true",
+                    help="the Hopper configs default calls take at the FA2 protocol's points, instead")
     args = ap.parse_args()
+    if args.hopper_defaults:
+        print("\n".join(hopper_defaults_report()))
+        return
     rows = []
     for d in args.head_dim:
         dv = args.head_dim_v
