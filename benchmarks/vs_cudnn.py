@@ -28,6 +28,9 @@ warpgroups), and the one whose backward will take the per-head sums of
 ``HopperBwdConfig.sink_sums`` (no remainder); backward: also the sinks'
 gradient from the kernels' dS row sums and from those per-head sums, the
 forward keeping no remainder in both).
+``--even-k`` (forward): each tileattn provider also with ``TILEATTN_HOPPER_EVEN_K=1``
+(``-even-k``: non-causal calls whose keys fill their tiles take the build without
+the mask step, ``launch.hopper.even_k``).
 ``--memory`` (backward): each provider's forward+backward peak over the
 tensors a training step must hold.
 ``--plot DIR``: TFLOP/s and ratio-to-cuDNN figures of the rows (``tflops.png``,
@@ -51,6 +54,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
 import re
 import statistics
 
@@ -114,6 +118,21 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
         cfg = HopperFwdConfig(**kw)
         out[cfg.name] = hopper(cfg)
     return out
+
+
+def _even_k(fn):
+    """``fn`` run with ``TILEATTN_HOPPER_EVEN_K=1`` (read at every launch)."""
+    def run(*args, **kwargs):
+        saved = os.environ.get("TILEATTN_HOPPER_EVEN_K")
+        os.environ["TILEATTN_HOPPER_EVEN_K"] = "1"
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if saved is None:
+                del os.environ["TILEATTN_HOPPER_EVEN_K"]
+            else:
+                os.environ["TILEATTN_HOPPER_EVEN_K"] = saved
+    return run
 
 
 def with_sinks_providers(mode: str) -> dict:
@@ -320,6 +339,8 @@ def main():
     ap.add_argument("--memory", action="store_true", help="also report the forward+backward memory peak")
     ap.add_argument("--sinks", action="store_true", help="tileattn with and without attention sinks (their cost)")
     ap.add_argument("--mode", choices=("fwd", "bwd"), default="fwd")
+    ap.add_argument("--even-k", action="store_true",
+                    help="forward: each tileattn provider also with TILEATTN_HOPPER_EVEN_K=1 (name-even-k)")
     ap.add_argument("--group", type=int, default=1, help="query heads a kv head (GQA; 1: none)")
     ap.add_argument("--configs", action="store_true",
                     help="time each Hopper config (forward: instead of the default; backward: beside it)")
@@ -353,6 +374,9 @@ def main():
             provs = providers(d, "order" if args.order else args.configs) if args.mode == "fwd" else bwd_providers()
             if args.order:   # the grid orders beside the default call and cuDNN only
                 provs.pop("tileattn-deterministic", None)
+        if args.even_k and args.mode == "fwd":
+            provs.update({f"{name}-even-k": _even_k(fn) for name, fn in list(provs.items())
+                          if name.startswith("tileattn") or name.startswith("hopper")})
         provs = _only(provs, args.only)
         for causal in map(bool, args.causal):
             for n in args.seqlen:

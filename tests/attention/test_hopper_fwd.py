@@ -77,6 +77,10 @@ FORCED = list(configs.HOPPER_FWD.items()) + [
     ((64, 64), HopperFwdConfig(warpgroups=3, maxnreg=128, early_p=True, persistent=True, defer_o=True)),
 ]
 PERSISTENT = [(dims, c) for dims, c in FORCED if c.persistent]
+# the non-causal configs default calls take at d = 64 (three warpgroups) and 128, one program a tile and persistent
+EVEN_K_CONFIGS = [(dims, dataclasses.replace(table[dims], persistent=persistent))
+                  for dims, table in (((64, 64), configs.HOPPER_FWD_NONCAUSAL), ((128, 128), configs.HOPPER_FWD))
+                  for persistent in (False, True)]
 STREAM_K = [(dims, c) for dims, c in FORCED if c.stream_k]
 
 
@@ -94,10 +98,10 @@ def _compile_reports():
         "import json, sys; from tileattn.configs import HopperFwdConfig; from tileattn.launch import hopper_compile\n"
         "cases = json.loads(sys.argv[1])\n"
         "print(json.dumps([hopper_compile.compile_report(d, HopperFwdConfig(**c), causal, sinks=sinks, head_dim_v=dv,\n"
-        "                                                remainder=rem, window=win)\n"
-        "                  for (d, dv), c, causal, sinks, rem, win in cases]))")
+        "                                                remainder=rem, window=win, even_k=even)\n"
+        "                  for (d, dv), c, causal, sinks, rem, win, even in cases]))")
     arg = json.dumps([(dims, dataclasses.asdict(c), causal, "-sinks" in name, name.endswith("-remainder"),
-                       "-window" in name) for dims, c, causal, name in cases])
+                       "-window" in name, "-even" in name) for dims, c, causal, name in cases])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -124,7 +128,11 @@ COMPILED = ([(dims, c, True, c.name) for dims, c in FORCED]
             # a sliding window (causal folded into it), also with sinks and the remainder (gpt-oss's sliding layers)
             + [(dims, c, False, c.name + extra) for dims in ((64, 64), (128, 128))
                for c in (configs.HOPPER_FWD[dims], dataclasses.replace(configs.HOPPER_FWD[dims], persistent=True))
-               for extra in ("-window", "-window-sinks-remainder")])
+               for extra in ("-window", "-window-sinks-remainder")]
+            # the builds without the mask step (non-causal, keys a multiple of the key tile: hopper.even_k), one
+            # program a tile and persistent, also with sinks and the remainder
+            + [(dims, c, False, c.name + extra) for dims, c in EVEN_K_CONFIGS
+               for extra in ("-even", "-even-sinks-remainder")])
 
 
 @pytest.mark.parametrize("dims,cfg,causal,name", COMPILED,
@@ -148,6 +156,8 @@ def test_compiles_for_sm90(reports, dims, cfg, causal, name):
     assert expect <= rep["shared"] <= expect + 1024, \
         f"shared memory {rep['shared']} is not Q + K/V stages ({expect}) + barriers"
     assert rep["shared"] <= 227 * 1024, "more shared memory than a Hopper block may have"
+    if name.endswith("-even"):   # the spills of these builds sat in the mask step (perf-notes v51, v57)
+        assert rep["spill_stores"] == 0, f"the build without the mask step spilled {rep['spill_stores']} B"
 
 
 @pytest.mark.parametrize("head_dim,causal,n_k,want", [
@@ -295,6 +305,59 @@ def test_stream_k_tails(dims, cfg, tail):
                                               remainder=True)
     _check_sinks(f"stream-k {tail} sinks", q, k, v, False, sinks, out, lse)
     check_remainder(out, out_lo)
+
+
+EVEN_K_RULE = {   # name: (switch, n_k, causal, window, packed, want)
+    "full-2048": ("1", 2048, False, None, False, True),
+    "switch-off": ("0", 2048, False, None, False, False),
+    "full-2100": ("1", 2100, False, None, False, False),   # a partial last key tile
+    "causal-2048": ("1", 2048, True, None, False, False),
+    "window-2048": ("1", 2048, False, (255, 0), False, False),
+    "packed-2048": ("1", 2048, False, None, True, False),
+    "no-keys": ("1", 0, False, None, False, True),
+}
+
+
+@pytest.mark.parametrize("case", list(EVEN_K_RULE))
+def test_even_k_rule(case, monkeypatch):
+    """``hopper.even_k``: the build without the mask step only behind
+    TILEATTN_HOPPER_EVEN_K=1, for non-causal calls without a window or
+    packing whose keys fill every key tile."""
+    switch, n_k, causal, window, packed, want = EVEN_K_RULE[case]
+    monkeypatch.setenv("TILEATTN_HOPPER_EVEN_K", switch)
+    cfg = configs.HOPPER_FWD[(128, 128)]
+    assert launch_hopper.even_k(n_k, causal, window, ("cu",) if packed else None, cfg) is want
+
+
+@needs_hopper
+@pytest.mark.parametrize("extra", ["plain", "sinks-remainder"])
+@pytest.mark.parametrize("case", ["B2-H4x2-N1000x1024", "B1-H4x4-N129x4096-logits8", "B2-H2x2-N1000x1100"])
+@pytest.mark.parametrize("dims,cfg", EVEN_K_CONFIGS, ids=[f"{_dims_id(d)}-{c.name}" for d, c in EVEN_K_CONFIGS])
+def test_even_k_against_float64(dims, cfg, case, extra, monkeypatch):
+    """The build without the mask step (TILEATTN_HOPPER_EVEN_K=1; non-causal,
+    keys a multiple of the key tile) against float64: odd query counts,
+    GQA, large logits, with sinks and the output's remainder; it runs exactly
+    where the keys fill their tiles (1100 keys: the masked build)."""
+    monkeypatch.setenv("TILEATTN_HOPPER_EVEN_K", "1")
+    b, hq, hkv, n_q, n_k = {"B2-H4x2-N1000x1024": (2, 4, 2, 1000, 1024), "B1-H4x4-N129x4096-logits8": (
+        1, 4, 4, 129, 4096), "B2-H2x2-N1000x1100": (2, 2, 2, 1000, 1100)}[case]
+    d = dims[0]
+    q, k, v = _inputs(b, hq, hkv, n_q, n_k, d, torch.bfloat16, seed=case_number(case) % 1000,
+                      logit_scale=8.0 if case.endswith("logits8") else 1.0)
+    sinks = torch.linspace(-3.0, 3.0, hq, device="cuda") if extra != "plain" else None
+    with counting_calls(runtime, "run") as runs:
+        got = launch_hopper.attn_fwd(q, k, v, False, d ** -0.5, cfg, poison=True, sinks=sinks,
+                                     remainder=sinks is not None)
+    from tileattn.kernels.fwd_hopper import _attn_fwd_hopper_kernel
+    even = [args[3].get("EVEN_K", False) for args, _ in runs if args[0] is _attn_fwd_hopper_kernel]
+    assert even == [n_k % cfg.block_n == 0], f"EVEN_K of the forward's launches: {even}"
+    if sinks is None:
+        ref, ref_lse, low, low_lse = _references(q, k, v, False)
+        check_accuracy(f"{case} out", got[0], ref, low, q.dtype)
+        check_accuracy(f"{case} lse", got[1], ref_lse, low_lse.float(), q.dtype)
+    else:
+        _check_sinks(case, q, k, v, False, sinks, got[0], got[1])
+        check_remainder(got[0], got[2])
 
 
 def test_persistent_config_refuses_wide_head_dims():

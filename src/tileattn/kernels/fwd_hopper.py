@@ -28,14 +28,13 @@ most, and each walks work units (``TOTAL`` of them, programs taking every
 ``num_programs``-th) in a head-major order that keeps the running programs
 on the same heads' K and V; a causal unit pairs a head's k-th heaviest and
 k-th lightest query tiles, so that units cost alike (``fwd_hopper_load.py``).
-Q has two sets of buffers, the loader copies the next item's Q into the
-other set once every softmax warpgroup released its own (``q_empty``, after O's
-copy out of it), and the ring's and the turns' counts run on across items,
-so the next item's first tiles land while this one's epilogue runs.  With
-``DEFER_O`` (``HopperFwdConfig.defer_o``) a softmax warpgroup does not wait for O's copy
-out of its Q buffer (nor the remainder's out of its tile) at the end of an
-item: the next item's first tile does, and hands the buffer back then (the
-loader needs it only for the item after next).  With ``STREAM_K``
+Q has two sets of buffers (the next item's Q lands in the other set once
+every softmax warpgroup released its own, ``q_empty``, after O's copy out of
+it) and the ring's and turns' counts run on, so the next item's first tiles
+land during this one's epilogue.  ``DEFER_O``: a softmax warpgroup leaves
+O's copy out of its Q buffer (and the remainder's) to the next item's first
+tile, which hands the buffer back (the loader needs it for the item after
+next).  With ``STREAM_K
 (``HopperFwdConfig.stream_k``, non-causal, opt-in) the walk's last two
 waves are cut into one even range of key tiles a program; a piece short of
 its unit stores a partial softmax that ``stream_k.py`` merges after the
@@ -45,19 +44,17 @@ one program a tile, or persistent without the stream-K cut) copies and runs
 only the key tiles a query tile's rows can see, the mask on the tiles at
 either edge (``fwd_hopper_load._window_tiles``).  Packed sequences
 (``IS_VARLEN``, one program a tile): the grid's batch axis runs over them.
-``TRACE`` (an int64 buffer, ``benchmarks/walk_trace.py``) gets a persistent
-program's SM, start and work ends from the global timer.
+``TRACE`` (int64, ``benchmarks/walk_trace.py``): a persistent program's SM, start and work ends.
 
-With ``ROW_TREE`` (``HopperFwdConfig.row_tree``, on in the d = 64 and 128
-tables) each row's max over a key tile is a tree (``_row_max``: a chain of
-3 + 7 dependent instructions at 128 keys where the plain reduction's is 31,
-between the S product's wait and the tile's first exp2), and its running
-sum one partial sum a thread of the row's four, added across them once
-after the key tiles instead of with two shuffles every tile.
+With ``ROW_TREE`` (``HopperFwdConfig.row_tree``) a row's max over a key tile
+is a tree (``_row_max``: 3 + 7 dependent instructions at 128 keys, not 31)
+and its running sum one partial sum a thread of the row's four, added once
+after the key tiles.
 
 The math is the portable kernel's (``fwd.py``): log2-unit scores
 (``qk_scale = scale * log2 e``), the same masked/unmasked split of the key
-tiles, rows that see no key return 0 and lse -inf.  With ``HAS_SINKS`` the
+tiles (``EVEN_K``: non-causal, no window, N_K a multiple of BLOCK_N, so no
+masked step is built), rows that see no key return 0 and lse -inf.  With ``HAS_SINKS`` the
 head's sink logit is folded into each row after the key tiles, as a second
 partial softmax of one score (the loop is the one without sinks), so the lse
 includes it and a row that sees no key returns 0 and lse = sink.  With
@@ -74,8 +71,7 @@ not one (192 = 128 + 64, MLA) comes as two pieces, V's width and a
 is two products into one accumulator; O is staged in the first piece's
 buffer.
 
-This module imports Gluon at load time: only the Hopper launcher imports it,
-lazily, so a CPU install never does.
+Gluon is imported at load time: only the Hopper launcher imports this module, lazily.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -99,7 +95,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   qi, q_phase, kc, tc, q_empty, prev_qi, DEFER_O: gl.constexpr,
                   j0=0, slot=-1, WS_O=None, WS_ML=None, STREAM_K: gl.constexpr = False, WIN_LEFT=None,
                   WIN_RIGHT=None, WIN_ROWS: gl.constexpr = False, q_base=0, O=None, stride_on=0, stride_oh=0,
-                  NUM_WG: gl.constexpr = 2, EARLY_P: gl.constexpr = False):
+                  NUM_WG: gl.constexpr = 2, EARLY_P: gl.constexpr = False, EVEN_K: gl.constexpr = False):
     """Rows [start_m + WG * BLOCK_M, +BLOCK_M) of one query tile, whose Q
     is buffer ``qi`` (landed in phase ``q_phase``), whose first key tile is
     the ring's ``kc``-th and whose first turn is the ``tc``-th.  Every
@@ -122,7 +118,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
     rows that end inside the tile (:func:`_epilogue`).  ``EARLY_P``: the
     overlapped loop makes P a 16-bit operand once the previous tile's P V
     product has completed, so that P in float32 is dead while the next
-    tile's S arrives (else at that P V's issue)."""
+    tile's S arrives (else at that P V's issue).  ``EVEN_K``: no key tile
+    needs the mask (``fwd_hopper_softmax._softmax_tile``)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -169,7 +166,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             mbarrier.arrive(k_empty.index(kc % NUM_STAGES), count=1)
             _release_q(q_empty, prev_qi, DEFER_O)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                               BLOCK_N, IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT, WIN_RIGHT, tile_row0)
+                                               BLOCK_N, IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT, WIN_RIGHT, tile_row0,
+                                               EVEN_K)
             if EARLY_P:
                 p = _p16(p, v_smem.dtype, o_layout)
             for j in range(1, n_tiles):
@@ -182,7 +180,7 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                 mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
                 p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0 + j, n_full, offs_m, N_Q, N_K, qk_scale,
                                                    s_layout, BLOCK_N, IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT,
-                                                   WIN_RIGHT, tile_row0)
+                                                   WIN_RIGHT, tile_row0, EVEN_K)
                 acc = _wait_pv(acc)
                 mbarrier.arrive(v_empty.index((kc + j - 1) % NUM_STAGES), count=1)
                 if EARLY_P:
@@ -204,7 +202,8 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             if j == 0:
                 _release_q(q_empty, prev_qi, DEFER_O)
             p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0 + j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout,
-                                               BLOCK_N, IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT, WIN_RIGHT, tile_row0)
+                                               BLOCK_N, IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT, WIN_RIGHT, tile_row0,
+                                               EVEN_K)
             acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
             _my_turn(turns, tc + 2 * j + 1, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, kc + j, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
@@ -236,7 +235,8 @@ def _softmax_unit(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                   ROW_TREE: gl.constexpr, HAS_SINKS: gl.constexpr, olo_desc, WRITE_REMAINDER: gl.constexpr, lo_smem,
                   q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O: gl.constexpr,
                   unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K: gl.constexpr, WIN_LEFT=None,
-                  WIN_RIGHT=None, NUM_WG: gl.constexpr = 2, EARLY_P: gl.constexpr = False):
+                  WIN_RIGHT=None, NUM_WG: gl.constexpr = 2, EARLY_P: gl.constexpr = False,
+                  EVEN_K: gl.constexpr = False):
     """A persistent program's work (``fwd_hopper_load._work``: key tiles
     [j0, j0 + n_sk) of ``unit``, all where n_sk < 0; a sliding window's
     from ``_unit_tile``) for warpgroup ``WG``; returns the ring's, the
@@ -258,7 +258,7 @@ def _softmax_unit(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                       PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, qi, (it // 2) & 1,
                       kc, tc, q_empty, prev_qi, DEFER_O, t_first, slot, WS_O, WS_ML, STREAM_K, WIN_LEFT, WIN_RIGHT,
-                      True, NUM_WG=NUM_WG, EARLY_P=EARLY_P)
+                      True, NUM_WG=NUM_WG, EARLY_P=EARLY_P, EVEN_K=EVEN_K)
         if DEFER_O:
             prev_qi = qi
         else:
@@ -283,7 +283,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                        q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL,
                        PERSISTENT: gl.constexpr, DEFER_O: gl.constexpr, SK_TILES, WS_O, WS_ML,
                        STREAM_K: gl.constexpr, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on, stride_oh,
-                       NUM_WG: gl.constexpr, EARLY_P: gl.constexpr):
+                       NUM_WG: gl.constexpr, EARLY_P: gl.constexpr, EVEN_K: gl.constexpr):
     """Softmax warpgroup ``WG`` of ``NUM_WG``: its rows of the program's query tile, or
     with ``PERSISTENT`` of each of the program's work items in turn (Q
     buffers alternate between two sets of NUM_WG, released on ``q_empty``
@@ -311,7 +311,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                         TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc,
                         WRITE_REMAINDER, lo_smem, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O,
                         unit, j0, n_sk, slot, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K, NUM_WG=NUM_WG,
-                        EARLY_P=EARLY_P)
+                        EARLY_P=EARLY_P, EVEN_K=EVEN_K)
                 _mark(TRACE, 2 + w, WG)
         else:
             for unit in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
@@ -320,7 +320,8 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                     turns, o_desc, LSE, SINKS, N_Q, N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
                     TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc,
                     WRITE_REMAINDER, lo_smem, q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, DEFER_O,
-                    unit, 0, -1, -1, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K, WIN_LEFT, WIN_RIGHT, NUM_WG, EARLY_P)
+                    unit, 0, -1, -1, kc, tc, it, prev_qi, WS_O, WS_ML, STREAM_K, WIN_LEFT, WIN_RIGHT, NUM_WG, EARLY_P,
+                    EVEN_K)
                 _mark(TRACE, 2 + (unit - gl.program_id(0)) // gl.num_programs(0), WG)
         if DEFER_O:   # the last item's O copy
             tma.store_wait(0)
@@ -330,7 +331,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_sme
                       BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, OVERLAP,
                       PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem, WG, 0, 0, 0, q_empty, -1,
                       False, j0, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT, q_base=q_base, O=O, stride_on=stride_on,
-                      stride_oh=stride_oh, NUM_WG=NUM_WG, EARLY_P=EARLY_P)
+                      stride_oh=stride_oh, NUM_WG=NUM_WG, EARLY_P=EARLY_P, EVEN_K=EVEN_K)
 
 
 @gluon.jit
@@ -346,7 +347,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                             ROW_TREE: gl.constexpr = False, STREAM_K: gl.constexpr = False, SK_TILES=0, WS_O=None,
                             WS_ML=None, TRACE=None, WIN_LEFT=None, WIN_RIGHT=None, IS_VARLEN: gl.constexpr = False,
                             CU_SEQLENS_Q=None, CU_SEQLENS_K=None, O=None, stride_on=0, stride_oh=0, V=None,
-                            stride_vh=0, stride_vn=0, NUM_WG: gl.constexpr = 2, EARLY_P: gl.constexpr = False):
+                            stride_vh=0, stride_vn=0, NUM_WG: gl.constexpr = 2, EARLY_P: gl.constexpr = False,
+                            EVEN_K: gl.constexpr = False):
     """A program runs NUM_WG * BLOCK_M query rows: BLOCK_M per softmax
     warpgroup (two of 240 registers a thread, or three of 160).
     ``q_desc``/``k_desc`` cover the first HEAD_DIM - TAIL_DIM columns of Q
@@ -354,12 +356,10 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     without a tail); ``olo_desc`` (with ``WRITE_REMAINDER``) the int8 code of
     O's rounding remainder, shaped and boxed like ``o_desc``, staged in a
     tile of its own a warpgroup (half of O's bytes), so that it needs not
-    wait for O's copy.  With ``PERSISTENT`` the grid is one program
-    per SM (or fewer) over ``TOTAL`` work units of ``N_M_TILES`` query
-    tiles of ``N_HEADS`` heads of each batch element (``_unit_size``), each
-    program's units ``program_id``, + ``num_programs``, ...; Q gets two
-    sets of buffers so the next tile's lands while this one runs (no tail:
-    shared memory).  ``STREAM_K`` (persistent, non-causal): the units from
+    wait for O's copy.  ``PERSISTENT``: one program an SM at most over
+    ``TOTAL`` units of ``N_M_TILES`` query tiles of ``N_HEADS`` heads a batch
+    element (``_unit_size``), taking every ``num_programs``-th; Q in two sets
+    of buffers (no tail: shared memory).  ``STREAM_K`` (persistent, non-causal): the units from
     ``TOTAL`` on are the tail, their ``SK_TILES`` key tiles cut evenly over
     the programs; pieces short of a whole unit leave partial softmaxes in
     ``WS_O`` / ``WS_ML`` for ``kernels/stream_k.py``'s combine.  A sliding
@@ -368,12 +368,13 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     tiles a query tile's rows can see (:func:`_window_tiles`).  Packed
     sequences (``IS_VARLEN``, (1, H, total, D) tensors): a grid batch index a
     sequence (:func:`_sequence`; keys past it masked, its last value tile read
-    through ``V``), its last tile's O stored through ``O``, masked."""
+    through ``V``), its last tile's O stored through ``O``, masked.  ``EVEN_K``: no key tile is masked."""
     gl.static_assert(not STREAM_K or (PERSISTENT and not IS_CAUSAL and NUM_WG == 2),
                      "STREAM_K: a non-causal persistent walk's, two softmax warpgroups")
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")
     gl.static_assert(not PERSISTENT or TAIL_DIM == 0, "a persistent program's two sets of Q buffers need no tail")
     gl.static_assert(not DEFER_O or PERSISTENT, "DEFER_O: a persistent program's")
+    gl.static_assert(not EVEN_K or not (IS_CAUSAL or IS_VARLEN or WIN_LEFT is not None), "EVEN_K: full key tiles")
     gl.static_assert(WIN_LEFT is None or not (STREAM_K or IS_CAUSAL), "a window: no stream-K cut, causal folded")
     gl.static_assert(not IS_VARLEN or not (PERSISTENT or GROUPED or WRITE_REMAINDER or HAS_SINKS or TAIL_DIM > 0),
                      "packed sequences: one program a tile, plain grid, QK = V head dim, sinks applied after")
@@ -431,8 +432,7 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
         mbarrier.init(k_empty.index(i), count=NUM_WG)
         mbarrier.init(v_empty.index(i), count=NUM_WG)
 
-    # the softmax partitions' argument tuples are written out: a tuple built
-    # in the kernel loses its constexpr entries on the way in (triton 3.6)
+    # argument tuples written out: a tuple built in the kernel loses its constexpr entries (triton 3.6)
     if NUM_WG == 2:
         gl.warp_specialize([
             (_softmax_partition, (0, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
@@ -441,14 +441,14 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                                   IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem,
                                   q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O,
                                   SK_TILES, WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on,
-                                  stride_oh, NUM_WG, EARLY_P)),
+                                  stride_oh, NUM_WG, EARLY_P, EVEN_K)),
             (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                                   v_empty, turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q,
                                   N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES,
                                   IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem,
                                   q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O,
                                   SK_TILES, WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on,
-                                  stride_oh, NUM_WG, EARLY_P)),
+                                  stride_oh, NUM_WG, EARLY_P, EVEN_K)),
             (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                                q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m,
                                n_tiles, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K,
@@ -463,21 +463,21 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
                                   IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem,
                                   q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O,
                                   SK_TILES, WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on,
-                                  stride_oh, NUM_WG, EARLY_P)),
+                                  stride_oh, NUM_WG, EARLY_P, EVEN_K)),
             (_softmax_partition, (1, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                                   v_empty, turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q,
                                   N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES,
                                   IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem,
                                   q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O,
                                   SK_TILES, WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on,
-                                  stride_oh, NUM_WG, EARLY_P)),
+                                  stride_oh, NUM_WG, EARLY_P, EVEN_K)),
             (_softmax_partition, (2, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_bars, k_ready, v_ready, k_empty,
                                   v_empty, turns, o_desc, LSE, SINKS, lse_row0, off_b, off_h, start_m, n_tiles, N_Q,
                                   N_K, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, TAIL_DIM, NUM_STAGES,
                                   IS_CAUSAL, OVERLAP, PINGPONG, ROW_TREE, HAS_SINKS, olo_desc, WRITE_REMAINDER, lo_smem,
                                   q_empty, stride_lb, stride_lh, N_M_TILES, N_HEADS, TOTAL, PERSISTENT, DEFER_O,
                                   SK_TILES, WS_O, WS_ML, STREAM_K, TRACE, j0, WIN_LEFT, WIN_RIGHT, q_base, O, stride_on,
-                                  stride_oh, NUM_WG, EARLY_P)),
+                                  stride_oh, NUM_WG, EARLY_P, EVEN_K)),
             (_load_partition, (q_desc, k_desc, v_desc, qt_desc, kt_desc, q_smem, k_smem, v_smem, qt_smem, kt_smem,
                                q_bars, k_ready, v_ready, k_empty, v_empty, turns, off_b, off_h, off_hk, start_m,
                                n_tiles, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_DIM, q_empty, GROUP_SIZE, N_Q, N_K,

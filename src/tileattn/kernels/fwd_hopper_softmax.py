@@ -102,27 +102,34 @@ def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.cons
 @gluon.jit
 def _softmax_tile(qk, m_i, l_i, j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr,
                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_TREE: gl.constexpr, full_lo=None,
-                  WIN_LEFT=None, WIN_RIGHT=None, row0=None):
+                  WIN_LEFT=None, WIN_RIGHT=None, row0=None, EVEN_K: gl.constexpr = False):
     """:func:`_softmax_step` with the mask where tile ``j`` needs one: from
     ``n_full`` on, and with a sliding window (``WIN_LEFT`` not None) also
     before ``full_lo``; or, given ``row0`` (the persistent walk, where no
     bound is kept live through the loop), wherever a key of the tile lies
-    outside the window of one of the rows [row0, row0 + BLOCK_M) or past N_K."""
-    if WIN_LEFT is None:
-        unmasked = j < n_full
-    elif row0 is None:
-        unmasked = (j >= full_lo) & (j < n_full)
-    else:
-        first = j * BLOCK_N
-        diag = N_K - N_Q
-        unmasked = ((first >= row0 + (offs_m.shape[0] - 1) + diag - WIN_LEFT)
-                    & (first + BLOCK_N - 1 <= row0 + diag + WIN_RIGHT) & (first + BLOCK_N <= N_K))
-    if unmasked:
+    outside the window of one of the rows [row0, row0 + BLOCK_M) or past N_K.
+    ``EVEN_K`` (non-causal, no window, N_K a multiple of BLOCK_N): no tile
+    needs it, and the build holds the unmasked step alone (a loop body of
+    about half the instructions, perf-notes v57)."""
+    if EVEN_K:
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
                                            IS_CAUSAL, False, ROW_TREE)
     else:
-        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
-                                           IS_CAUSAL, True, ROW_TREE, WIN_LEFT, WIN_RIGHT, row0 is not None)
+        if WIN_LEFT is None:
+            unmasked = j < n_full
+        elif row0 is None:
+            unmasked = (j >= full_lo) & (j < n_full)
+        else:
+            first = j * BLOCK_N
+            diag = N_K - N_Q
+            unmasked = ((first >= row0 + (offs_m.shape[0] - 1) + diag - WIN_LEFT)
+                        & (first + BLOCK_N - 1 <= row0 + diag + WIN_RIGHT) & (first + BLOCK_N <= N_K))
+        if unmasked:
+            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
+                                               IS_CAUSAL, False, ROW_TREE)
+        else:
+            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
+                                               IS_CAUSAL, True, ROW_TREE, WIN_LEFT, WIN_RIGHT, row0 is not None)
     return p, alpha, m_i, l_i
 
 

@@ -21,6 +21,7 @@ import torch
 import triton
 
 from .. import configs
+from .._env import env
 from ..configs import HopperBwdConfig, HopperFwdConfig
 from ..dispatch import tma_addressable
 from ..sinks import remainder_like
@@ -178,6 +179,8 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
     extra = {} if o_lo is None else dict(olo_desc=_descriptor(o_lo, cfg.block_m), WRITE_REMAINDER=True)
     if window is not None:
         extra.update(WIN_LEFT=int(window[0]), WIN_RIGHT=int(window[1]))
+    if even_k(n_k, causal, window, varlen, cfg):
+        extra.update(EVEN_K=True)
     n_m_tiles = triton.cdiv(n_q, tile_rows(cfg))
     tail = None
     if cfg.persistent:   # one program an SM (or fewer) walks the work units: causal, two tiles each
@@ -212,6 +215,16 @@ def attn_fwd(q, k, v, causal: bool, scale: float, config: HopperFwdConfig | None
         stream_k.combine(o, o_lo, lse, sinks, ws["ws_o"], ws["ws_ml"], n_m_tiles, hq, tail, grid[0],
                          triton.cdiv(n_k, cfg.block_n), cfg.block_m)
     return (o, lse) if o_lo is None else (o, lse, o_lo)
+
+
+def even_k(n_k: int, causal: bool, window, varlen, cfg: HopperFwdConfig) -> bool:
+    """Whether a forward call's build leaves out the mask step (``EVEN_K``):
+    non-causal, no window or packing, keys a multiple of the key tile.  Off
+    unless ``TILEATTN_HOPPER_EVEN_K=1``: the build has ~40 % fewer
+    instructions and no spills on the CPU's sm_90a compile, but has not yet
+    run on a GPU (perf-notes v57)."""
+    return (env("TILEATTN_HOPPER_EVEN_K", "0") == "1" and not causal and window is None and varlen is None
+            and n_k % cfg.block_n == 0)
 
 
 def fwd_outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

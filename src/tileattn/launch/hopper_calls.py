@@ -53,7 +53,7 @@ def fwd(q, k, v, causal: bool, scale: float, config=None, sinks=None, remainder:
     cfg = config or hopper.call_config(q.shape[-1], v.shape[-1], k.shape[2], causal, window, varlen)
     if config is None and not runtime.POISON_OUTPUTS and varlen is None:
         key = runtime.plan_key("hopper_fwd", (q, k, v, sinks), bool(causal), float(scale), cfg, bool(remainder),
-                               window)
+                               window, hopper.even_k(k.shape[2], causal, window, varlen, cfg))
         plan = runtime.PLANS.get(key) if key is not None else None
         if plan is not None:
             o, lse = hopper.fwd_outputs(q, v)

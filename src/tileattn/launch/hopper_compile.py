@@ -22,10 +22,12 @@ from .hopper_persistent import persistent_bwd_args
 
 
 def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16", sinks: bool = False,
-                 head_dim_v: int | None = None, remainder: bool = False, window: bool = False, varlen: bool = False):
+                 head_dim_v: int | None = None, remainder: bool = False, window: bool = False, varlen: bool = False,
+                 even_k: bool = False):
     """The forward kernel's build of ``cfg`` for sm_90a; ``remainder``: the
     build that also stores O's rounding remainder; ``window``: a sliding
-    window's (``causal`` then False); ``varlen``: packed sequences'."""
+    window's (``causal`` then False); ``varlen``: packed sequences';
+    ``even_k``: the build without the mask step (``hopper.even_k``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -41,7 +43,7 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
                  NUM_STAGES=cfg.num_stages, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, ROW_TREE=cfg.row_tree,
                  HAS_SINKS=sinks,
                  HEAD_DIM_V=dv, TAIL_DIM=descs.pop("TAIL_DIM", 0), WRITE_REMAINDER=remainder,
-                 PERSISTENT=cfg.persistent, DEFER_O=defers_o(cfg), TRACE=None,
+                 PERSISTENT=cfg.persistent, DEFER_O=defers_o(cfg), TRACE=None, EVEN_K=even_k,
                  **{"NUM_WG": 2, "EARLY_P": False, **fwd_shape(cfg)})
     sig = {name: mangle_type(x) for name, x in descs.items()}
     sig.update(LSE="*fp32", SINKS="*fp32", stride_lb="i32", stride_lh="i32", GROUP_SIZE="i32", N_Q="i32",
@@ -88,11 +90,11 @@ def compile_sm90(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str =
 
 def compile_report(head_dim: int, cfg: HopperFwdConfig, causal: bool, dtype: str = "bf16",
                    sinks: bool = False, head_dim_v: int | None = None, remainder: bool = False,
-                   window: bool = False, varlen: bool = False) -> dict:
+                   window: bool = False, varlen: bool = False, even_k: bool = False) -> dict:
     """What the sm_90a compile says of one config: shared memory, the
     instructions the design relies on, local memory in the PTX, and the
     assembler's word on it (:func:`runtime.ptxas_report`)."""
-    compiled = compile_sm90(head_dim, cfg, causal, dtype, sinks, head_dim_v, remainder, window, varlen)
+    compiled = compile_sm90(head_dim, cfg, causal, dtype, sinks, head_dim_v, remainder, window, varlen, even_k)
     ptx = compiled.asm["ptx"]
     return {"shared": int(compiled.metadata.shared), "wgmma": ptx.count("wgmma.mma_async"),
             "tma": "cp.async.bulk.tensor" in ptx, "setmaxnreg": sorted(set(
