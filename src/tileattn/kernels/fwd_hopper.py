@@ -79,8 +79,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from .fwd_hopper_load import (_grid_coords, _key_tiles, _load_partition, _n_work, _sequence, _tile_range, _unit_size,
                                _unit_tile, _window_tiles, _work)
-from .fwd_hopper_mma import (TRACE_SLOTS, _issue_pv, _issue_qk, _mark, _my_turn, _p16, _release_q, _wait_pv,
-                             _your_turn)
+from .fwd_hopper_mma import (TRACE_SLOTS, _issue_pv, _issue_qk, _mark, _my_turn, _overlap_step, _p16, _release_q,
+                             _wait_pv, _your_turn)
 from .fwd_hopper_softmax import _epilogue, _lane_sums, _row_total, _softmax_tile, _store_partial
 
 
@@ -171,21 +171,11 @@ def _softmax_rows(WG: gl.constexpr, q_smem, k_smem, v_smem, qt_smem, kt_smem, q_
             if EARLY_P:
                 p = _p16(p, v_smem.dtype, o_layout)
             for j in range(1, n_tiles):
-                _my_turn(turns, tc + j, WG, PINGPONG)
-                qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc + j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
-                               TAIL_DIM, NUM_STAGES)
-                acc = _issue_pv(p, acc, v_smem, v_ready, kc + j - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
-                _your_turn(turns, WG, PINGPONG, NUM_WG)
-                qk = warpgroup_mma_wait(1, deps=[qk])
-                mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
-                p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0 + j, n_full, offs_m, N_Q, N_K, qk_scale,
-                                                   s_layout, BLOCK_N, IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT,
-                                                   WIN_RIGHT, tile_row0, EVEN_K)
-                acc = _wait_pv(acc)
-                mbarrier.arrive(v_empty.index((kc + j - 1) % NUM_STAGES), count=1)
-                if EARLY_P:
-                    p = _p16(p, v_smem.dtype, o_layout)
-                acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
+                p, acc, m_i, l_i = _overlap_step(
+                    j, p, acc, m_i, l_i, q2, qt2, k_smem, kt_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
+                    kc, tc, j0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout, o_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
+                    HEAD_DIM_V, TAIL_DIM, NUM_STAGES, IS_CAUSAL, ROW_TREE, WG, PINGPONG, NUM_WG, EARLY_P, full_lo,
+                    WIN_LEFT, WIN_RIGHT, tile_row0, EVEN_K)
             _my_turn(turns, tc + n_tiles, WG, PINGPONG)
             acc = _issue_pv(p, acc, v_smem, v_ready, kc + n_tiles - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
             _your_turn(turns, WG, PINGPONG, NUM_WG)
@@ -368,7 +358,8 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_l
     tiles a query tile's rows can see (:func:`_window_tiles`).  Packed
     sequences (``IS_VARLEN``, (1, H, total, D) tensors): a grid batch index a
     sequence (:func:`_sequence`; keys past it masked, its last value tile read
-    through ``V``), its last tile's O stored through ``O``, masked.  ``EVEN_K``: no key tile is masked."""
+    through ``V``), its last tile's O stored through ``O``, masked.
+    ``EVEN_K``: no key tile is masked."""
     gl.static_assert(not STREAM_K or (PERSISTENT and not IS_CAUSAL and NUM_WG == 2),
                      "STREAM_K: a non-causal persistent walk's, two softmax warpgroups")
     gl.static_assert(HEAD_DIM - TAIL_DIM == HEAD_DIM_V, "O is staged in the Q tile: Q's first piece is V's width")

@@ -10,6 +10,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from .fwd_hopper_softmax import _softmax_tile
+
 
 @gluon.jit
 def _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, j, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -67,6 +69,34 @@ def _your_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr, NUM_WG: gl.const
     """Hand the turn to the next warpgroup."""
     if PINGPONG:
         mbarrier.arrive(turns.index((WG + 1) % NUM_WG), count=1)
+
+
+@gluon.jit
+def _overlap_step(j, p, acc, m_i, l_i, q2, qt2, k_smem, kt_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
+                  kc, tc, j0, n_full, offs_m, N_Q, N_K, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
+                  TAIL_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_TREE: gl.constexpr,
+                  WG: gl.constexpr, PINGPONG: gl.constexpr, NUM_WG: gl.constexpr, EARLY_P: gl.constexpr, full_lo,
+                  WIN_LEFT, WIN_RIGHT, tile_row0, EVEN_K: gl.constexpr):
+    """Step j >= 1 of the overlapped tile loop (``fwd_hopper._softmax_rows``):
+    S_j = Q K_jᵀ issued with O += P_{j-1} V_{j-1}, the softmax of tile j
+    under the second product (the mask where it needs one), then O
+    rescaled.  Returns (P_j, O, row max, row sums)."""
+    _my_turn(turns, tc + j, WG, PINGPONG)
+    qk = _issue_qk(q2, qt2, k_smem, kt_smem, k_ready, kc + j, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, TAIL_DIM,
+                   NUM_STAGES)
+    acc = _issue_pv(p, acc, v_smem, v_ready, kc + j - 1, o_layout, BLOCK_N, HEAD_DIM_V, NUM_STAGES)
+    _your_turn(turns, WG, PINGPONG, NUM_WG)
+    qk = warpgroup_mma_wait(1, deps=[qk])
+    mbarrier.arrive(k_empty.index((kc + j) % NUM_STAGES), count=1)
+    p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, j0 + j, n_full, offs_m, N_Q, N_K, qk_scale, s_layout, BLOCK_N,
+                                       IS_CAUSAL, ROW_TREE, full_lo, WIN_LEFT, WIN_RIGHT, tile_row0, EVEN_K)
+    acc = _wait_pv(acc)
+    mbarrier.arrive(v_empty.index((kc + j - 1) % NUM_STAGES), count=1)
+    if EARLY_P:
+        p = _p16(p, v_smem.dtype, o_layout)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    return p, acc, m_i, l_i
 
 
 @gluon.jit
