@@ -1,7 +1,8 @@
 """The Hopper forward's products (Gluon; ``fwd_hopper.py``): S = Q Kᵀ and
 O += P V issued as asynchronous warpgroup MMAs once their key / value tile
 has landed, P made a 16-bit MMA operand, and the softmax warpgroups' turns
-at issuing them (``PINGPONG``), their hand-back of a Q buffer
+at issuing them (``PINGPONG``), one step of the overlapped tile loop built
+from these (``_overlap_step``), their hand-back of a Q buffer
 (``DEFER_O``) and a persistent program's clock reads (``TRACE``).
 
 This module imports Gluon at load time: only the Hopper kernels import it.
