@@ -340,6 +340,37 @@ def test_persistent_bwd_config_checks(dims, slices):
     assert launch_hopper.head_slices(q, k, True, dataclasses.replace(cfg, head_slices=None)) == 1
 
 
+# (name, (batch, kv heads, keys), causal, config, float32 elements of the split tail's workspace on 132 SMs)
+WORKSPACE_CASES = [("full-cut", (2, 4, 3072), False, "pers-tail", 60 * 2 * 128 * 64),   # 192 items: 60 cut
+                   ("full-whole-rounds", (2, 4, 4224), False, "pers-tail", 0),   # 264 items: two whole rounds
+                   ("full-tail-too-wide", (2, 4, 4096), False, "pers-tail", 0),   # 124 left: fewer than 2 pieces each
+                   ("causal", (2, 4, 3072), True, "pers-tail", 0),   # causal walks are never cut
+                   ("table", (2, 4, 3072), False, "table", 0)]
+
+
+@pytest.mark.parametrize("shape,causal,kind,want", [c[1:] for c in WORKSPACE_CASES],
+                         ids=[c[0] for c in WORKSPACE_CASES])
+def test_persistent_workspace(shape, causal, kind, want, monkeypatch):
+    """``hopper_persistent.bwd_workspace``: a zeroed float32 workspace of a
+    slot (dK then dV, 128 keys x D each) a cut item where the persistent walk
+    cuts its last round, else none; the launcher's arguments take a given
+    one, and a workspace of the wrong size is a ValueError before any launch."""
+    monkeypatch.setattr(hopper_persistent, "sm_count", lambda device: 132)
+    b, hkv, n = shape
+    k = torch.empty(b, hkv, n, 64)
+    table = configs.HOPPER_BWD[(64, 64)]
+    cfg = dataclasses.replace(table, persistent=True, split_tail=True) if kind == "pers-tail" else table
+    ws = hopper_persistent.bwd_workspace(k, causal, cfg)
+    if cfg.persistent:
+        assert hopper_persistent.workspace_elements(k, causal, cfg, 132) == want
+    if not want:
+        assert ws == {}
+        return
+    assert ws["ws"].shape == (want,) and ws["ws"].dtype == torch.float32 and not ws["ws"].any()
+    with pytest.raises(ValueError, match="workspace: the split tail needs"):
+        hopper_persistent.persistent_bwd_args({}, k, causal, cfg, 132, torch.zeros(want - 1))
+
+
 # (name, (batch, query heads, kv heads, keys, head dim), causal, plain, the config the rule gives)
 RULE_CASES = [("full-2k", (8, 32, 32, 2048, 64), False, True, "pers-tail"),
               ("full-16k", (1, 32, 32, 16384, 64), False, True, "pers-tail"),

@@ -48,7 +48,6 @@ def persistent_bwd_args(args: dict, k, causal: bool, cfg, sms: int, workspace=No
     the key blocks, kv heads and :func:`walk`'s items and cut, and the zeroed
     float32 workspace ``WS`` of a cut tail (``workspace``:
     :func:`bwd_workspace`'s tensor, else allocated here)."""
-    from ..kernels.bwd_hopper_persistent import _attn_bwd_hopper_persistent_kernel as kernel
     n_blocks, total, programs, main, split = walk(k, causal, cfg, sms)
     ws = None
     if main < total:
@@ -56,6 +55,7 @@ def persistent_bwd_args(args: dict, k, causal: bool, cfg, sms: int, workspace=No
         ws = workspace if workspace is not None else torch.zeros(size, device=k.device, dtype=torch.float32)
         if ws.numel() != size or ws.dtype != torch.float32:
             raise ValueError(f"workspace: the split tail needs {size} float32 elements, got {ws.numel()} {ws.dtype}")
+    from ..kernels.bwd_hopper_persistent import _attn_bwd_hopper_persistent_kernel as kernel
     args = {name: x for name, x in args.items() if name in kernel.arg_names}
     return (programs,), dict(args, N_BLOCKS=n_blocks, N_ROWS=k.shape[1], TOTAL=total, MAIN=main, SPLIT=split, WS=ws,
                              SPLIT_TAIL=ws is not None)
