@@ -936,7 +936,8 @@ def test_hopper_plans_replay_the_first_call(case, monkeypatch):
     want = {"hopper_bwd"} | ({"hopper_fwd"} if dispatch.hopper_fwd_preferred(d, causal, n) else set())
     assert want <= kinds, f"plans made: {kinds}"
     if kind == "tail":   # the plan of the cut call (the other key's 100 items are not cut) launches the fix-up
-        names = [step.compiled.name for key, plan in runtime.PLANS.items() if key[0] == "hopper_bwd" for step in plan]
+        names = [launch_.compiled.name for key, plan in runtime.PLANS.items() if key[0] == "hopper_bwd"
+                 for launch_ in plan]
         assert any("bwd_tail" in name for name in names), f"no plan launches the split tail's fix-up: {names}"
     monkeypatch.setattr(runtime, "POISON_OUTPUTS", True)
     runtime.PLANS.clear()
