@@ -122,16 +122,11 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
 
 def _even_k(fn):
     """``fn`` run with ``TILEATTN_HOPPER_EVEN_K=1`` (read at every launch)."""
+    from unittest import mock
+
     def run(*args, **kwargs):
-        saved = os.environ.get("TILEATTN_HOPPER_EVEN_K")
-        os.environ["TILEATTN_HOPPER_EVEN_K"] = "1"
-        try:
+        with mock.patch.dict(os.environ, {"TILEATTN_HOPPER_EVEN_K": "1"}):
             return fn(*args, **kwargs)
-        finally:
-            if saved is None:
-                del os.environ["TILEATTN_HOPPER_EVEN_K"]
-            else:
-                os.environ["TILEATTN_HOPPER_EVEN_K"] = saved
     return run
 
 

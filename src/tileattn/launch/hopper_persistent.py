@@ -30,7 +30,11 @@ def workspace_elements(k, causal: bool, cfg, sms: int) -> int:
     """The split tail's workspace in float32 elements: a slot of dK then dV
     (2 * block_n keys x D each) a cut item; 0 where nothing is cut."""
     _, total, _, main, _ = walk(k, causal, cfg, sms)
-    return 2 * (total - main) * 2 * cfg.block_n * k.shape[3]
+    return _slots(total - main, k, cfg)
+
+
+def _slots(items: int, k, cfg) -> int:
+    return items * 2 * 2 * cfg.block_n * k.shape[3]
 
 
 def bwd_workspace(k, causal: bool, cfg) -> dict:
@@ -51,7 +55,7 @@ def persistent_bwd_args(args: dict, k, causal: bool, cfg, sms: int, workspace=No
     n_blocks, total, programs, main, split = walk(k, causal, cfg, sms)
     ws = None
     if main < total:
-        size = workspace_elements(k, causal, cfg, sms)
+        size = _slots(total - main, k, cfg)
         ws = workspace if workspace is not None else torch.zeros(size, device=k.device, dtype=torch.float32)
         if ws.numel() != size or ws.dtype != torch.float32:
             raise ValueError(f"workspace: the split tail needs {size} float32 elements, got {ws.numel()} {ws.dtype}")
