@@ -363,3 +363,28 @@ def test_fa4_rows_unavailable_in_a_sweep(torch_path):
     fa4 = [r for r in rows if r.provider == "fa4"]
     assert len(fa4) == 1 and _fa4_reason_here(fa4[0].status) and fa4[0].ms is None
     assert [r.status for r in rows if r.provider == "tileattn"] == ["ok"]
+
+
+def test_a_run_cut_short_keeps_the_points_it_timed(torch_path, tmp_path, monkeypatch):
+    """``tileattn bench`` appends each point's rows to bench.csv / bench.jsonl
+    as the point finishes: a run stopped part-way (here at its second sequence
+    length, as a ``timeout`` would) keeps the first point's rows, whole."""
+    real = runner.run_sweep
+
+    def stopped_at_64(cfg, on_row=None, **kw):
+        def row(r):
+            if r.seqlen_q == 64:
+                raise KeyboardInterrupt
+            on_row(r)
+        return real(cfg, on_row=row, **kw)
+
+    monkeypatch.setattr(runner, "run_sweep", stopped_at_64)
+    args = _parser().parse_args(["bench", "--device", "cpu", "--head-dims", "16", "--seqlens", "32", "64",
+                                 "--modes", "fwd", "--causal", "no", "--providers", "tileattn", "standard",
+                                 "--tokens", "64", "--hidden", "32", "--repeats", "1", "--out", str(tmp_path)])
+    with pytest.raises(KeyboardInterrupt):
+        args.func(args)
+    for name in ("bench.csv", "bench.jsonl"):
+        rows = results.load_rows(tmp_path / name)
+        assert sorted((r["provider"], r["seqlen_q"], r["status"]) for r in rows) == [
+            ("standard", 32, "ok"), ("tileattn", 32, "ok")], name

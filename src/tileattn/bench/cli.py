@@ -19,6 +19,7 @@ backward) is checked against float32 standard attention and against tileattn
 on the first N of each configuration; a provider above the tolerance is
 marked "wrong".  Providers that are missing, fail or run out of memory are
 reported as such.  Rows are appended to OUT/bench.csv and OUT/bench.jsonl
+as each point finishes (a run stopped part-way keeps the points it timed),
 with the GPU, driver, torch/triton versions and git commit.
 
 Exit codes: 0 ok, 1 tileattn failed its correctness check, 2 bad arguments,
@@ -327,9 +328,16 @@ def run(args) -> int:
 
     meta = collect_metadata(device)
     out_stream = sys.stderr if args.json else sys.stdout
+    files = {}
+
+    def keep(row):   # each row appended as it finishes: a run cut short keeps the points it timed
+        prog.row(row)
+        files.update(write_results([row], args.out))
+
     with _Progress(cfg.total_steps()) as prog:
-        rows = runner.run_sweep(cfg, metadata=meta, on_step=prog.step, on_row=prog.row)
-    files = write_results(rows, args.out)
+        rows = runner.run_sweep(cfg, metadata=meta, on_step=prog.step, on_row=keep)
+    if not rows:
+        files = write_results(rows, args.out)
     dicts = [r.as_dict() for r in rows]
     print_tables(dicts, meta, out_stream, baseline, baseline_note)
     for line in _problems(dicts):
