@@ -121,12 +121,23 @@ def providers(head_dim: int, per_config: bool = True) -> dict:
 
 
 def _even_k(fn):
-    """``fn`` run with ``TILEATTN_HOPPER_EVEN_K=1`` (read at every launch)."""
-    from unittest import mock
+    """``fn`` run with ``TILEATTN_HOPPER_EVEN_K=1`` (read at every launch).  The
+    variable is set and put back by hand: ``mock.patch.dict(os.environ)``
+    clears and refills the whole environment on exit, ~0.1-0.3 ms a call, as
+    long as a 2k forward's kernel (it made the switch read 0.52x at d = 128,
+    2k, with the same kernel time; perf-notes v58)."""
+    name = "TILEATTN_HOPPER_EVEN_K"
 
     def run(*args, **kwargs):
-        with mock.patch.dict(os.environ, {"TILEATTN_HOPPER_EVEN_K": "1"}):
+        old = os.environ.get(name)
+        os.environ[name] = "1"
+        try:
             return fn(*args, **kwargs)
+        finally:
+            if old is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = old
     return run
 
 
