@@ -221,8 +221,8 @@ def even_k(n_k: int, causal: bool, window, varlen, cfg: HopperFwdConfig) -> bool
     """Whether a forward call's build leaves out the mask step (``EVEN_K``):
     non-causal, no window or packing, keys a multiple of the key tile.  Off
     unless ``TILEATTN_HOPPER_EVEN_K=1``: the build has ~40 % fewer
-    instructions and no spills on the CPU's sm_90a compile, but has not yet
-    run on a GPU (perf-notes v57)."""
+    instructions and no spills on the CPU's sm_90a compile, and passes its
+    GPU tests, but timed without a consistent gain (H100, perf-notes v58)."""
     return (env("TILEATTN_HOPPER_EVEN_K", "0") == "1" and not causal and window is None and varlen is None
             and n_k % cfg.block_n == 0)
 
