@@ -253,13 +253,14 @@ def fwd_outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.T
 # A rule from the grid's simulated balance lost 34 % at 1k, d = 64 (v24).
 SLICE_HEADS = 2   # the most query heads a slice of a causal group walks
 SLICE_MIN_KEYS = 4096   # the fewest keys at which slices were timed and won
+PERSISTENT_BWD_HEAD_DIMS = (64, 128)   # QK = V head dims the persistent backward walks (hopper_persistent)
 
 
 def check_slices(cfg: HopperBwdConfig, head_dim: int, head_dim_v: int) -> None:
     """A ValueError for a ``head_slices``, ``group_rows``, ``persistent`` or ``split_tail`` the launcher cannot run."""
     if cfg.split_tail and not cfg.persistent:
         raise ValueError("config: split_tail=True cuts the persistent walk's last round: it needs persistent=True")
-    if cfg.persistent and (head_dim, head_dim_v) not in ((64, 64), (128, 128)):
+    if cfg.persistent and not (head_dim == head_dim_v and head_dim in PERSISTENT_BWD_HEAD_DIMS):
         raise ValueError(f"config: persistent=True runs the d = 64 and 128 backward (QK = V head dim), "
                          f"not head dims {head_dim} / {head_dim_v}")
     if cfg.group_rows is not None and (type(cfg.group_rows) is not int or cfg.group_rows < 1):
