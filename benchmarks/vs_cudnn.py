@@ -230,10 +230,9 @@ def bwd_providers() -> dict:
 def bwd_config_steps(q, k, v, do, causal, order: bool = False) -> dict:
     """Backward: each Hopper config forced, through the launcher (no autograd);
     ``order``: only the table's beside its causal grid one (row, batch) pair
-    after another (``group_rows=1``), in pairs of key blocks and (d = 64,
-    128) persistent."""
+    after another (``group_rows=1``), in pairs of key blocks and (d = 64)
+    persistent."""
     from tileattn import configs, launch
-    from tileattn.launch.hopper import PERSISTENT_BWD_HEAD_DIMS
     d = q.shape[-1]
     scale = d ** -0.5
     out, lse = launch.attn_fwd(q, k, v, causal, scale)
@@ -241,7 +240,7 @@ def bwd_config_steps(q, k, v, do, causal, order: bool = False) -> dict:
     if order:
         cfgs = [table, dataclasses.replace(table, group_rows=1)] + (
             [dataclasses.replace(table, pair_blocks=True)] if d <= 128 else []) + (
-            [dataclasses.replace(table, persistent=True)] if d in PERSISTENT_BWD_HEAD_DIMS else [])
+            [dataclasses.replace(table, persistent=True)] if d == 64 else [])
     elif d > 128:   # the split kernel: the table's (64-query tiles, one slot), 2 and 3 ring slots of 32-query tiles
         cfgs = [table] + [dataclasses.replace(table, block_m=32, num_stages=st) for st in (2, 3)]
     else:
@@ -250,8 +249,7 @@ def bwd_config_steps(q, k, v, do, causal, order: bool = False) -> dict:
                 dataclasses.replace(table, pair_blocks=not causal)] + (
             [dataclasses.replace(table, head_slices=s) for s in (1, 2, 4, 8) if (q.shape[1] // k.shape[1]) % s == 0]
             if q.shape[1] > k.shape[1] else []) + ([dataclasses.replace(table, persistent=True)] + (
-                [] if causal else [dataclasses.replace(table, persistent=True, split_tail=True)])
-                if d in PERSISTENT_BWD_HEAD_DIMS else [])
+                [] if causal else [dataclasses.replace(table, persistent=True, split_tail=True)]) if d == 64 else [])
     return {c.name: (lambda c=c: launch.attn_bwd(do, q, k, v, out, lse, causal, scale, config=c,
                                                  deterministic=False)) for c in cfgs}
 

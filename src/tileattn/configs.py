@@ -346,7 +346,7 @@ class HopperBwdConfig:
     head_slices: int | None = None  # GQA, d = 64/128: grid rows a kv head (None: launch.hopper.head_slices)
     sink_sums: bool = False     # sinks, no remainder: their gradient from per-head sums (else dS row sums); v53: lost
     group_rows: int | None = None   # causal: grid rows whose key blocks go out together (None: launch.grid_order)
-    persistent: bool = False    # d = 64/128 plain calls: a program an SM walks key blocks (two K/V buffers at 64)
+    persistent: bool = False    # d = 64 plain calls: a program an SM walks key blocks, K/V in two buffers
     split_tail: bool = False    # persistent, non-causal: the last round's blocks cut along their query tiles
     num_warps: int = 4          # per compute warpgroup (the default partition)
     maxnreg: int = 168

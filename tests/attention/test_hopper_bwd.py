@@ -68,10 +68,7 @@ FORCED = [(dims, c) for dims, c in configs.HOPPER_BWD.items()] + [
     ((64, 64), dataclasses.replace(configs.HOPPER_BWD[(64, 64)], persistent=True)),
     ((64, 64), HopperBwdConfig(dk_from_smem=True, persistent=True)),
     # ... and the last round's blocks cut along their query tiles (non-causal)
-    ((64, 64), dataclasses.replace(configs.HOPPER_BWD[(64, 64)], persistent=True, split_tail=True)),
-    # d = 128: the same walk with one K/V buffer
-    ((128, 128), dataclasses.replace(configs.HOPPER_BWD[(128, 128)], persistent=True)),
-    ((128, 128), dataclasses.replace(configs.HOPPER_BWD[(128, 128)], persistent=True, split_tail=True))]
+    ((64, 64), dataclasses.replace(configs.HOPPER_BWD[(64, 64)], persistent=True, split_tail=True))]
 # the table's configs of the kernel that sums dS for the sinks' gradient (Dv = D <= 128)
 SUMMING = [(dims, c) for dims, c in configs.HOPPER_BWD.items() if dims[0] == dims[1] <= 128]
 # (dims, config, causal, sinks): every forced config; with sinks, the table's configs adding each tile's
@@ -99,10 +96,10 @@ def _expected_shared(dims, cfg, sinks=False):
     unless the kernel sums dS; the wide kernel: two 64-row chunks a
     warpgroup at 32-query tiles, one at 64; the split kernel, d = 256: two
     chunks a warpgroup, and two Pᵀ buffers beside dSᵀ's); with ``stats_tma``
-    each slot's lse₂ and Δ rows; the persistent walk two K/V buffers at d = 64."""
+    each slot's lse₂ and Δ rows; the persistent walk two K/V buffers."""
     d, dv = dims
     split = d == dv and d > 128
-    kv = (2 if cfg.persistent and not sinks and d == 64 else 1) * 2 * cfg.block_n * (d + dv) * 2
+    kv = (2 if cfg.persistent and not sinks else 1) * 2 * cfg.block_n * (d + dv) * 2   # persistent: two buffers
     ring = cfg.num_stages * cfg.block_m * (d + dv) * 2
     ds = (2 if split else 1) * 2 * (2 * cfg.block_n * cfg.block_m * 2)
     dq_width = d if cfg.dq_turns and not (sinks and not cfg.sink_sums) else d // 2
@@ -237,13 +234,11 @@ def test_every_config(dims, cfg, causal):
 @pytest.mark.parametrize("programs", [1, 3, 5, 13, 30], ids=["1-program", "3-programs", "5-programs", "13-programs",
                                                             "30-programs"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("case", ["B2-H4x2-N700x900", "B1-H4x2-N1500x700", "B3-H3x3-N129x257", "d128-B2-H4x2-N700x900",
-                                  "d128-B1-H4x2-N1500x700"])
+@pytest.mark.parametrize("case", ["B2-H4x2-N700x900", "B1-H4x2-N1500x700", "B3-H3x3-N129x257"])
 def test_persistent_walk(case, causal, programs, tail, monkeypatch):
-    """The persistent backward (d = 64; "d128-": one K/V buffer) with fewer
-    programs than work items:
+    """The persistent d = 64 backward with fewer programs than work items:
     each program walks several key blocks (causal: mirror-image pairs, the
-    middle block alone where their count is odd), the K/V buffers and
+    middle block alone where their count is odd), both K/V buffers and
     their phases wrap, the Q/dO ring's count runs on across blocks; against
     float64 (odd lengths, Nq != Nk both ways, GQA).  ``split_tail``
     (non-causal): the last round's items cut into pieces, or every item where
@@ -252,17 +247,16 @@ def test_persistent_walk(case, causal, programs, tail, monkeypatch):
     of 2 items, or 2 of all 12), their float32 sums rounded after: the fix-up
     kernel runs exactly where ``grid_order.tail_split`` cuts."""
     # work items (full / causal pairs): 32 / 16, 12 / 6, 27 / 18: more than 5 programs take in one round each
-    d = 128 if case.startswith("d128-") else 64
     b, hq, hkv, n_q, n_k = {"B2-H4x2-N700x900": (2, 4, 2, 700, 900), "B1-H4x2-N1500x700": (1, 4, 2, 1500, 700),
-                            "B3-H3x3-N129x257": (3, 3, 3, 129, 257)}[case.removeprefix("d128-")]
+                            "B3-H3x3-N129x257": (3, 3, 3, 129, 257)}[case]
     for module in (launch_hopper, hopper_persistent):
         monkeypatch.setattr(module, "sm_count", lambda device: programs)
-    cfg = dataclasses.replace(configs.HOPPER_BWD[(d, d)], persistent=True, split_tail=tail)
+    cfg = dataclasses.replace(configs.HOPPER_BWD[(64, 64)], persistent=True, split_tail=tail)
     from tileattn.kernels.bwd_tail import _bwd_tail_kernel
     total = -(-n_k // 128) * hkv * b
     cut = tail and not causal and grid_order.tail_split(total, programs)[1] >= 2
     with counting_calls(hopper_persistent, "bwd_persistent") as walks, counting_calls(runtime, "run") as runs:
-        _check(f"{case}-{programs}", *_inputs(b, hq, hkv, n_q, n_k, d, torch.bfloat16,
+        _check(f"{case}-{programs}", *_inputs(b, hq, hkv, n_q, n_k, 64, torch.bfloat16,
                                               seed=case_number(case) % 1000), causal, cfg)
     assert walks, "the persistent kernel did not run"
     assert any(args[0] is _bwd_tail_kernel for args, _ in runs) is cut, "the tail was (not) cut"
@@ -326,11 +320,10 @@ def test_tail_fixup_kernel(kernels):
     assert torch.isnan(dk[~written]).all() and torch.isnan(dv[~written]).all()
 
 
-@pytest.mark.parametrize("dims,slices", [((256, 256), None), ((192, 128), None), ((64, 32), None), ((64, 64), 2),
-                                         ((128, 128), 2)],
-                         ids=["d256", "d192-dv128", "d64-dv32", "d64-slices", "d128-slices"])
+@pytest.mark.parametrize("dims,slices", [((128, 128), None), ((64, 32), None), ((64, 64), 2)],
+                         ids=["d128", "d64-dv32", "d64-slices"])
 def test_persistent_bwd_config_checks(dims, slices):
-    """``persistent=True`` runs the d = 64 and 128 kernels only: other head dims get a
+    """``persistent=True`` runs the d = 64 kernel only: other head dims get a
     ValueError naming the config before any launch (bwd_memory calls the
     check first); forced head slices take the one-program-a-block grid,
     which is what the rule gives a persistent config's GQA calls (one slice)."""

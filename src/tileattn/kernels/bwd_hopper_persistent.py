@@ -1,6 +1,6 @@
 """Hopper backward, persistent (Gluon; ``HopperBwdConfig.persistent``): the
 d <= 128 dK/dV kernel's work (``bwd_hopper.py``) walked by one program an
-SM, with the program's K and V in two buffers (d = 64; one at d = 128).
+SM, with the program's K and V in two buffers.
 
 A one-program-a-block grid pays, at every key block, for what no other work
 hides: the program's start, the copy of its K and V (and of its first Q and
@@ -34,10 +34,7 @@ rounds the slots into dK and dV after the kernel; dQ is added as always.
 
 Plain calls only (no sinks' sums, head slices, windows or packed
 sequences); the second K/V buffer fits at d = 64 (165 KB of shared memory;
-d = 128 would need 256 KB).  At d = 128 (``KV_BUFS`` = 1) the next block's
-K and V are copied once both compute warpgroups released this block's,
-under its dK/dV stores: the walk keeps the program's start and the split
-tail, not the copy's latency.
+d = 128 would need 256 KB).
 
 This module imports Gluon at load time: only the Hopper launcher imports it,
 lazily, so a CPU install never does.
@@ -114,18 +111,18 @@ def _compute_block(WG: gl.constexpr, k_bufs, v_bufs, q_smem, do_smem, ds_smem, d
                    GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                    DK_FROM_SMEM: gl.constexpr, lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr,
-                   ADD_DKDV: gl.constexpr, k_base, KV_BUFS: gl.constexpr):
+                   ADD_DKDV: gl.constexpr, k_base):
     """The program's ``kc``-th block (``t0`` ring tiles before it) on K/V
-    buffer ``kc % KV_BUFS``, released after its last product: dK and dV
-    stored at ``DK``/``DV``, or with ``ADD_DKDV`` added there (float32, rows
-    from ``k_base`` + key)."""
-    buf = kc % KV_BUFS
+    buffer ``kc % 2``, released after its last product: dK and dV stored
+    at ``DK``/``DV``, or with ``ADD_DKDV`` added there (float32, rows from
+    ``k_base`` + key)."""
+    buf = kc % 2
     _compute_partition(WG, k_bufs.index(buf), v_bufs.index(buf), q_smem, do_smem, ds_smem, dq_smem, dq_smem,
                        kv_ready.index(buf), q_ready, q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2,
                        DELTA, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, off_b, off_hk,
                        off_hk * GROUP_SIZE, start, m_lo, tiles, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale,
                        DELTA, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, False, False, t0,
-                       (kc // KV_BUFS) & 1, kv_empty.index(buf), False, lse_smem, delta_smem, stat_ready, STATS_TMA,
+                       (kc // 2) & 1, kv_empty.index(buf), False, lse_smem, delta_smem, stat_ready, STATS_TMA,
                        ADD_DKDV, k_base=k_base, RELEASE_KV=True)
 
 
@@ -136,7 +133,7 @@ def _compute_walk(WG: gl.constexpr, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq
                   GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, N_BLOCKS, N_ROWS, TOTAL, MAIN, SPLIT, WS,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, DK_FROM_SMEM: gl.constexpr, lse_smem, delta_smem, stat_ready,
-                  STATS_TMA: gl.constexpr, SPLIT_TAIL: gl.constexpr, KV_BUFS: gl.constexpr):
+                  STATS_TMA: gl.constexpr, SPLIT_TAIL: gl.constexpr):
     """A compute warpgroup over the program's items (module docstring),
     then with ``SPLIT_TAIL`` its piece of the tail: the block's dK and dV
     over the piece's query tiles added into workspace slot t (float32)."""
@@ -150,7 +147,7 @@ def _compute_walk(WG: gl.constexpr, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq
                            q_empty, do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA, stride_dkb, stride_dkh,
                            stride_dkn, stride_dvb, stride_dvh, stride_dvn, kc, t0, off_b, off_hk, start, m_lo, tiles,
                            GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                           IS_CAUSAL, DK_FROM_SMEM, lse_smem, delta_smem, stat_ready, STATS_TMA, False, 0, KV_BUFS)
+                           IS_CAUSAL, DK_FROM_SMEM, lse_smem, delta_smem, stat_ready, STATS_TMA, False, 0)
             t0 = t0 + GROUP_SIZE * tiles
             kc = kc + 1
     if SPLIT_TAIL:
@@ -165,7 +162,7 @@ def _compute_walk(WG: gl.constexpr, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq
                            q_empty, do_ready, do_empty, ds_bars, dq_desc, ws_k, ws_v, LSE2, DELTA, 0, 0, HEAD_DIM, 0,
                            0, HEAD_DIM, kc, t0, off_b, off_hk, start, m_lo, tiles, GROUP_SIZE, N_HEADS, N_Q, N_K,
                            qk_scale, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM,
-                           lse_smem, delta_smem, stat_ready, STATS_TMA, True, 0 - start, KV_BUFS)
+                           lse_smem, delta_smem, stat_ready, STATS_TMA, True, 0 - start)
     tma.store_wait(0)   # the last dQ reduces have read their staging tile
 
 
@@ -173,13 +170,13 @@ def _compute_walk(WG: gl.constexpr, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq
 def _load_block(q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_smem, do_smem, kv_ready, kv_empty, q_ready,
                 q_empty, do_ready, do_empty, kc, t0, off_b, off_hk, start, m_lo, tiles, GROUP_SIZE,
                 BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, lse_desc, delta_desc, lse_smem, delta_smem,
-                stat_ready, STATS_TMA: gl.constexpr, KV_BUFS: gl.constexpr):
+                stat_ready, STATS_TMA: gl.constexpr):
     """The program's ``kc``-th block (``t0`` ring tiles before it): its K
-    and V into buffer ``kc % KV_BUFS`` once both compute warpgroups
-    released it, then its Q and dO tiles."""
-    buf = kc % KV_BUFS
+    and V into buffer ``kc % 2`` once both compute warpgroups released it,
+    then its Q and dO tiles."""
+    buf = kc % 2
     # a buffer starts empty: the first wait on each passes (phase 1)
-    mbarrier.wait(kv_empty.index(buf), ((kc // KV_BUFS) & 1) ^ 1)
+    mbarrier.wait(kv_empty.index(buf), ((kc // 2) & 1) ^ 1)
     _load_partition(q_desc, k_desc, v_desc, do_desc, k_bufs.index(buf), v_bufs.index(buf), q_smem, do_smem,
                     kv_ready.index(buf), q_ready, q_empty, do_ready, do_empty, off_b, off_hk, off_hk * GROUP_SIZE,
                     start, m_lo, tiles, GROUP_SIZE, BLOCK_M, NUM_STAGES, q_desc, k_desc, q_smem, k_bufs, 0, t0,
@@ -191,9 +188,9 @@ def _load_walk(q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_smem, do_smem,
                q_empty, do_ready, do_empty, GROUP_SIZE, N_Q, N_K, N_BLOCKS, N_ROWS, TOTAL, MAIN, SPLIT,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                lse_desc, delta_desc, lse_smem, delta_smem, stat_ready, STATS_TMA: gl.constexpr,
-               SPLIT_TAIL: gl.constexpr, KV_BUFS: gl.constexpr):
+               SPLIT_TAIL: gl.constexpr):
     """The load warp over the program's items: each block's K and V into
-    buffer ``kc % KV_BUFS`` once both compute warpgroups released it, then its Q
+    buffer ``kc % 2`` once both compute warpgroups released it, then its Q
     and dO tiles (``bwd_hopper_common._load_partition``); then with
     ``SPLIT_TAIL`` its tail piece's block and query tiles."""
     t0 = gl.program_id(0) * 0
@@ -204,7 +201,7 @@ def _load_walk(q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_smem, do_smem,
                                                        IS_CAUSAL)
             _load_block(q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_smem, do_smem, kv_ready, kv_empty, q_ready,
                         q_empty, do_ready, do_empty, kc, t0, off_b, off_hk, start, m_lo, tiles, GROUP_SIZE, BLOCK_M,
-                        NUM_STAGES, lse_desc, delta_desc, lse_smem, delta_smem, stat_ready, STATS_TMA, KV_BUFS)
+                        NUM_STAGES, lse_desc, delta_desc, lse_smem, delta_smem, stat_ready, STATS_TMA)
             t0 = t0 + GROUP_SIZE * tiles
             kc = kc + 1
     if SPLIT_TAIL:
@@ -213,7 +210,7 @@ def _load_walk(q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_smem, do_smem,
         if tiles >= 0:
             _load_block(q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_smem, do_smem, kv_ready, kv_empty, q_ready,
                         q_empty, do_ready, do_empty, kc, t0, off_b, off_hk, start, m_lo, tiles, GROUP_SIZE, BLOCK_M,
-                        NUM_STAGES, lse_desc, delta_desc, lse_smem, delta_smem, stat_ready, STATS_TMA, KV_BUFS)
+                        NUM_STAGES, lse_desc, delta_desc, lse_smem, delta_smem, stat_ready, STATS_TMA)
 
 
 @gluon.jit
@@ -223,7 +220,7 @@ def _attn_bwd_hopper_persistent_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc,
                                        MAIN, SPLIT, WS, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                        BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
                                        DK_FROM_SMEM: gl.constexpr, STATS_TMA: gl.constexpr,
-                                       SPLIT_TAIL: gl.constexpr, KV_BUFS: gl.constexpr = 2):
+                                       SPLIT_TAIL: gl.constexpr):
     """One program an SM (at most), walking ``TOTAL`` items of ``N_BLOCKS``
     key blocks (causal: mirror-image pairs of them) of ``N_ROWS`` kv heads
     of every batch element (module docstring); the arguments are
@@ -231,22 +228,20 @@ def _attn_bwd_hopper_persistent_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc,
     (non-causal) the items from ``MAIN`` on are cut along their query tiles
     into ``SPLIT`` pieces, one a program (``_piece``), whose dK and dV go
     into ``WS``'s float32 slots for ``kernels/bwd_tail.py`` (else ``MAIN`` is
-    ``TOTAL``).  ``KV_BUFS``: K/V buffers (2 where they fit, d = 64; with 1,
-    d = 128, a block's K and V are copied once both compute warpgroups
-    released the previous block's, under its dK/dV stores)."""
+    ``TOTAL``)."""
     gl.static_assert(not (SPLIT_TAIL and IS_CAUSAL), "a split tail: non-causal items (one block each)")
     dtype: gl.constexpr = q_desc.dtype
-    k_bufs = gl.allocate_shared_memory(dtype, [KV_BUFS] + k_desc.block_type.shape, k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [KV_BUFS] + v_desc.block_type.shape, v_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [2] + k_desc.block_type.shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [2] + v_desc.block_type.shape, v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
     ds_smem, dq_smem = _ds_dq_buffers(dtype, dq_desc, BLOCK_M, BLOCK_N)
     kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty = _barriers(NUM_STAGES)   # kv_bar unused: kv_ready
     lse_smem, delta_smem, stat_ready = _stat_buffers(LSE2, DELTA, NUM_STAGES, STATS_TMA, dq_smem, q_ready)
     # per K/V buffer: its tiles landed (the copy engine), both compute warpgroups are done with them
-    kv_ready = gl.allocate_shared_memory(gl.int64, [KV_BUFS, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [KV_BUFS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(KV_BUFS):
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
         mbarrier.init(kv_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=2)
 
@@ -257,20 +252,20 @@ def _attn_bwd_hopper_persistent_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc,
                          stride_dkn, stride_dvb, stride_dvh, stride_dvn, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale,
                          sm_scale, N_BLOCKS, N_ROWS, TOTAL, MAIN, SPLIT, WS, BLOCK_M, BLOCK_N, HEAD_DIM,
                          NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, lse_smem, delta_smem, stat_ready, STATS_TMA,
-                         SPLIT_TAIL, KV_BUFS)),
+                         SPLIT_TAIL)),
         (_compute_walk, (1, k_bufs, v_bufs, q_smem, do_smem, ds_smem, dq_smem, kv_ready, kv_empty, q_ready, q_empty,
                          do_ready, do_empty, ds_bars, dq_desc, DK, DV, LSE2, DELTA, stride_dkb, stride_dkh,
                          stride_dkn, stride_dvb, stride_dvh, stride_dvn, GROUP_SIZE, N_HEADS, N_Q, N_K, qk_scale,
                          sm_scale, N_BLOCKS, N_ROWS, TOTAL, MAIN, SPLIT, WS, BLOCK_M, BLOCK_N, HEAD_DIM,
                          NUM_STAGES, IS_CAUSAL, DK_FROM_SMEM, lse_smem, delta_smem, stat_ready, STATS_TMA,
-                         SPLIT_TAIL, KV_BUFS)),
+                         SPLIT_TAIL)),
         (_load_walk, (q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_smem, do_smem, kv_ready, kv_empty, q_ready,
                       q_empty, do_ready, do_empty, GROUP_SIZE, N_Q, N_K, N_BLOCKS, N_ROWS, TOTAL, MAIN, SPLIT,
                       BLOCK_M, BLOCK_N, NUM_STAGES, IS_CAUSAL, LSE2, DELTA, lse_smem, delta_smem, stat_ready,
-                      STATS_TMA, SPLIT_TAIL, KV_BUFS)),
+                      STATS_TMA, SPLIT_TAIL)),
     ], [4, 1], [240, 24])
 
     _invalidate(kv_bar, ds_bars, q_ready, do_ready, q_empty, do_empty, NUM_STAGES, stat_ready, STATS_TMA)
-    for i in gl.static_range(KV_BUFS):
+    for i in gl.static_range(2):
         mbarrier.invalidate(kv_ready.index(i))
         mbarrier.invalidate(kv_empty.index(i))

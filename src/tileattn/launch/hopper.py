@@ -1,7 +1,7 @@
 """Launchers of the Hopper kernels (Gluon): the forward (``kernels/fwd_hopper.py``)
 and the backward's dK/dV kernels with the float32 dQ sum (``kernels/bwd_hopper.py``;
 ``bwd_hopper_wide.py`` for V narrower than QK, ``bwd_hopper_split.py`` for d = 256;
-the persistent d = 64 / 128 walk's launcher is ``hopper_persistent.py``)
+the persistent d = 64 walk's launcher is ``hopper_persistent.py``)
 (their sm_90a compiles without a GPU: ``hopper_compile.py``).
 
 Which calls run them is ``dispatch.hopper_fwd_eligible`` /
@@ -253,15 +253,14 @@ def fwd_outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.T
 # A rule from the grid's simulated balance lost 34 % at 1k, d = 64 (v24).
 SLICE_HEADS = 2   # the most query heads a slice of a causal group walks
 SLICE_MIN_KEYS = 4096   # the fewest keys at which slices were timed and won
-PERSISTENT_BWD_HEAD_DIMS = (64, 128)   # QK = V head dims the persistent backward walks (hopper_persistent)
 
 
 def check_slices(cfg: HopperBwdConfig, head_dim: int, head_dim_v: int) -> None:
     """A ValueError for a ``head_slices``, ``group_rows``, ``persistent`` or ``split_tail`` the launcher cannot run."""
     if cfg.split_tail and not cfg.persistent:
         raise ValueError("config: split_tail=True cuts the persistent walk's last round: it needs persistent=True")
-    if cfg.persistent and not (head_dim == head_dim_v and head_dim in PERSISTENT_BWD_HEAD_DIMS):
-        raise ValueError(f"config: persistent=True runs the d = 64 and 128 backward (QK = V head dim), "
+    if cfg.persistent and (head_dim, head_dim_v) != (64, 64):
+        raise ValueError(f"config: persistent=True runs the d = 64 backward (its K and V in two buffers), "
                          f"not head dims {head_dim} / {head_dim_v}")
     if cfg.group_rows is not None and (type(cfg.group_rows) is not int or cfg.group_rows < 1):
         raise ValueError(f"config: group_rows must be None or an int >= 1, got {cfg.group_rows!r}")
@@ -413,7 +412,7 @@ def attn_bwd_dkdv(do, q, k, v, dq_acc, dk, dv, lse2, delta, causal: bool, scale:
     ``sink_sums``: instead of ``ds_sum``, a zeroed float32 (Hq,) tensor that
     gets each head's sum over rows of p_sink Σ_j P dP (``sinks``: the heads'
     float32 sink logits; the d <= 128 kernel, not packed;
-    ``tileattn.sinks.sink_sums_grad``).  ``cfg.persistent`` (d = 64, 128) runs
+    ``tileattn.sinks.sink_sums_grad``).  ``cfg.persistent`` (d = 64) runs
     the persistent kernel where the call has none of ``ds_sum``,
     ``sink_sums``, a window or head slices, else the one-program-a-block one
     (``workspace``: its split tail's, ``hopper_persistent.bwd_workspace``)."""

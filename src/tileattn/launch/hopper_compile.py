@@ -127,7 +127,7 @@ def compile_bwd_sm90(head_dim: int, cfg: HopperBwdConfig, causal: bool, dtype: s
         # 3 programs over the 4 items of (1, 2, 256) keys: with split_tail the fourth is cut in 3 pieces
         _, args = persistent_bwd_args(_bwd_args(t, t, t, t, f, t, t, lse, lse, causal, 1.0, cfg), t, causal, cfg, 3)
         const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "NUM_STAGES", "DK_FROM_SMEM", "STATS_TMA",
-                 "SPLIT_TAIL", "KV_BUFS"} | ({"WS"} if args["WS"] is None else set())
+                 "SPLIT_TAIL"} | ({"WS"} if args["WS"] is None else set())
     else:
         from ..kernels.bwd_hopper import _attn_bwd_hopper_kernel as kernel
         f = torch.empty(1, 2, 256, head_dim, dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""Launcher of the persistent d = 64 / 128 backward (``kernels/bwd_hopper_persistent.py``)
+"""Launcher of the persistent d = 64 backward (``kernels/bwd_hopper_persistent.py``)
 and its split tail's fix-up (``kernels/bwd_tail.py``): the walk's work items,
 programs and cut, and the tail's float32 workspace, which a caller may
 allocate beforehand (:func:`bwd_workspace`) so that a launch plan can name it."""
@@ -24,12 +24,6 @@ def walk(k, causal: bool, cfg, sms: int) -> tuple[int, int, int, int, int]:
     programs = max(1, sms if cut else min(total, sms))   # cut: fewer items than SMs are cut too
     main, split = grid_order.tail_split(total, programs) if cut else (total, 1)
     return n_blocks, total, programs, main, split
-
-
-def kv_buffers(head_dim: int) -> int:
-    """The walk's K/V buffers: two where they fit beside the Q/dO ring (d = 64:
-    165 KB of shared memory), one at d = 128 (two would need 256 KB)."""
-    return 2 if head_dim <= 64 else 1
 
 
 def workspace_elements(k, causal: bool, cfg, sms: int) -> int:
@@ -68,7 +62,7 @@ def persistent_bwd_args(args: dict, k, causal: bool, cfg, sms: int, workspace=No
     from ..kernels.bwd_hopper_persistent import _attn_bwd_hopper_persistent_kernel as kernel
     args = {name: x for name, x in args.items() if name in kernel.arg_names}
     return (programs,), dict(args, N_BLOCKS=n_blocks, N_ROWS=k.shape[1], TOTAL=total, MAIN=main, SPLIT=split, WS=ws,
-                             SPLIT_TAIL=ws is not None, KV_BUFS=kv_buffers(k.shape[3]))
+                             SPLIT_TAIL=ws is not None)
 
 
 def bwd_persistent(args: dict, k, dk, dv, causal: bool, cfg, workspace=None) -> None:
