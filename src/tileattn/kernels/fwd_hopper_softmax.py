@@ -70,11 +70,17 @@ def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.cons
     ``kernels.common.online_softmax_step``, a row that has seen no visible
     key keeps max -inf and subtracts 0, so exp2 gives 0, not NaN."""
     if MASKED:
-        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        visible = (offs_n < N_K)[None, :]
-        if IS_CAUSAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None] + (N_K - N_Q))
-        if WIN_LEFT is not None:   # a sliding window (causal folded into its right side)
+        if WIN_LEFT is None:   # one compare an element: the tile's columns against each row's last key (v60)
+            cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            first = j * BLOCK_N
+            if IS_CAUSAL:
+                last = gl.minimum(offs_m + (N_K - N_Q), N_K - 1) - first
+                qk = gl.where(cols[None, :] <= last[:, None], qk, float("-inf"))
+            else:
+                qk = gl.where((cols < N_K - first)[None, :], qk, float("-inf"))
+        else:   # a sliding window (causal folded into its right side, so IS_CAUSAL is off)
+            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            visible = (offs_n < N_K)[None, :]
             if WIN_ROWS:   # each row's first and last key: no (row, key) offset tile held in registers
                 lo = offs_m + (N_K - N_Q - WIN_LEFT)
                 hi = offs_m + (N_K - N_Q + WIN_RIGHT)
@@ -82,7 +88,7 @@ def _softmax_step(qk, m_i, l_i, j, offs_m, N_Q, N_K, qk_scale, s_layout: gl.cons
             else:
                 rel = offs_n[None, :] - (offs_m[:, None] + (N_K - N_Q))
                 visible = visible & (rel >= -WIN_LEFT) & (rel <= WIN_RIGHT)
-        qk = gl.where(visible, qk, float("-inf"))
+            qk = gl.where(visible, qk, float("-inf"))
     SPLIT: gl.constexpr = 4 if ROW_TREE else 1
     m_new = gl.maximum(m_i, _row_max(qk, s_layout, SPLIT) * qk_scale)
     if MASKED:
