@@ -13,7 +13,7 @@ then one call inside an NVTX range (``ncu_pipes``) that ncu profiles, every
 kernel in it (``--mode bwd``: the backward of a graph built before the
 range).  The raw CSV of each provider is kept in ``--out``; the table gives,
 per kernel: its duration, the share of issue slots used, the three busiest
-pipes (% of their peak) and the four largest stall reasons (warp cycles a
+pipes (% of their peak) and the four largest stall reasons (warp cycles an
 issued instruction; ``perf-notes`` v59 asked which of "no instruction",
 "barrier", "math pipe throttle" or "wait" bounds the softmax warpgroups).
 """
