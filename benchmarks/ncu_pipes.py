@@ -7,6 +7,8 @@ bf16.  Needs a GPU and ``ncu``; the clocks are left as they are
 
     python benchmarks/ncu_pipes.py --mode fwd --head-dim 64 --causal --seqlen 2048 --providers tileattn sdpa-cudnn
     python benchmarks/ncu_pipes.py --mode bwd --head-dim 128 --causal --seqlen 4096 --providers tileattn fa4
+    python benchmarks/ncu_pipes.py --head-dim 64 --causal --seqlen 16384 --providers tileattn \
+        --hopper-fwd warpgroups=3,maxnreg=128,early_p=1,row_tree=1,pingpong=0   # a forced forward config beside
 
 Each provider runs in a child process under ``ncu``: two warm-up calls,
 then one call inside an NVTX range (``ncu_pipes``) that ncu profiles, every
@@ -95,12 +97,36 @@ def format_rows(provider: str, rows: list[dict], pipes: int = 3, stalls: int = 4
     return "\n".join(lines)
 
 
+def hopper_fwd_config(spec: str):
+    """A ``HopperFwdConfig`` from "field=value,..." (ints; booleans as 0 / 1,
+    true / false): ``--hopper-fwd``'s forced forward config."""
+    import dataclasses
+
+    from tileattn.configs import HopperFwdConfig
+    fields = {f.name: f for f in dataclasses.fields(HopperFwdConfig)}
+    kwargs = {}
+    for item in filter(None, spec.split(",")):
+        name, sep, value = item.partition("=")
+        if not sep or name not in fields or name == "source":
+            raise ValueError(f"--hopper-fwd: {item!r} is not field=value of HopperFwdConfig "
+                             f"({', '.join(n for n in fields if n != 'source')})")
+        low = value.strip().lower()
+        kwargs[name] = low in ("1", "true") if low in ("0", "1", "true", "false") and fields[name].type in (
+            "bool", bool) else int(value)
+    return HopperFwdConfig(**kwargs)
+
+
 def child(args) -> None:
     """The profiled process: two warm-up calls, then one inside the NVTX range."""
     import torch
 
-    from tileattn.bench.providers import get_provider
-    fn = get_provider(args.child).fn
+    if args.child == "hopper-cfg":   # the forward with --hopper-fwd's config, through the launcher
+        from tileattn import launch
+        cfg = hopper_fwd_config(args.hopper_fwd)
+        fn = lambda q, k, v, causal: launch.attn_fwd(q, k, v, causal, q.shape[-1] ** -0.5, config=cfg)[0]  # noqa: E731
+    else:
+        from tileattn.bench.providers import get_provider
+        fn = get_provider(args.child).fn
     b, h, n, d = 16384 // args.seqlen, 2048 // args.head_dim, args.seqlen, args.head_dim
     q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     if args.mode == "bwd":
@@ -126,20 +152,32 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--providers", nargs="+", default=["tileattn", "sdpa-cudnn"])
     ap.add_argument("--out", default="ncu-pipes", help="folder for each provider's raw CSV")
+    ap.add_argument("--hopper-fwd", default=None, metavar="FIELD=VALUE,...",
+                    help="also profile the Hopper forward with this forced HopperFwdConfig (provider hopper-cfg)")
     ap.add_argument("--ncu", default="ncu")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child is not None:
         child(args)
         return 0
+    providers = list(args.providers)
+    if args.hopper_fwd is not None:
+        if args.mode != "fwd":
+            ap.error("--hopper-fwd: a forward config, with --mode fwd")
+        try:
+            hopper_fwd_config(args.hopper_fwd)
+        except (ValueError, TypeError) as e:
+            ap.error(str(e))
+        providers.append("hopper-cfg")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     failed = False
-    for provider in args.providers:
+    for provider in providers:
         cmd = [args.ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", f"{RANGE}/", "--csv", "--page", "raw",
                *[x for s in SECTIONS for x in ("--section", s)],
                sys.executable, str(Path(__file__).resolve()), "--child", provider, "--mode", args.mode,
-               "--head-dim", str(args.head_dim), "--seqlen", str(args.seqlen)] + (["--causal"] if args.causal else [])
+               "--head-dim", str(args.head_dim), "--seqlen", str(args.seqlen)] + (["--causal"] if args.causal else []) \
+            + (["--hopper-fwd", args.hopper_fwd] if provider == "hopper-cfg" else [])
         res = subprocess.run(cmd, capture_output=True, text=True)
         name = f"{provider}-{args.mode}-d{args.head_dim}-{'causal' if args.causal else 'full'}-{args.seqlen}"
         (out_dir / f"{name}.csv").write_text(res.stdout + ("\n# stderr\n" + res.stderr if res.stderr else ""))

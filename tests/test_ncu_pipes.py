@@ -94,3 +94,32 @@ def test_a_failed_profile_is_reported_and_the_exit_code_says_so(tmp_path, capsys
     assert rc == 1
     assert "no ncu raw CSV header" in capsys.readouterr().out
     assert "no kernels were profiled" in (tmp_path / "out" / "tileattn-fwd-d128-full-4096.csv").read_text()
+
+
+def test_a_forced_forward_config_from_its_fields():
+    cfg = ncu_pipes.hopper_fwd_config("warpgroups=3,maxnreg=128,early_p=1,row_tree=true,pingpong=0")
+    assert (cfg.warpgroups, cfg.maxnreg, cfg.early_p, cfg.row_tree, cfg.pingpong) == (3, 128, True, True, False)
+    assert ncu_pipes.hopper_fwd_config("") == ncu_pipes.hopper_fwd_config("block_n=128")   # the defaults
+    for bad in ("warp_groups=3", "warpgroups", "source=x"):
+        with pytest.raises(ValueError, match="--hopper-fwd"):
+            ncu_pipes.hopper_fwd_config(bad)
+
+
+def test_the_forced_config_runs_as_one_more_provider(tmp_path):
+    (tmp_path / "canned.csv").write_text(_csv())
+    args_file = tmp_path / "args.txt"
+    tool = _fake_ncu(tmp_path, f'echo "$@" >> {args_file}\ncat {tmp_path / "canned.csv"}\n')
+    rc = ncu_pipes.main(["--head-dim", "64", "--causal", "--providers", "tileattn", "--hopper-fwd", "warpgroups=3",
+                         "--out", str(tmp_path / "out"), "--ncu", str(tool)])
+    calls = args_file.read_text().splitlines()
+    assert rc == 0 and len(calls) == 2
+    assert "--hopper-fwd" not in calls[0]
+    assert "--child hopper-cfg" in calls[1] and calls[1].endswith("--hopper-fwd warpgroups=3")
+
+
+@pytest.mark.parametrize("argv", [["--mode", "bwd", "--hopper-fwd", "warpgroups=3"], ["--hopper-fwd", "nope=1"]],
+                         ids=["backward-mode", "unknown-field"])
+def test_a_forced_config_that_cannot_run_is_refused_before_ncu(argv, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        ncu_pipes.main(argv + ["--out", str(tmp_path / "out"), "--ncu", str(tmp_path / "no-such-ncu")])
+    assert e.value.code == 2
