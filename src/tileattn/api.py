@@ -63,14 +63,17 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
             ``BLOCK_K``), or the result of ``tileattn.block_mask_from_fn``:
             query block i attends to key block j only where the entry is True;
             blocks switched off are never loaded or computed.  Combines with
-            ``causal`` and ``window``.
+            ``causal`` and ``window``.  The kernels' block lists are kept per
+            layout tensor until a torch operation changes it in place; after a
+            write through ``.numpy()`` or ``.data`` pass a new tensor.
         sinks: attention sinks, float32 (Hq,), differentiable: one extra
             logit per head in every row's softmax denominator (gpt-oss): row
             i of head h uses sum_j exp(s_ij) + exp(sinks[h]); the sink is a
             raw logit (not scaled) and carries no value.  The returned lse is
             the log of that whole denominator, so a row that sees no key
             returns 0 and lse = sinks[h].  Combines with every variant.
-            A sink of -inf is no sink for its head; the values are not
+            A sink of -inf is no sink for its head; +inf or NaN give
+            undefined rows (the paths differ), and the values are not
             checked for being finite (that would wait for the device).
         deterministic: which backward the kernels run.  True: dK/dV and
             dQ by separate kernels, bitwise reproducible.  False: one kernel
@@ -91,10 +94,12 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, window=Non
         out (B, Hq, Nq, Dv) in the input dtype, or (out, lse).
 
     fp16, bf16 and fp32 run the Triton kernels on GPUs; on other devices (and
-    for float64 on CPU) a pure-PyTorch tiled implementation of the same
-    algorithm runs.
+    for float64 on CPU) the CPU path runs: torch's fused CPU attention kernel
+    where its semantics match (a plain call), else a pure-PyTorch tiled
+    implementation of the same algorithm.
     """
     scale = validate(q, k, v, causal, scale)
+    val.check_bool("return_lse", return_lse)
     det = val.check_deterministic(deterministic)
     b, hq, n_q, _ = q.shape
     left, right = val.check_window(window)
@@ -165,14 +170,20 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
     The cumulative lengths are checked before anything is launched (one
     small device-to-host copy the first time a ``cu_seqlens`` tensor is seen,
-    again after it is modified in place).
+    again after a torch operation modifies it in place; a write that bypasses
+    torch's version counter, through ``.numpy()`` or ``.data``, is not seen:
+    pass a new tensor after one).  A strided ``cu_seqlens`` view is copied
+    to a dense one first.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         val.check_tensor(name, t, 3, "total_tokens, heads, head_dim")
     # the dense checks on (1, H, total, D) views: dtype, device, heads, head_dim
     scale = validate(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal, scale)
+    val.check_bool("return_lse", return_lse)
     val.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q)
     val.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q)
+    # the kernels read the lengths by raw pointer: a strided view (a column of a table) as a dense copy
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
                          f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")

@@ -191,8 +191,10 @@ def cached_kernel_block_lists(block_mask: torch.Tensor, n_q: int, n_k: int, *, c
 
     An entry is used only while its layout tensor is alive and unchanged: it
     is keyed by the tensor's identity and checked against the tensor's
-    version counter, which every in-place write bumps (``mask[...] = ...``,
-    ``mask.fill_``).  An entry is dropped when its tensor is freed; at most
+    version counter, which every in-place torch write bumps (``mask[...] = ...``,
+    ``mask.fill_``; a write that bypasses the counter, through ``.numpy()`` or
+    ``.data``, is not seen: pass a new tensor after one).  An entry is
+    dropped when its tensor is freed; at most
     ``_LIST_CACHE_SIZE`` entries are kept (least recently used first out).
     Tensors without a version counter (made under ``torch.inference_mode``)
     get fresh lists on every call."""

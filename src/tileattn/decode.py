@@ -152,6 +152,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
             if len(_VALIDATED) >= _VALIDATED_MAX:
                 _VALIDATED.clear()
             _VALIDATED[key] = plan
+    # the kernels read the lengths by raw pointer: a strided view (a column of a table) as a dense copy
+    cache_seqlens = cache_seqlens.contiguous()
     sinks = val.check_sinks(sinks, q, q.shape[1])   # on every call (cheap), before the cache is written
     if sinks is not None and sinks.requires_grad and torch.is_grad_enabled():
         raise ValueError("sinks requires grad, but attention_with_kvcache is forward-only (inference); use "

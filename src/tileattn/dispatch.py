@@ -55,6 +55,9 @@ def uses_triton(t: torch.Tensor) -> bool:
     if _backend == "torch":
         return False
     if _backend == "triton":
+        if t.device.type == "cpu" and not interpreter_active():
+            raise RuntimeError("use_backend('triton') on CPU tensors runs the kernels under Triton's interpreter: "
+                               "set TRITON_INTERPRET=1 in the environment before tileattn is imported")
         return True
     return t.is_cuda and _triton_importable()
 

@@ -115,10 +115,9 @@ def _fallback(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
     if enable_gqa:
         if _TORCH_HAS_GQA:
             kw["enable_gqa"] = True
-        elif query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
-            group = query.shape[-3] // key.shape[-3]
-            key = key.repeat_interleave(group, dim=-3)
-            value = value.repeat_interleave(group, dim=-3)
+        elif query.dim() >= 3:   # key and value heads repeated each on their own, as torch does
+            key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
+            value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
     return _torch_sdpa(query, key, value, **kw)
 
 

@@ -343,6 +343,8 @@ def check_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     if query.dtype != key.dtype or query.dtype != value.dtype:
         raise TypeError(f"query, key and value must share one dtype, got query={query.dtype}, "
                         f"key={key.dtype}, value={value.dtype}")
+    if not query.dtype.is_floating_point:
+        raise TypeError(f"query, key and value must be floating-point tensors, got {query.dtype}")
     if query.device != key.device or query.device != value.device:
         raise ValueError(f"query, key and value must be on one device, got query on {query.device}, "
                          f"key on {key.device}, value on {value.device}")
@@ -354,6 +356,7 @@ def check_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
                          f"key {key.shape[-2]} and value {value.shape[-2]}")
     if enable_gqa and query.dim() >= 3 and key.dim() >= 3 and value.dim() >= 3:
         hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
-        if hk != hv or hk == 0 or hq % hk != 0:
-            raise ValueError(f"enable_gqa=True needs key and value with the same number of heads "
-                             f"(dimension -3) dividing the query heads, got query {hq}, key {hk}, value {hv}")
+        # torch repeats key and value heads each on their own, so they may differ (not accelerated)
+        if hk == 0 or hv == 0 or hq % hk != 0 or hq % hv != 0:
+            raise ValueError(f"enable_gqa=True needs key and value head counts (dimension -3) that divide the "
+                             f"query heads, got query {hq}, key {hk}, value {hv}")

@@ -34,6 +34,8 @@ CASES = {
     "causal-not-bool": (lambda: (t(1, 1, 4, 8),) * 3, {"causal": 1}, TypeError, "causal must be a bool"),
     "scale-string": (lambda: (t(1, 1, 4, 8),) * 3, {"scale": "0.1"}, TypeError, "scale must be a real number"),
     "scale-nan": (lambda: (t(1, 1, 4, 8),) * 3, {"scale": float("nan")}, ValueError, "scale must be finite"),
+    "return-lse-not-bool": (lambda: (t(1, 1, 4, 8),) * 3, {"return_lse": "yes"}, TypeError,
+                            "return_lse must be a bool"),
 }
 
 
@@ -56,6 +58,16 @@ def test_mixed_devices():
     other = "cpu" if HAS_CUDA else "meta"
     with pytest.raises(ValueError, match="one device"):
         tileattn.attention(t(1, 1, 4, 8), t(1, 1, 4, 8), torch.empty(1, 1, 4, 8, dtype=torch.float16, device=other))
+
+
+def test_triton_backend_on_cpu_tensors_needs_the_interpreter(monkeypatch):
+    """use_backend("triton") with CPU tensors and no TRITON_INTERPRET: a
+    RuntimeError that says what to set, not Triton's driver error."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(launch, "attn_fwd", forbidden())
+    x = torch.randn(1, 1, 4, 8)
+    with tileattn.use_backend("triton"), pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        tileattn.attention(x, x, x)
 
 
 def test_unknown_backend_name():

@@ -168,6 +168,18 @@ def test_value_head_dim_accelerated():
     torch.testing.assert_close(out, TORCH_SDPA(q, k, v, is_causal=True))
 
 
+def test_fallback_gqa_key_and_value_head_counts_differ():
+    """enable_gqa with key and value heads that differ but each divide the query
+    heads: torch repeats each on its own; the drop-in runs torch's function."""
+    tsdpa.reset_fallback_warnings()
+    q, k, _ = _qkv(hq=4, hkv=2)
+    v = torch.randn(2, 1, 12, 16)
+    with pytest.warns(TileattnFallbackWarning, match="head counts"):
+        out = tileattn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    ref = TORCH_SDPA(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(4, dim=1), is_causal=True)
+    torch.testing.assert_close(out, ref)
+
+
 def test_fallback_empty_keys():
     tsdpa.reset_fallback_warnings()
     q, k, v = _qkv(nk=0)
@@ -189,7 +201,10 @@ BAD = {
     "scale-str": (lambda q, k, v: ((q, k, v), {"scale": "0.1"}), TypeError, "scale"),
     "scale-nan": (lambda q, k, v: ((q, k, v), {"scale": float("nan")}), ValueError, "scale"),
     "gqa-heads": (lambda q, k, v: ((q[:, :3], k, v), {"enable_gqa": True}), ValueError, "enable_gqa"),
+    "gqa-value-heads": (lambda q, k, v: ((q, k, v[:, :1].expand(-1, 3, -1, -1)), {"enable_gqa": True}), ValueError,
+                        "value 3"),
     "mask-type": (lambda q, k, v: ((q, k, v), {"attn_mask": [[True]]}), TypeError, "attn_mask"),
+    "int-dtype": (lambda q, k, v: ((q.int(), k.int(), v.int()), {}), TypeError, "floating-point"),
 }
 
 

@@ -78,6 +78,26 @@ def test_return_lse_false_returns_tensor(path):
     assert isinstance(out, torch.Tensor) and out.shape == x.q.shape
 
 
+def test_strided_cache_seqlens(path):
+    """cache_seqlens as a strided view (a column of a position table): the
+    append lands at each batch element's own length and the result is the
+    dense tensor's, not the other column's values."""
+    torch.manual_seed(12)
+    q = torch.randn(2, 2, 1, 8, device=DEVICE)
+    k_new, v_new = (torch.randn(2, 1, 1, 8, device=DEVICE) for _ in range(2))
+    caches = [tuple(torch.randn(2, 1, 32, 8, device=DEVICE) for _ in range(2)) for _ in range(2)]
+    caches[1] = tuple(c.clone() for c in caches[0])
+    positions = torch.tensor([[20, 30], [5, 30]], dtype=torch.int32, device=DEVICE)
+    strided = positions[:, 0]
+    assert not strided.is_contiguous()
+    outs = [tileattn.attention_with_kvcache(q, kc, vc, seqlens, k_new=k_new, v_new=v_new)
+            for (kc, vc), seqlens in zip(caches, (strided, strided.contiguous()))]
+    assert torch.equal(outs[0], outs[1])
+    for kc, vc in caches:
+        assert torch.equal(kc[0, :, 20], k_new[0, :, 0]) and torch.equal(kc[1, :, 5], k_new[1, :, 0])
+        assert torch.equal(vc[0, :, 20], v_new[0, :, 0]) and torch.equal(vc[1, :, 5], v_new[1, :, 0])
+
+
 def test_empty_query_and_batch(path):
     q = torch.randn(2, 4, 0, 16, device=DEVICE)
     kc = torch.randn(2, 2, 8, 16, device=DEVICE)

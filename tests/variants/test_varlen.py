@@ -76,6 +76,22 @@ def test_varlen_matches_dense_per_sequence(path):
         assert (out[s0:s1].float() - ref[0].transpose(0, 1).float()).abs().max() < 2e-3
 
 
+def test_varlen_strided_cu_seqlens(path):
+    """cu_seqlens given as strided views (a column of a table whose other
+    column holds values that would be wrong lengths): the same result as
+    the dense tensors, not the other column's values."""
+    torch.manual_seed(24)
+    lens = (3, 1, 5)
+    q, k, v = (torch.randn(sum(lens), 2, 8, device=DEVICE) for _ in range(3))
+    cu = cu_seqlens(lens)
+    table = torch.stack([cu, torch.full_like(cu, 7)], dim=1)
+    strided = table[:, 0]
+    assert not strided.is_contiguous()
+    want = tileattn.attention_varlen(q, k, v, cu, cu, 5, 5, causal=True)
+    got = tileattn.attention_varlen(q, k, v, strided, strided, 5, 5, causal=True)
+    assert torch.equal(got, want)
+
+
 # ---------------------------------------------------------------------------
 # the portable pointer path (where tensor descriptors would run)
 # ---------------------------------------------------------------------------
