@@ -225,7 +225,8 @@ def cast_alibi(alibi_slopes, q):
 def check_sinks(sinks, q, hq: int):
     """Attention sinks: a float32 tensor (Hq,) on q's device (float64 too for
     float64 inputs), one logit per query head; None stays None.  Not cast, so
-    the caller's tensor keeps its gradient."""
+    the caller's tensor keeps its gradient; a strided view comes back as a
+    dense copy (differentiable: the kernels read the logits by raw pointer)."""
     if sinks is None:
         return None
     if not isinstance(sinks, torch.Tensor):
@@ -236,7 +237,7 @@ def check_sinks(sinks, q, hq: int):
     check_device("sinks", sinks, q)
     if tuple(sinks.shape) != (hq,):
         raise ValueError(f"sinks must have shape ({hq},) (one logit per query head), got {tuple(sinks.shape)}")
-    return sinks
+    return sinks.contiguous()
 
 
 def check_deterministic(deterministic):

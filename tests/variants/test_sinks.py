@@ -121,6 +121,28 @@ def test_rows_that_see_nothing_return_zero_and_the_sink(path):
                                rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=DT_NAME.get)
+def test_strided_sinks_equal_dense_ones(dtype, path):
+    """sinks given as a strided view (every other entry of a longer tensor)
+    give the dense tensor's out, lse and gradients, the sinks' included
+    (fp16: the backward that takes the forward's output remainder)."""
+    torch.manual_seed(31)
+    q, k, v = (torch.randn(1, 4, 37, 16, device=DEVICE).to(dtype) for _ in range(3))
+    do = torch.randn(1, 4, 37, 16, device=DEVICE).to(dtype)
+    table = torch.randn(8, device=DEVICE)
+    results = []
+    for strided in (True, False):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        base = (table if strided else table[::2].clone()).requires_grad_()
+        sinks = base[::2] if strided else base
+        assert sinks.is_contiguous() != strided
+        out, lse = tileattn.attention(*leaves, causal=True, sinks=sinks, return_lse=True)
+        grads = torch.autograd.grad((out * do).sum() + lse.sum(), [*leaves, base])
+        results.append([out, lse, *grads[:3], grads[3][::2] if strided else grads[3]])
+    for name, got, want in zip(("out", "lse", "dq", "dk", "dv", "dsinks"), *results):
+        assert torch.equal(got, want), name
+
+
 def test_varlen_against_float64(path):
     g = torch.Generator().manual_seed(5 + SEED_OFFSET)
     lens_q, lens_k = [5, 0, 33, 17], [9, 4, 33, 1]
