@@ -44,9 +44,11 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
+import zlib
 
 import torch
 
@@ -73,6 +75,7 @@ class Result:
     allowed: float | None = None
     seconds: float = 0.0
     detail: str = ""
+    seed: int | None = None   # this check's inputs (check_seed), so that --only reproduces them
 
 
 # ---------------------------------------------------------------------------
@@ -144,13 +147,22 @@ def plan(device: torch.device, paths) -> tuple[list, dict]:
     return runs, notes
 
 
+def check_seed(seed: int, check: Check) -> int:
+    """The generator seed of one check's inputs: ``--seed`` plus a number of
+    the check's name, the same on every path and whatever ``--only`` leaves
+    in the run (so a failure of a full run reproduces alone)."""
+    return seed + zlib.crc32(check.name.encode()) % 100_003
+
+
 def run_one(check: Check, path: str, dtype, device, seed: int, notes) -> Result:
+    """One check on one path and dtype; ``seed`` is ``--seed`` (see :func:`check_seed`)."""
     from .dispatch import use_backend
+    seed = check_seed(seed, check)
     if dtype is None:
         why = notes.get(path, "")
         if path == "kernels" and device.type != "cuda" and not check.interpreter and "interpreter" in why:
             why = "too large for the Triton interpreter; runs on a GPU"
-        return Result(check.name, path, "-", "-", "skip", detail=why)
+        return Result(check.name, path, "-", "-", "skip", detail=why, seed=seed)
     gen = torch.Generator().manual_seed(seed)
     backend = {"kernels": "triton", "torch": "torch", "auto": "auto"}[path]
     if path == "auto":  # the path this device's tensors take by default
@@ -163,13 +175,13 @@ def run_one(check: Check, path: str, dtype, device, seed: int, notes) -> Result:
         ok, err, allowed, worst = _judge(pairs, dtype)
         status, detail = ("pass" if ok else "fail"), ("" if ok else f"worst: {worst}")
     except Skip as exc:
-        return Result(check.name, path, _DT[dtype], "-", "skip", detail=str(exc))
+        return Result(check.name, path, _DT[dtype], "-", "skip", detail=str(exc), seed=seed)
     except Exception as exc:  # a crash is a failed check, with its reason
         shape, err, allowed, status = "-", None, None, "fail"
         detail = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
         if os.environ.get("TILEATTN_CHECK_TRACEBACK"):
             traceback.print_exc()
-    return Result(check.name, path, _DT[dtype], shape, status, err, allowed, time.perf_counter() - t0, detail)
+    return Result(check.name, path, _DT[dtype], shape, status, err, allowed, time.perf_counter() - t0, detail, seed)
 
 
 def run(args) -> int:
@@ -220,7 +232,7 @@ def _execute(runs, device, seed, notes, progress: bool) -> list[Result]:
     if not progress:  # a log, not a terminal: one line to stderr as each check ends
         results = []
         for i, (c, p, dt) in enumerate(runs):
-            r = run_one(c, p, dt, device, seed + i, notes)
+            r = run_one(c, p, dt, device, seed, notes)
             results.append(r)
             print(f"[{i + 1}/{len(runs)}] {r.status} {r.check} [{r.path} {r.dtype}] {r.seconds:.1f}s",
                   file=sys.stderr, flush=True)
@@ -229,9 +241,9 @@ def _execute(runs, device, seed, notes, progress: bool) -> list[Result]:
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), transient=True) as bar:
         task = bar.add_task("checking", total=len(runs))
-        for i, (c, p, dt) in enumerate(runs):
+        for c, p, dt in runs:
             bar.update(task, description=f"{c.name} [{p}{'' if dt is None else ' ' + _DT[dt]}]")
-            results.append(run_one(c, p, dt, device, seed + i, notes))
+            results.append(run_one(c, p, dt, device, seed, notes))
             bar.advance(task)
     return results
 
@@ -256,7 +268,8 @@ def _print(results: list[Result], summary: dict) -> None:
                   f"<= {_fmt(r.allowed)} {r.detail}")
         print(verdict)
         return
-    console = Console()
+    # a pipe or a file: wide enough that no cell wraps (a terminal keeps its own width)
+    console = Console() if sys.stdout.isatty() else Console(width=max(160, shutil.get_terminal_size().columns))
     for line in lines:
         console.print(line, highlight=False)
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
@@ -283,7 +296,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--paths", nargs="+", choices=PATHS, default=None, help="default: both")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
                    help="run the checks whose name contains one of these (e.g. varlen kvcache)")
-    p.add_argument("--seed", type=int, default=0, help="random inputs (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="random inputs (default 0); each check draws from this plus a number of its name, so --only reproduces a longer run's inputs (the JSON names each check's seed)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--autotune", action="store_true",
                    help="time the kernels' candidate configs as a default call does (default: the first that "

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 import tileattn
 from tileattn.reference import standard_attention
+from tileattn.validation import MAX_HEAD_DIM
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 IMPLS = ("standard", "tileattn", "sdpa")
@@ -161,7 +162,7 @@ def run(args) -> int:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     elif args.device == "cuda" and not torch.cuda.is_available():
         print("tileattn: error: --device cuda asked for, but no CUDA device is visible; "
-              "run with --device cpu (the PyTorch tiled path)")
+              "run with --device cpu (the PyTorch tiled path)", file=sys.stderr)
         return 3
     else:
         device = torch.device(args.device)
@@ -174,8 +175,11 @@ def run(args) -> int:
     dtype = _DTYPES[args.dtype or ("bf16" if gpu else "fp32")]
     for name, val in (("batch", b), ("heads", h), ("seqlen", n), ("head-dim", d), ("repeats", args.repeats)):
         if val < 1:
-            print(f"tileattn: error: --{name} must be >= 1, got {val}")
+            print(f"tileattn: error: --{name} must be >= 1, got {val}", file=sys.stderr)
             return 2
+    if d > MAX_HEAD_DIM:
+        print(f"tileattn: error: --head-dim must be at most {MAX_HEAD_DIM}, got {d}", file=sys.stderr)
+        return 2
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, h, n, d, device=device, dtype=dtype) for _ in range(3))
 
@@ -183,7 +187,7 @@ def run(args) -> int:
     try:
         io = predicted_io(args.hw or default_hw(device), b, h, n, d, dt_name, args.causal)
     except ValueError as e:  # an unknown --hw name
-        print(f"tileattn: error: {e}")
+        print(f"tileattn: error: {e}", file=sys.stderr)
         return 2
     with torch.no_grad():
         times = timed_interleaved({impl: (lambda impl=impl: _call(impl, q, k, v, args.causal)) for impl in IMPLS},

@@ -1,6 +1,7 @@
 """``tileattn check``: the pass/fail table of every path, its JSON and exit codes."""
 import json
 import os
+import re
 import subprocess
 import sys
 from unittest import mock
@@ -35,6 +36,34 @@ def test_torch_path_passes(capsys):
     for c in d["checks"]:
         if c["status"] == "pass":
             assert 0 <= c["error"] <= c["allowed"]
+
+
+def test_only_reproduces_a_full_runs_inputs(capsys):
+    """A check's inputs depend on --seed and its name, not on where --only
+    leaves it in the run: the same errors alone as in a longer run, and the
+    JSON names each check's seed."""
+    _, full = _json(capsys, ["check", "--paths", "torch", "--json", "--only", "attention softcap", "attention"])
+    _, alone = _json(capsys, ["check", "--paths", "torch", "--json", "--only", "attention softcap"])
+    rows = {(c["check"], c["dtype"]): c for c in full["checks"]}
+    assert len(rows) > len(alone["checks"]) > 0
+    for c in alone["checks"]:
+        assert c["seed"] == rows[c["check"], c["dtype"]]["seed"] == check.check_seed(0, next(
+            x for x in check.CHECKS if x.name == c["check"]))
+        assert c["error"] == rows[c["check"], c["dtype"]]["error"], c
+
+
+def test_table_to_a_pipe_does_not_wrap():
+    """Redirected to a file or a pipe, the table's rows stay one line each
+    (rich would render at 80 columns and wrap every cell)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env.pop("COLUMNS", None)
+    res = subprocess.run([sys.executable, "-m", "tileattn", "check", "--paths", "torch", "--only", "attention sinks"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    rows = [line for line in res.stdout.splitlines() if line.lstrip().startswith(("PASS", "FAIL"))]
+    assert res.returncode == 0 and rows, res.stdout + res.stderr
+    # each row holds its whole shape cell ("B1 H4:2 70x30 D32 causal"), not a first piece of it
+    assert all(re.search(r"attention sinks.* torch .* B\d+ H\d+:\d+ \d+x\d+ D\d+", line) for line in rows), res.stdout
+    assert "shape" in res.stdout and "\u2026" not in res.stdout, res.stdout
 
 
 def test_kernels_json_and_exit_code(capsys):

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tileattn import cli
 
 
@@ -55,7 +57,8 @@ def test_demo_table_tells_the_io_story(capsys):
 
 def test_demo_unknown_hw_exit_2(capsys):
     assert cli.main(["demo", "--device", "cpu", "--seqlen", "16", "--hw", "no-such-gpu"]) == 2
-    assert "unknown hardware" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "unknown hardware" in err and not out   # errors to stderr: --json output stays parseable
 
 
 def test_timed_interleaved_rotates():
@@ -70,5 +73,9 @@ def test_timed_interleaved_rotates():
     assert set(med) == {"a", "b", "c"}
 
 
-def test_demo_bad_size_exit_2(capsys):
-    assert cli.main(["demo", "--seqlen", "0"]) == 2
+@pytest.mark.parametrize("argv,flag", [(["--seqlen", "0"], "--seqlen"), (["--head-dim", "600"], "--head-dim")],
+                         ids=["seqlen-0", "head-dim-600"])
+def test_demo_bad_size_exit_2(capsys, argv, flag):
+    assert cli.main(["demo", "--device", "cpu", "--json", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"tileattn: error: {flag} ") and not out
