@@ -296,7 +296,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--paths", nargs="+", choices=PATHS, default=None, help="default: both")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
                    help="run the checks whose name contains one of these (e.g. varlen kvcache)")
-    p.add_argument("--seed", type=int, default=0, help="random inputs (default 0); each check draws from this plus a number of its name, so --only reproduces a longer run's inputs (the JSON names each check's seed)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random inputs (default 0); each check draws from this plus a number of its name, so "
+                        "--only reproduces a longer run's inputs (the JSON names each check's seed)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--autotune", action="store_true",
                    help="time the kernels' candidate configs as a default call does (default: the first that "
