@@ -99,9 +99,14 @@ def with_sinks(out: Tensor, lse: Tensor, sinks: Optional[Tensor], head_dim: int 
         return out, lse
     shape = [1] * lse.dim()
     shape[head_dim] = -1
-    sink = sinks.to(lse.dtype).reshape(shape)
+    # a sink of -inf (no sink) as the lowest finite logit: a row that saw no key
+    # then gets ratio exp(-inf - lowest) = 0, not exp(-inf + inf) = NaN, and no
+    # NaN gradient; its lse' is put back to -inf below
+    lowest = torch.finfo(lse.dtype).min
+    sink = sinks.to(lse.dtype).clamp(min=lowest).reshape(shape)
     lse_s = torch.logaddexp(lse, sink)
     ratio = torch.exp(lse - lse_s)
+    lse_s = torch.where(lse_s == lowest, lse, lse_s)
     if head_dim == 0:   # packed: out (total, Hq, Dv) against lse (Hq, total)
         ratio_rows = ratio.transpose(0, 1)
     else:
@@ -110,11 +115,18 @@ def with_sinks(out: Tensor, lse: Tensor, sinks: Optional[Tensor], head_dim: int 
     return scaled.to(out.dtype), lse_s
 
 
+def _p_sink(sinks: Tensor, lse: Tensor) -> Tensor:
+    """Each row's sink probability exp(sink_h - lse_i), ``lse`` (B, Hq, N)
+    including the sinks; 0 where lse is -inf (a row that saw no key beside a
+    sink of -inf: no probability at all, as the kernels take it)."""
+    return torch.exp(sinks.to(lse.dtype)[None, :, None] - lse).masked_fill(lse == float("-inf"), 0.0)
+
+
 def sink_grad(sinks: Tensor, lse: Tensor, delta: Tensor) -> Tensor:
     """d sink_h = -sum over (b, i) of exp(sink_h - lse_bhi) * delta_bhi: the
     sink's probability in each row times the row's rowsum(dO o O) - dlse
     (``delta``); ``lse`` (B, Hq, N) includes the sinks.  In ``sinks``'s dtype."""
-    p_sink = torch.exp(sinks.to(lse.dtype)[None, :, None] - lse)
+    p_sink = _p_sink(sinks, lse)
     return (-(p_sink * delta.to(lse.dtype)).sum(dim=(0, 2))).to(sinks.dtype)
 
 
@@ -132,7 +144,7 @@ def kernel_sink_grad(sinks: Tensor, lse: Tensor, dlse: Optional[Tensor], delta: 
     lse = lse.float()
     p_dp = torch.zeros_like(lse)
     if ds_sum is not None:
-        p_dp += ds_sum + delta * (1.0 - torch.exp(sinks.float()[None, :, None] - lse))
+        p_dp += ds_sum + delta * (1.0 - _p_sink(sinks.float(), lse))
     if dlse is not None:
         p_dp -= dlse.float()
     return sink_grad(sinks.float(), lse, p_dp).to(sinks.dtype)
@@ -147,6 +159,5 @@ def sink_sums_grad(sinks: Tensor, lse: Tensor, dlse: Optional[Tensor], sink_sums
     exp(sink_h - lse_i); the dlse term is added here."""
     grad = -sink_sums.float()
     if dlse is not None:
-        p_sink = torch.exp(sinks.float()[None, :, None] - lse.float())
-        grad = grad + (p_sink * dlse.float()).sum(dim=(0, 2))
+        grad = grad + (_p_sink(sinks.float(), lse.float()) * dlse.float()).sum(dim=(0, 2))
     return grad.to(sinks.dtype)

@@ -143,6 +143,29 @@ def test_strided_sinks_equal_dense_ones(dtype, path):
         assert torch.equal(got, want), name
 
 
+def test_a_sink_of_minus_inf_on_rows_that_see_nothing(path):
+    """A sink of -inf is no sink: rows that see no key return 0 and lse -inf
+    (not NaN from exp(-inf + inf)), the dense call's gradients are finite and
+    the -inf sink's is 0; decoding from an empty cache likewise."""
+    torch.manual_seed(33)
+    sinks = torch.tensor([float("-inf"), 0.5], device=DEVICE, requires_grad=True)
+    q = torch.randn(1, 2, 5, 16, device=DEVICE, requires_grad=True)
+    k, v = (torch.randn(1, 2, 3, 16, device=DEVICE) for _ in range(2))
+    out, lse = tileattn.attention(q, k, v, causal=True, sinks=sinks, return_lse=True)
+    blind = 5 - 3   # rows 0, 1 see no key (bottom-right causal)
+    assert torch.equal(out[:, :, :blind], torch.zeros_like(out[:, :, :blind]))
+    assert torch.isneginf(lse[0, 0, :blind]).all() and torch.isfinite(lse[0, 0, blind:]).all()
+    torch.testing.assert_close(lse[0, 1, :blind], torch.full((blind,), 0.5, device=DEVICE))
+    dq, dsinks = torch.autograd.grad((out * torch.randn_like(out)).sum(), (q, sinks))
+    assert torch.isfinite(dq).all() and dsinks[0] == 0 and torch.isfinite(dsinks[1])
+    cache = torch.randn(1, 1, 16, 16, device=DEVICE)
+    out, lse = tileattn.attention_with_kvcache(torch.randn(1, 2, 1, 16, device=DEVICE), cache, cache.clone(),
+                                               torch.zeros(1, dtype=torch.int32, device=DEVICE),
+                                               sinks=sinks.detach(), return_lse=True)
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.isneginf(lse[0, 0]).all() and lse[0, 1].item() == 0.5
+
+
 def test_varlen_against_float64(path):
     g = torch.Generator().manual_seed(5 + SEED_OFFSET)
     lens_q, lens_k = [5, 0, 33, 17], [9, 4, 33, 1]
