@@ -209,6 +209,8 @@ def _case_worker(rank: int, world: int, port: int, outdir: str) -> None:
         # rank 0 passes sinks, the others none; then every rank sinks, rank 0's different
         "sinks-missing": lambda: ring_attention(x, x, x, sinks=torch.zeros(x.shape[1]) if rank == 0 else None),
         "sinks-values": lambda: ring_attention(x, x, x, sinks=torch.full((x.shape[1],), float(rank == 0))),
+        # rank 0's sinks (0, 1), the others' (2, 0): the same position-weighted sum, other values
+        "sinks-same-sum": lambda: ring_attention(x, x, x, sinks=torch.tensor([0.0, 1.0] if rank == 0 else [2.0, 0.0])),
     }
     for name, call in bad.items():
         try:
@@ -340,11 +342,13 @@ def test_profile_records_every_step(case, ring_results):
     ("scale-mismatch", "all", r"scale: .*softmax scale \(rank 0: 0\.5, rank 1: 0\.25"),
     ("dv-mismatch", "all", r"v: the ranks' calls disagree on the value head_dim \(rank 0: 6, rank 1: 8"),
     ("sinks-missing", "all", r"sinks: the ranks' calls disagree on the sinks \(rank 0: given .*rank 1: none"),
-    ("sinks-values", "all", r"sinks: the ranks' calls disagree on the sinks \(rank 0: given \(check"),
+    ("sinks-values", "all", r"sinks: the ranks' calls disagree on the sinks \(rank 0: given \(hash (?!0{14})"),
+    ("sinks-same-sum", "all", r"sinks: the ranks' calls disagree on the sinks \(rank 0: given \(hash [0-9a-f]{14}\), "
+                              r"rank 1: given \(hash [0-9a-f]{14}\)"),
     ("one-rank-rejects", "last", "layout must be one of"),
     ("one-rank-rejects", "others", r"rank\(s\) \[\d\] rejected their arguments"),
-], ids=["length-all", "causal-all", "scale-all", "dv-all", "sinks-none-all", "sinks-values-all", "rejects-last",
-        "rejects-others"])
+], ids=["length-all", "causal-all", "scale-all", "dv-all", "sinks-none-all", "sinks-values-all", "sinks-same-sum-all",
+        "rejects-last", "rejects-others"])
 @pytest.mark.parametrize("world", [2, 4])
 def test_disagreeing_calls_fail_on_every_rank(world, name, who, match, ring_results):
     d = ring_results(world)
