@@ -98,6 +98,19 @@ def test_strided_cache_seqlens(path):
         assert torch.equal(vc[0, :, 20], v_new[0, :, 0]) and torch.equal(vc[1, :, 5], v_new[1, :, 0])
 
 
+def test_cache_of_no_rows(path):
+    """A cache of capacity 0: every row sees no key (output 0, lse -inf; with
+    sinks lse = the sink), on the kernels as on the PyTorch path."""
+    q = torch.randn(2, 4, 1, 16, device=DEVICE)
+    cache = torch.zeros(2, 2, 0, 16, device=DEVICE)
+    seqlens = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    out, lse = tileattn.attention_with_kvcache(q, cache, cache.clone(), seqlens, return_lse=True)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+    sinks = torch.linspace(-1.0, 1.0, 4, device=DEVICE)
+    out, lse = tileattn.attention_with_kvcache(q, cache, cache.clone(), seqlens, sinks=sinks, return_lse=True)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(lse, sinks[None, :, None].expand(2, 4, 1))
+
+
 def test_empty_query_and_batch(path):
     q = torch.randn(2, 4, 0, 16, device=DEVICE)
     kc = torch.randn(2, 2, 8, 16, device=DEVICE)

@@ -219,7 +219,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, n_new:
     # loop calls this with the same shapes every step; the plan holds the
     # append's launch too
     plan_key = None
-    if config is None and q.is_cuda and b > 0 and n_q > 0:
+    if config is None and q.is_cuda and b > 0 and n_q > 0 and capacity > 0:
         autotuned = decode_autotune_enabled(block_m, k_cache.element_size())
         switches = (autotuned, shared_kv, shared_kv and decode_hopper.enabled())
         if call_key is not None:
@@ -288,6 +288,8 @@ def _kvcache_first_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, 
     lse = output_f32((b, hq, n_q), q.device)
     if b == 0 or n_q == 0:
         return out, lse
+    if capacity == 0:   # a cache of no rows: every row sees no key (no kernel takes an empty tile)
+        return out.zero_(), lse.fill_(float("-inf"))
     o_part, l_part = _kvcache_launch(q, k_src, v_cache, cache_seqlens, block_table, out, lse,
                                      n_new=n_new, capacity=capacity, scale=scale, window=window,
                                      softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
