@@ -97,7 +97,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
             written to positions cache_seqlens[b] .. cache_seqlens[b] + Nnew
             - 1, then attended to.  With ``v_cache = k_cache[..., :Dv]``
             only k_new is written (its first Dv channels are the new
-            values): v_new must then be None or ``k_new[..., :Dv]``.
+            values): v_new must then be None or ``k_new[..., :Dv]``; with
+            ``v_cache`` the same tensor as ``k_cache``, v_new must be k_new.
             ``cache_seqlens`` itself is not changed (advance it yourself).
             Pages written by the append must not be shared between batch
             elements.

@@ -66,13 +66,24 @@ def _check_head_dims(d: int, dv: int, shared: bool) -> None:
     check_head_dim(dv, "v_cache", MAX_DECODE_HEAD_DIM, where)
 
 
-def _check_new(k_new, v_new, b: int, hkv: int, d: int, dv: int, shared: bool) -> int:
-    """The new tokens' shapes; returns Nnew."""
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are one view of one memory (same first element,
+    shape, strides and device; reads no data)."""
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.device == b.device)
+
+
+def _check_new(k_new, v_new, b: int, hkv: int, d: int, dv: int, shared: bool, same_cache: bool = False) -> int:
+    """The new tokens' shapes; returns Nnew.  ``same_cache``: v_cache is
+    k_cache itself, so v_new must be k_new."""
     if k_new.shape[0] != b or k_new.shape[1] != hkv or k_new.shape[3] != d:
         raise ValueError(f"k_new/v_new must have shape (batch, kv_heads, n_new, head_dim) = "
                          f"({b}, {hkv}, n_new, {d}) for k_new, got {tuple(k_new.shape)}")
     if v_new is None:
         return k_new.shape[2]
+    if same_cache and not _same_view(k_new, v_new):
+        raise ValueError("v_new must be k_new itself (the same tensor) when v_cache is k_cache (one cache, each key "
+                         "its own value): both appends would write the same cache rows, the values over the keys")
     if shared and not shares_kv(k_new, v_new):
         raise ValueError(f"v_new must be None or k_new[..., :{dv}] when v_cache is k_cache[..., :{dv}] (the values "
                          f"are the keys' first {dv} channels, appended with k_new), got a v_new of shape "
@@ -153,7 +164,7 @@ def check_kvcache(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
 
     n_new = 0
     if k_new is not None:
-        n_new = _check_new(k_new, v_new, b, hkv, d, dv, shared)
+        n_new = _check_new(k_new, v_new, b, hkv, d, dv, shared, _same_view(k_cache, v_cache))
         if n_new > capacity:
             raise ValueError(f"the cache is too small for k_new: {n_new} new tokens exceed its capacity "
                              f"of {capacity} tokens")

@@ -43,6 +43,12 @@ def _paged(**over):
     return args
 
 
+def _same_cache(**over):
+    """A call whose v_cache is k_cache itself (each key its own value)."""
+    cache = _t(2, 2, 32, 16)
+    return _base(k_cache=cache, v_cache=cache, **over)
+
+
 BAD = {
     "q-not-tensor": (lambda: _base(q=[1.0]), TypeError, "q must be a torch.Tensor"),
     "q-rank3": (lambda: _base(q=_t(2, 4, 16)), ValueError, "q must have 4 dimensions"),
@@ -122,6 +128,9 @@ BAD = {
     "num_splits-float": (lambda: _base(num_splits=2.0), TypeError, "num_splits must be an int"),
     "num_splits-bool": (lambda: _base(num_splits=True), TypeError, "num_splits must be an int"),
     "requires-grad": (lambda: _base(q=_t(2, 4, 1, 16).requires_grad_()), ValueError, "forward-only"),
+    # one cache as keys and values (v_cache is k_cache): two different new tensors would write the same rows
+    "same-cache-two-new": (lambda: _same_cache(k_new=_t(2, 2, 1, 16), v_new=_t(2, 2, 1, 16)), ValueError,
+                           "v_new must be k_new itself"),
     # the sinks too (after a valid append's arguments: nothing may be written)
     "sinks-requires-grad": (lambda: _base(k_new=_t(2, 2, 1, 16), v_new=_t(2, 2, 1, 16),
                                           sinks=torch.zeros(4, device=DEVICE, requires_grad=True)),
