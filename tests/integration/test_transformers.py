@@ -220,6 +220,34 @@ def test_training_dropout_runs_torch_sdpa():
     torch.testing.assert_close(got, want)
 
 
+def test_output_attentions_warns_once():
+    """output_attentions=True: the weights are never formed, so none come
+    back, and a warning (once a process) says so and what to load instead."""
+    torch.manual_seed(_seed("attentions"))
+    model = AutoModelForCausalLM.from_config(CONFIGS["llama"](), attn_implementation="tileattn").to(DEVICE).eval()
+    ids = token_ids(1, 7, vocab=VOCAB, seed=_seed("attentions", "ids"))
+    hf._warned_attentions = False
+    with torch.no_grad(), pytest.warns(UserWarning, match="output_attentions=True returns no weights"):
+        out = model(ids, output_attentions=True)
+    assert not any(a is not None for a in (out.attentions or ()))
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error", UserWarning)
+        model(ids, output_attentions=True)   # told once
+
+
+def test_bidirectional_fallback_names_its_reason():
+    """A non-causal (bidirectional) call with transformers' explicit mask
+    falls back with that reason, not the padding one."""
+    class Module:
+        is_causal = False
+    q = torch.randn(1, 2, 5, 8, device=DEVICE)
+    mask = torch.ones(1, 1, 5, 5, dtype=torch.bool, device=DEVICE)
+    tileattn.sdpa.reset_fallback_warnings()
+    with pytest.warns(TileattnFallbackWarning, match="non-causal"):
+        out, _ = hf.tileattn_attention_forward(Module(), q, q, q, mask, scaling=0.3)
+    torch.testing.assert_close(out.transpose(1, 2), torch.nn.functional.scaled_dot_product_attention(q, q, q, scale=0.3))
+
+
 # ---------------------------------------------------------------------------
 # the mask builder and registration
 # ---------------------------------------------------------------------------

@@ -52,6 +52,7 @@ __all__ = ["register_transformers", "tileattn_attention_forward", "tileattn_atte
 MIN_TRANSFORMERS = (4, 50)
 # names transformers reserves, and a substring transformers 5 routes to the flash-attn package
 _RESERVED = ("eager", "sdpa", "flex_attention", "paged|eager")
+_warned_attentions = False   # output_attentions=True: told once a process that no weights come back
 
 # ---------------------------------------------------------------------------
 # the attention function
@@ -97,6 +98,12 @@ def tileattn_attention_forward(module, query, key, value, attention_mask, dropou
     ``module.is_causal``; with a KV cache it is aligned bottom-right.
     Keyword arguments read: ``sliding_window``, ``softcap``, ``s_aux``.
     """
+    global _warned_attentions
+    if kwargs.get("output_attentions") and not _warned_attentions:
+        _warned_attentions = True
+        warnings.warn("attn_implementation='tileattn' never forms the attention weights, so output_attentions=True "
+                      "returns no weights for its layers; load the model with attn_implementation='eager' to get "
+                      "them (warned once)", UserWarning, stacklevel=2)
     if kwargs.get("position_bias") is not None:
         raise ValueError("attn_implementation='tileattn' does not support 'position_bias'; load this model with "
                          "attn_implementation='eager' or 'sdpa'")
@@ -118,7 +125,10 @@ def tileattn_attention_forward(module, query, key, value, attention_mask, dropou
     if window is not None and (not causal or n_k <= window):
         window = None  # the window hides nothing here
     reason = None
-    if attention_mask is not None:
+    if attention_mask is not None and not causal:
+        reason = ("non-causal (bidirectional) calls, which transformers hands an explicit mask, are not "
+                  "accelerated")
+    elif attention_mask is not None:
         reason = ("calls that need an explicit mask (padding, a static cache, packed sequences) are not "
                   "accelerated")
     elif dropout:
