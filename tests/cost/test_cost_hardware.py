@@ -1,14 +1,16 @@
 """IO cost model: the hardware catalogue and user hardware files, the
-roofline, and the tile solver against the kernels' shared-memory estimates
-and config tables."""
+driver's device names, the roofline, and the tile solver against the
+kernels' shared-memory estimates and config tables, with what the model says
+where no config fits."""
 import json
 
 import pytest
 
 from tileattn import configs
-from tileattn.cost import (CATALOGUE, AttentionShape, attention_flops, chosen_configs, compare, default_configs,
-                           feasible_tiles, flop_breakdown, get_hardware, kernel_bytes, load_hardware_file,
-                           max_block_n, paper_block_sizes, table_configs_check, tiled_traffic)
+from tileattn.cost import (CATALOGUE, AttentionShape, attention_flops, chosen_configs, commands, compare,
+                           default_configs, feasible_tiles, flop_breakdown, get_hardware, kernel_bytes, kernel_fits,
+                           load_hardware_file, max_block_n, paper_block_sizes, table_configs_check, tiled_traffic)
+from tileattn.cost.format import NOT_RUNNABLE, header_lines, summary_rows
 from tileattn.cost.hardware import BASES, SCALAR_FIELDS, UnknownHardwareError, catalogue_name_for_device
 from tileattn.cost.io import KernelConfig, parse_config_name
 
@@ -204,3 +206,94 @@ def test_parse_config_name_roundtrip():
     assert parse_config_name(c.name).name == c.name
     with pytest.raises(ValueError, match="config"):
         parse_config_name("big")
+
+
+# ---- 6. device names ---------------------------------------------------------------
+@pytest.mark.parametrize("device,want", [
+    ("NVIDIA H100 80GB HBM3", "nvidia-h100-sxm"), ("NVIDIA H200", "nvidia-h200"),
+    ("NVIDIA A100-SXM4-80GB", "nvidia-a100-80gb-sxm4"), ("NVIDIA GeForce RTX 4090", "nvidia-rtx-4090"),
+    ("NVIDIA GeForce RTX 3090", "nvidia-rtx-3090"), ("AMD Instinct MI300X", "amd-instinct-mi300x"),
+    ("nvidia h200", "nvidia-h200"),
+    ("NVIDIA GH200 480GB", None), ("NVIDIA A100-SXM4-40GB", None), ("NVIDIA A100-PCIE-40GB", None),
+    ("NVIDIA A100 80GB PCIe", None), ("NVIDIA H100 PCIe", None), ("NVIDIA H100 NVL", None),
+    ("NVIDIA H200 NVL", None), ("NVIDIA GeForce RTX 4090 D", None), ("NVIDIA GeForce RTX 4090 Laptop GPU", None),
+    ("NVIDIA GeForce RTX 3090 Ti", None), ("AMD Instinct MI300A", None), ("", None),
+], ids=lambda x: str(x))
+def test_device_name_maps_only_that_part(device, want):
+    """Only the catalogue's own part maps to it: a GH200, an A100 40GB or an H100 PCIe
+    has other bandwidth or SM counts and gets None (the callers fall back or skip)."""
+    assert catalogue_name_for_device(device) == want
+
+
+# ---- configs that do not fit: the model says so ----------------------------------
+# Above d = 256 the kernels refuse a kernel none of whose configs fits
+# (configs.check_fits raises ValueError); the model marks the tiled phases that
+# need it "does not run" instead of printing numbers, and the report does not
+# claim a fitting config.  At d <= 256 the launcher still tries the smallest
+# config (the compiler decides), so the numbers stay, with a note.
+FIT_SHAPE = ["--batch", "2", "--heads", "4", "--seqlen", "1024"]
+
+
+@pytest.mark.parametrize("hw,dtype,need,have", [
+    ("nvidia-rtx-4090", "fp32", "133,120", "101,376"),
+    ("amd-instinct-mi300x", "bf16", "67,584", "65,536"),
+], ids=["rtx4090-fp32", "mi300x-bf16"])
+def test_backward_that_does_not_fit_is_not_runnable(hw, dtype, need, have):
+    c = compare(AttentionShape(2, 4, 1024, 512, dtype=dtype), hw)
+    assert c.runnable("fwd") and not c.runnable("bwd") and not c.runnable("fwd_bwd")
+    assert set(c.not_runnable()) == {"dkdv", "dq"}
+    smem, elem = c.hardware.get_int("smem_per_block"), 4 if dtype == "fp32" else 2
+    for kind, msg in c.not_runnable().items():
+        assert need in msg and have in msg
+        with pytest.raises(ValueError) as refused:      # the kernels' own refusal, word for word
+            configs.check_fits((kind,), 512, elem, smem, None, dtype)
+        assert msg == str(refused.value)
+    rows = {r[0]: r for r in summary_rows(c)}
+    for q in ("HBM bytes bwd", "HBM bytes fwd+bwd", "executed FLOPs bwd", "predicted time fwd+bwd"):
+        assert rows[q][2] == NOT_RUNNABLE and rows[q][3] == "-"
+    assert rows["HBM bytes fwd"][2] != NOT_RUNNABLE
+    notes = [line for line in header_lines(c) if "does not run" in line]
+    assert len(notes) == 2 and all(need in line for line in notes)
+    assert c.as_dict()["speedup"]["fwd_bwd"] is None
+    assert c.as_dict()["tiled"]["runnable"] == {"fwd": True, "bwd": False, "fwd_bwd": False}
+
+
+def test_io_cli_marks_the_backward(capsys):
+    argv = ["io", "--hw", "nvidia-rtx-4090", *FIT_SHAPE, "--head-dim", "512", "--dtype", "fp32"]
+    assert commands.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "does not run" in out and "133,120" in out
+    assert commands.main(argv + ["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["tiled"]["kernels"]["dkdv"]["runnable"] is False and d["tiled"]["kernels"]["fwd"]["runnable"]
+
+
+def test_everything_fits_on_the_h200():
+    c = compare(AttentionShape(2, 4, 1024, 128), "nvidia-h200")
+    assert all(f.fits and f.runnable for f in c.kernel_fit.values())
+    assert not any(line.startswith("note: ") for line in header_lines(c))
+    assert NOT_RUNNABLE not in {cell for r in summary_rows(c) for cell in r}
+
+
+def test_small_head_dim_that_does_not_fit_keeps_numbers_with_a_note():
+    """d = 128 on the RTX 4090: no forward config's estimate fits 99 KB, yet the
+    launcher runs the smallest (the estimate overshoots below d = 256)."""
+    s = AttentionShape(2, 4, 1024, 128)
+    fits = kernel_fits(s, 101376)
+    assert not fits["fwd"].fits and fits["fwd"].runnable and "compiler" in fits["fwd"].message
+    c = compare(s, "nvidia-rtx-4090")
+    assert c.runnable("fwd_bwd")
+    assert any("forward config" in line for line in header_lines(c))
+
+
+def test_report_does_not_contradict_itself(tmp_path):
+    """Every config 'does not fit', so the report must not say the kernel takes one that fits."""
+    from tileattn.cost.report import build_report
+    c = compare(AttentionShape(1, 2, 512, 512, dtype="fp32"), "nvidia-rtx-4090")
+    text = build_report(c)
+    assert "takes the first config of its table that fits:" not in text
+    assert "the kernels refuse this shape (ValueError)" in text
+    assert "forward+backward: the tiled backward does not run on this device" in text
+    assert "Not runnable here." in text
+    ok = build_report(compare(AttentionShape(1, 2, 512, 64), "nvidia-h200"))
+    assert "takes the first config of its table that fits:" in ok and "Not runnable here." not in ok

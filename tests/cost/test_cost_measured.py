@@ -78,3 +78,48 @@ def test_measured_kernel_lists_match_standard_passes(row):
 def test_docs_table_matches_measurements():
     doc = (Path(__file__).parents[2] / "docs" / "io-model.md").read_text()
     assert validation.markdown_table() in doc
+
+
+# ---- docs/io-model.md against the tool ---------------------------------------------
+_DOC = Path(__file__).parents[2] / "docs" / "io-model.md"
+_CALIBRATED = Path(__file__).parents[2] / "docs" / "results" / "h200" / "calibrate" / "calibrated_h200.json"
+
+
+def test_docs_default_configs_are_the_tools():
+    """The H200 configs table in docs/io-model.md is what default_configs (and the
+    header of `tileattn io --hw nvidia-h200`) gives at d = 64 and 128."""
+    import re
+
+    from tileattn.cost import default_configs, get_hardware
+    doc = _DOC.read_text()
+    smem = get_hardware("nvidia-h200").get_int("smem_per_block")
+    for d in (64, 128):
+        cfg = default_configs(d, 2, smem)
+        row = re.search(rf"^\| {d} \| `([^`]+)` \| `([^`]+)` \| `([^`]+)` \|$", doc, re.M)
+        assert row, f"no d = {d} row in the configs table of docs/io-model.md"
+        assert row.groups() == (cfg.fwd.name, cfg.dkdv.name, cfg.dq.name)
+
+
+def test_docs_no_l2_bytes_are_the_tools():
+    """'Without L2 the GPT-2 medium forward + backward would move X GB' is
+    `tileattn io --hw nvidia-h200 --batch 64 --heads 16 --seqlen 1024 --head-dim 64 --no-l2`."""
+    from tileattn.cost import AttentionShape, compare
+    doc = " ".join(_DOC.read_text().split())
+    c = compare(AttentionShape(64, 16, 1024, 64), "nvidia-h200", l2_reuse=False)
+    assert f"Without L2 the GPT-2 medium forward + backward would move {c.tiled.bytes() / 1e9:.1f} GB" in doc
+    big = compare(AttentionShape(1, 16, 16384, 128), "nvidia-h200", l2_reuse=False)
+    assert f"the no-L2 count at N = 16384 would be {big.tiled.bytes('fwd') / 1e9:.1f} GB" in doc
+
+
+def test_catalogue_h200_measured_is_the_calibration_rounded():
+    """The catalogue's measured H200 figures are the calibrated file's, rounded
+    (4.2138 TB/s -> 4.21, 788.94 TFLOP/s -> 789), and the doc cites the same."""
+    from tileattn.cost import CATALOGUE, load_hardware_file
+    cal = load_hardware_file(_CALIBRATED)
+    h200 = CATALOGUE["nvidia-h200"]
+    assert h200.bandwidth("measured") == pytest.approx(round(cal.bandwidth("measured") / 1e10) * 1e10)
+    assert h200.peak("bf16", "measured") == pytest.approx(round(cal.peak("bf16", "measured") / 1e12) * 1e12)
+    assert "calibrated_h200.json" in h200.measured["hbm_bandwidth"].source
+    doc = " ".join(_DOC.read_text().split())
+    assert f"**{h200.bandwidth('measured') / 1e12:.2f} TB/s**" in doc
+    assert f"**{h200.peak('bf16', 'measured') / 1e12:.0f} TFLOP/s**" in doc

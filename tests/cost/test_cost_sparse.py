@@ -106,3 +106,60 @@ def test_varlen_flops_sum_of_sequences():
     lens = [5, 0, 17, 1]
     want = sum(io.attention_flops(1, 4, n, n, 32, causal=True, mode="fwd_bwd") for n in lens if n)
     assert sparse.varlen_flops(lens, lens, 4, 32, causal=True, mode="fwd_bwd") == pytest.approx(want)
+
+
+# ---- L2 reuse: the once-per-head reads are not scaled by the density ----------------
+H200_CACHE = io.CacheModel(50 * 1024 ** 2, 132, 228 * 1024)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_l2_once_per_head_reads_not_scaled_by_density(causal):
+    """N = 4096, one head per program group: with L2 reuse the dense forward reads
+    each K/V tile from DRAM once per head; at s = 0.25 nearly every K/V block is
+    still needed by one of the 32 query blocks (1 - 0.75^32 > 0.9998), so the
+    forward's DRAM bytes stay within 1% of dense while the FLOPs drop 4x."""
+    shape = io.AttentionShape(batch=2, heads=8, seqlen_q=4096, head_dim=128, causal=causal)
+    dense = io.tiled_traffic(shape, cache=H200_CACHE)
+    sp = sparse.block_sparse_traffic(shape, 0.25, cache=H200_CACHE)
+    for ph in ("fwd", "bwd"):
+        assert sp.bytes(ph) > 0.99 * dense.bytes(ph)
+        assert sp.bytes(ph) <= dense.bytes(ph)
+        assert sp.flops(ph) == pytest.approx(0.25 * dense.flops(ph))
+        assert sp.tile_reads(ph) < 0.5 * dense.tile_reads(ph)   # the tile loads do scale
+
+
+def test_l2_streamed_term_follows_the_needed_fraction():
+    """Non-causal forward, one wave: streamed DRAM = dense K/V reads x (1 - (1 - s)^q),
+    q = 64-row query blocks per head x 64/128 (two of them share a layout row)."""
+    shape = io.AttentionShape(batch=1, heads=1, seqlen_q=512, head_dim=64)
+    cfg = io.KernelConfig(64, 64, 4, 2)
+    kw = dict(cache=H200_CACHE, fwd_config=cfg, bwd_config=cfg, dq_config=cfg, backward=False)
+    dense = io.tiled_traffic(shape, **kw)
+    own = sparse._own_read_bytes(shape, "fwd")
+    kv_dense = dense.reads("fwd") - own
+    assert kv_dense == 512 * 2 * 64 * 2                          # K and V once
+    for s in (0.05, 0.25, 0.5, 1.0):
+        sp = sparse.block_sparse_traffic(shape, s, **kw)
+        want = kv_dense * (1 - (1 - s) ** (8 * 64 / 128))
+        assert sp.reads("fwd") - own == pytest.approx(want)
+        assert sp.reads("fwd") - own <= s * (dense.tile_reads("fwd") - own) + 1e-6
+
+
+def test_no_l2_scales_the_streamed_reads():
+    """--no-l2 (no cache model): every tile load is a DRAM read, s times the dense ones."""
+    shape = io.AttentionShape(batch=1, heads=4, seqlen_q=4096, head_dim=64)
+    dense = io.tiled_traffic(shape)
+    sp = sparse.block_sparse_traffic(shape, 0.25)
+    own = sparse._own_read_bytes(shape, "fwd")
+    assert sp.reads("fwd") - own == pytest.approx(0.25 * (dense.reads("fwd") - own))
+
+
+def test_io_density_with_l2(capsys):
+    argv = ["io", "--hw", "nvidia-h200", "--batch", "2", "--heads", "4", "--seqlen", "4096", "--head-dim", "64",
+            "--density", "0.25", "--json"]
+    assert commands.main(argv) == 0
+    fwd = json.loads(capsys.readouterr().out)["block_sparse"]["phases"][0]
+    assert fwd["sparse_bytes"] > 0.99 * fwd["dense_bytes"]
+    assert commands.main(argv + ["--no-l2"]) == 0
+    fwd = json.loads(capsys.readouterr().out)["block_sparse"]["phases"][0]
+    assert fwd["sparse_bytes"] < 0.5 * fwd["dense_bytes"]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+import warnings
 from pathlib import Path
 
 from . import hardware as _hw, sparse
@@ -20,27 +22,49 @@ EXIT_OK, EXIT_BAD_ARGS, EXIT_NO_GPU = 0, 2, 3
 
 
 class _Fmt(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
+    """Examples kept as written; defaults shown, except None (the help says what then)."""
+
+    def _get_help_string(self, action):
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
 
 
-def _add_shape_args(p: argparse.ArgumentParser, hw_default: str | None = "nvidia-h200") -> None:
+DEFAULT_HW = "nvidia-h200"
+# API argument -> CLI flag, for messages the model raises on the commands' behalf
+_FLAGS = {"hw_file": "--hw-file", "hw": "--hw", "batch": "--batch", "heads": "--heads", "kv_heads": "--kv-heads",
+          "seqlen_q": "--seqlen", "seqlen_k": "--seqlen-k", "head_dim": "--head-dim", "head_dim_v": "--head-dim-v",
+          "measured": "--measured", "repeats": "--repeats", "size_mb": "--size-mb", "matmul_n": "--matmul-n"}
+_FLAG_RE = re.compile(r"(?<![\w.-])(" + "|".join(sorted(_FLAGS, key=len, reverse=True)) + r")=")
+
+
+def flag_message(msg: str) -> str:
+    """A model error message with its Python argument names (``seqlen_q=0``)
+    replaced by the flags the user typed (``--seqlen=0``)."""
+    return _FLAG_RE.sub(lambda m: _FLAGS[m.group(1)] + "=", msg)
+
+
+def _add_shape_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("hardware")
-    g.add_argument("--hw", default=hw_default,
-                   help="hardware name: " + ", ".join(sorted(_hw.CATALOGUE)) + ", or one from --hw-file / "
-                        "the user folder (~/.config/tileattn/hardware)")
-    g.add_argument("--hw-file", default=None, help="TOML or JSON file describing the hardware")
+    g.add_argument("--hw", default=None,
+                   help=f"hardware name: {', '.join(sorted(_hw.CATALOGUE))}, or an entry of the user folder "
+                        f"({_hw.USER_DIR_HELP}); with --hw-file, the file's entry to use (needed only if it holds "
+                        f"several) (default: {DEFAULT_HW}, or the only entry of --hw-file)")
+    g.add_argument("--hw-file", default=None,
+                   help="TOML or JSON file describing the hardware (one entry, or several: then --hw picks)")
     g.add_argument("--basis", choices=("datasheet", "measured"), default="datasheet",
                    help="which peak/bandwidth figures to use (measured falls back to datasheet)")
     s = p.add_argument_group("shape")
-    s.add_argument("--batch", type=int, default=8)
+    s.add_argument("--batch", type=int, default=8, help="batch size B")
     s.add_argument("--heads", type=int, default=32, help="query heads")
     s.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA); default = --heads")
     s.add_argument("--seqlen", type=int, default=4096, help="query length N (and key length unless --seqlen-k)")
     s.add_argument("--seqlen-k", type=int, default=None, help="key length")
     s.add_argument("--head-dim", type=int, default=128, help="head dim of q and k")
     s.add_argument("--head-dim-v", type=int, default=None, help="head dim of v (and the output); default = --head-dim")
-    s.add_argument("--causal", action="store_true")
-    s.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16")
+    s.add_argument("--causal", action="store_true",
+                   help="causal mask, bottom-right aligned (query i sees key j <= i + Nk - Nq)")
+    s.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16", help="element type of q, k, v and o")
     s.add_argument("--fusion", choices=FUSION_LEVELS, default="eager",
                    help="standard attention: textbook passes or PyTorch eager as the reference runs it")
     s.add_argument("--no-l2", action="store_true",
@@ -52,15 +76,38 @@ def _err(msg: str) -> int:
     return EXIT_BAD_ARGS
 
 
+def _warn(msg: str) -> None:
+    print(f"tileattn: warning: {msg}", file=sys.stderr)
+
+
+def _hardware(args) -> _hw.Hardware:
+    """--hw / --hw-file as a Hardware: the file's entry (named by --hw if it
+    holds several), else --hw, else the default.  User files that fail to
+    load are reported as one-line warnings (an unknown --hw's error lists
+    them itself)."""
+    if args.hw_file and not args.hw:
+        entries = _hw.load_hardware_entries(args.hw_file)
+        if len(entries) > 1:
+            raise _hw.UnknownHardwareError(f"--hw-file {args.hw_file} holds {len(entries)} entries "
+                                           f"({', '.join(entries)}); pick one with --hw NAME")
+        return next(iter(entries.values()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", _hw.HardwareFileWarning)
+        hw = _hw.get_hardware(args.hw or DEFAULT_HW, args.hw_file)
+    for msg in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, _hw.HardwareFileWarning)):
+        _warn(msg)
+    return hw
+
+
 def _setup(args) -> tuple[Comparison | None, int]:
     try:
-        hw = _hw.get_hardware(args.hw, args.hw_file)
+        hw = _hardware(args)
         shape = AttentionShape(batch=args.batch, heads=args.heads, seqlen_q=args.seqlen, head_dim=args.head_dim,
                                seqlen_k=args.seqlen_k, kv_heads=args.kv_heads, causal=args.causal,
                                dtype=args.dtype, head_dim_v=args.head_dim_v)
         comp = compare(shape, hw, fusion=args.fusion, basis=args.basis, l2_reuse=not args.no_l2)
     except ValueError as exc:
-        return None, _err(str(exc))
+        return None, _err(flag_message(str(exc)))
     return comp, EXIT_OK
 
 
@@ -128,7 +175,7 @@ def measured_points(rows, shape: AttentionShape) -> list[dict]:
     for r in rows:
         try:
             s = row_shape(r)
-        except (KeyError, ValueError):
+        except (KeyError, TypeError, ValueError):
             continue
         if (s.batch, s.heads, s.kv_heads, s.seqlen_q, s.seqlen_k, s.head_dim, s.head_dim_v, s.causal) != (
                 shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_k, shape.head_dim,
@@ -152,22 +199,56 @@ def _measured_for(args, comp: Comparison) -> list:
     return measured_points(load_measured(args.measured), comp.shape)
 
 
-def _draw(args, draw, what: str, note_unmatched: bool) -> int:
+def check_output(path, what: str, formats: tuple[str, ...] | None = None) -> str | None:
+    """Why ``-o path`` cannot be written (None if it can): its folder must
+    exist, the path must not be a folder, and with ``formats`` its suffix must
+    be one of them."""
+    p = Path(path)
+    if p.is_dir():
+        return f"--output {path}: is a directory; name a file, e.g. {p / what}"
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        return f"--output {path}: no such directory {str(parent)!r}"
+    if formats is not None and p.suffix.lower().lstrip(".") not in formats:
+        return (f"--output {path}: cannot write {p.suffix or 'a file without a suffix'}; "
+                f"use one of {', '.join('.' + f for f in formats)}")
+    return None
+
+
+def _plot_formats() -> tuple[str, ...]:
+    """The file suffixes matplotlib can save (ImportError without matplotlib)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    return tuple(sorted(Figure().canvas.get_supported_filetypes()))
+
+
+def _draw(args, draw, what: str, note_unmatched: bool, formats=None) -> int:
     """Model the shape, read --measured and write args.output with
-    ``draw(comparison, output, measured)``."""
+    ``draw(comparison, output, measured)``; ``formats()`` gives the suffixes
+    the output may have (None: any)."""
+    try:
+        bad = check_output(args.output, "roofline.png" if formats else "report.html",
+                           formats() if formats else None)
+    except ImportError:
+        return _err(f"{what} needs matplotlib: pip install 'tileattn[cli]'")
+    if bad:
+        return _err(bad)
     comp, rc = _setup(args)
     if comp is None:
         return rc
     try:
         measured = _measured_for(args, comp)
     except ValueError as exc:
-        return _err(str(exc))
+        return _err(flag_message(str(exc)))
     if note_unmatched and args.measured and not measured:
         print(f"note: no row of {args.measured} matches this shape; plotting the model only", file=sys.stderr)
     try:
         draw(comp, args.output, measured)
     except ImportError:
         return _err(f"{what} needs matplotlib: pip install 'tileattn[cli]'")
+    except OSError as exc:
+        return _err(f"--output {args.output}: cannot write: {exc.strerror or exc}")
     print(f"wrote {args.output}")
     return EXIT_OK
 
@@ -183,7 +264,7 @@ def _write_report(comp, output, measured):
 
 
 def cmd_roofline(args) -> int:
-    return _draw(args, _plot_roofline, "the roofline plot", note_unmatched=True)
+    return _draw(args, _plot_roofline, "the roofline plot", note_unmatched=True, formats=_plot_formats)
 
 
 def cmd_report(args) -> int:
@@ -199,12 +280,26 @@ def cmd_calibrate(args) -> int:
         print(f"tileattn: {exc}", file=sys.stderr)
         return EXIT_NO_GPU
     except ValueError as exc:
-        return _err(str(exc))
+        return _err(flag_message(str(exc)))
+    except OSError as exc:
+        return _err(f"--output {args.output}: cannot write: {exc.strerror or exc}")
     bw = hw.measured["hbm_bandwidth"].value
     pk = hw.measured["peak_flops.bf16"].value
     print(f"{hw.display_name}: copy bandwidth {bw / 1e12:.3g} TB/s, bf16 matmul {pk / 1e12:.4g} TFLOP/s")
-    print(f"wrote {path} (use --hw {hw.name}, or --hw-file {path})")
+    print(f"wrote {path} ({calibrate_advice(path, hw.name)})")
     return EXIT_OK
+
+
+def calibrate_advice(path, name: str) -> str:
+    """How to use a file ``tileattn calibrate`` wrote: ``--hw name`` finds it
+    only in the user folder; ``--hw-file`` works anywhere (its only entry)."""
+    try:
+        in_user_dir = Path(path).resolve().parent == _hw.user_hardware_dir().resolve()
+    except OSError:
+        in_user_dir = False
+    if in_user_dir:
+        return f"use --hw {name}, or --hw-file {path}"
+    return f"use --hw-file {path}; --hw {name} works once the file is in {_hw.user_hardware_dir()}"
 
 
 # ---------------------------------------------------------------------------
@@ -258,8 +353,8 @@ def register(subparsers) -> None:
         epilog="example:\n  tileattn calibrate --name my-h200\n  tileattn io --hw my-h200 --basis measured")
     p.add_argument("--name", default=None, help="entry name (default: derived from the device name)")
     p.add_argument("-o", "--output", default=None,
-                   help="JSON file to write (default: ~/.config/tileattn/hardware/<name>.json)")
-    p.add_argument("--repeats", type=int, default=20)
+                   help=f"JSON file to write (default: <name>.json in the user folder, {_hw.USER_DIR_HELP})")
+    p.add_argument("--repeats", type=int, default=20, help="timed runs of each measurement (the median is kept)")
     p.add_argument("--size-mb", type=int, default=1024, help="bytes copied per timing, in MiB")
     p.add_argument("--matmul-n", type=int, default=8192, help="square bf16 matmul size")
     p.set_defaults(func=cmd_calibrate)

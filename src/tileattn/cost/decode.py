@@ -31,9 +31,10 @@ The absorbed MLA layout (DeepSeek-V3: one kv head, D = 576, Dv = 512, a
 shared cache) at one query token reads 576 e bytes a key per batch element and
 computes ``2 Hq 1088`` FLOPs on it: ``Hq x 1088 / 576`` FLOP a byte in bf16,
 30 at 16 heads and 242 at 128.  The H200's ridge (bf16) is 206 FLOP a byte
-by its datasheet (989 TFLOP/s over 4.8 TB/s) and 184 as measured here
-(790 TFLOP/s, 4.3 TB/s): 16 heads are memory-bound, 128 heads compute-bound,
-the crossover near 109 heads (97 measured); :func:`crossover_heads`.
+by its datasheet (989 TFLOP/s over 4.8 TB/s) and 187 as measured here
+(789 TFLOP/s, 4.21 TB/s, ``tileattn calibrate``): 16 heads are memory-bound,
+128 heads compute-bound, the crossover near 109 heads (99 measured);
+:func:`crossover_heads`.
 """
 from __future__ import annotations
 

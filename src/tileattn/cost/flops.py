@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..configs import KernelConfig
-from .shape import FLOP_MODES, AttentionShape, _check_int, _resolve_configs
+from .shape import FLOP_MODES, AttentionShape, _check_bool, _check_head_dim, _check_int, _resolve_configs
 
 
 # ---------------------------------------------------------------------------
@@ -16,8 +16,10 @@ def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
     """Number of (query, key) pairs that take part in attention for one head.
 
     Causal: row ``i`` sees ``clamp(i + Nk - Nq + 1, 0, Nk)`` keys; the sum is
-    done in closed form (a triangle plus, for Nk > Nq, a full rectangle)."""
-    nq, nk = seqlen_q, seqlen_k
+    done in closed form (a triangle plus, for Nk > Nq, a full rectangle).
+    Lengths may be 0 (no pairs)."""
+    nq, nk = _check_int("seqlen_q", seqlen_q, 0), _check_int("seqlen_k", seqlen_k, 0)
+    causal = _check_bool("causal", causal)
     if not causal:
         return nq * nk
     c = nk - nq + 1  # keys seen by row 0 (may be <= 0)
@@ -38,20 +40,73 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _fwd_keys_loaded(start_m: int, nq: int, nk: int, block_m: int, block_n: int, causal: bool) -> int:
-    """Key rows the program of the query block at ``start_m`` loads (causal_key_bounds)."""
-    if not causal:
-        return nk
-    hi = max(min(start_m + block_m + nk - nq, nk), 0)
-    return min(nk, _cdiv(hi, block_n) * block_n)
-
-
-def _dkdv_query_start(start_n: int, nq: int, nk: int, block_m: int, causal: bool) -> int:
-    """First query row the dK/dV program of the key block at ``start_n`` loads (causal_query_bounds)."""
-    if not causal:
+def _floor_sum(n: int, m: int, a: int, b: int) -> int:
+    """``sum(floor((a*i + b) / m) for i in range(n))`` for integers, ``m >= 1``,
+    in O(log) steps (the Euclid-like reduction of the floor sum)."""
+    if n <= 0:
         return 0
-    lo = max(start_n - (nk - nq), 0)
-    return min(nq, (lo // block_m) * block_m)
+    qa, a = divmod(a, m)          # a, b brought into [0, m); their quotients summed directly
+    qb, b = divmod(b, m)
+    total = qa * (n * (n - 1) // 2) + qb * n
+    while True:
+        if a >= m:
+            total += (n - 1) * n // 2 * (a // m)
+            a %= m
+        if b >= m:
+            total += n * (b // m)
+            b %= m
+        y_max = a * n + b
+        if y_max < m:
+            return total
+        n, b = divmod(y_max, m)
+        m, a = a, m
+
+
+def _fwd_key_rows(nq: int, nk: int, block_m: int, block_n: int, causal: bool, padded: bool = False) -> int:
+    """Key rows the forward (and dQ) programs of one head load, summed over
+    the query blocks; ``padded`` rounds each program's count up to whole
+    BLOCK_N tiles (the executed keys).  The program of query block i loads
+    all Nk keys, or, causal (the kernels' causal_key_bounds), the key tiles
+    below ``hi = clamp((i + 1) BLOCK_M + Nk - Nq, 0, Nk)``: ``min(Nk, BLOCK_N
+    ceil(hi / BLOCK_N))`` rows.
+
+    In closed form, with ``x_i = (i + 1) BLOCK_M + Nk - Nq`` and ``K0`` the
+    multiple of BLOCK_N at or below Nk: program i loads 0 keys for
+    ``x_i <= 0``, ``BLOCK_N ceil(x_i / BLOCK_N)`` for ``0 < x_i <= K0`` (a
+    floor sum) and all Nk for ``x_i > K0``: O(log N) whatever the length."""
+    n_qb = _cdiv(nq, block_m)
+    full = _cdiv(nk, block_n) * block_n if padded else nk
+    if not causal:
+        return n_qb * full
+    off = nk - nq
+    k0 = block_n * (nk // block_n)
+    first = min(n_qb, max(0, (-off) // block_m))             # first block with x_i > 0
+    last = min(n_qb, max(first, (k0 - off) // block_m))       # first block with x_i > K0
+    ramp = block_n * _floor_sum(last - first, block_n, block_m, block_m * (first + 1) + off + block_n - 1)
+    return ramp + (n_qb - last) * full
+
+
+def _dkdv_query_rows(nq: int, nk: int, block_m: int, block_n: int, causal: bool, padded: bool = False) -> int:
+    """Query rows the dK/dV programs of one head load, summed over the key
+    blocks; ``padded`` rounds each program's count up to whole BLOCK_M tiles
+    (the executed queries).  The program of key block j loads the queries
+    from its start to Nq: 0, or, causal (the kernels' causal_query_bounds),
+    ``min(Nq, BLOCK_M floor(max(j BLOCK_N - (Nk - Nq), 0) / BLOCK_M))``.
+
+    In closed form, with ``y_j = j BLOCK_N - (Nk - Nq)``: program j starts at
+    query 0 for ``y_j <= 0``, at ``BLOCK_M floor(y_j / BLOCK_M)`` (a floor
+    sum) while that is below Nq, and loads nothing once
+    ``y_j >= BLOCK_M ceil(Nq / BLOCK_M)``."""
+    n_kb = _cdiv(nk, block_n)
+    rows = _cdiv(nq, block_m) * block_m if padded else nq
+    if not causal:
+        return n_kb * rows
+    off = nk - nq
+    q1 = block_m * _cdiv(nq, block_m)
+    first = max(0, min(n_kb, off // block_n + 1))           # first block with y_j > 0
+    last = max(first, min(n_kb, _cdiv(q1 + off, block_n)))   # first block with y_j >= q1 (loads nothing)
+    starts = block_m * _floor_sum(last - first, block_m, block_n, first * block_n - off)
+    return last * rows - starts
 
 
 def executed_pairs(seqlen_q: int, seqlen_k: int, causal: bool, block_m: int, block_n: int,
@@ -63,19 +118,16 @@ def executed_pairs(seqlen_q: int, seqlen_k: int, causal: bool, block_m: int, blo
     ``kernel="fwd"`` (also the dQ kernel) walks key tiles per query block;
     ``kernel="dkdv"`` walks query tiles per key block, from the first query
     tile that sees the key block (the two orders skip slightly different
-    tiles on the diagonal when BLOCK_M != BLOCK_N)."""
+    tiles on the diagonal when BLOCK_M != BLOCK_N).  Closed form (O(log N)),
+    equal to walking the blocks."""
     if kernel not in ("fwd", "dq", "dkdv"):
         raise ValueError(f"kernel={kernel!r} must be 'fwd', 'dq' or 'dkdv'")
-    total = 0
+    nq, nk = _check_int("seqlen_q", seqlen_q, 0), _check_int("seqlen_k", seqlen_k, 0)
+    causal = _check_bool("causal", causal)
+    bm, bn = _check_int("block_m", block_m), _check_int("block_n", block_n)
     if kernel == "dkdv":
-        for kb in range(_cdiv(seqlen_k, block_n)):
-            start = _dkdv_query_start(kb * block_n, seqlen_q, seqlen_k, block_m, causal)
-            total += block_n * _cdiv(seqlen_q - start, block_m) * block_m
-        return total
-    for qb in range(_cdiv(seqlen_q, block_m)):
-        keys = _fwd_keys_loaded(qb * block_m, seqlen_q, seqlen_k, block_m, block_n, causal)
-        total += block_m * _cdiv(keys, block_n) * block_n
-    return total
+        return block_n * _dkdv_query_rows(nq, nk, bm, bn, causal, padded=True)
+    return block_m * _fwd_key_rows(nq, nk, bm, bn, causal, padded=True)
 
 
 def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None = None, head_dim: int = 64, *,
@@ -100,13 +152,18 @@ def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None 
     *executes* (:func:`executed_pairs`) rather than the useful ones.
     Softmax exponentials and other elementwise work are not counted (they
     do not run on the tensor cores and are small next to ``D`` FLOPs/pair).
+
+    Arguments are checked as :class:`AttentionShape` checks them (head dims
+    up to the kernels' 512; TypeError for a non-integer type or a causal
+    that is not a bool, ValueError for a bad value).
     """
     b = _check_int("batch", batch)
     h = _check_int("heads", heads)
     nq = _check_int("seqlen_q", seqlen_q)
     nk = nq if seqlen_k is None else _check_int("seqlen_k", seqlen_k)
-    d = _check_int("head_dim", head_dim)
-    dv = d if head_dim_v is None else _check_int("head_dim_v", head_dim_v)
+    d = _check_head_dim("head_dim", head_dim)
+    dv = d if head_dim_v is None else _check_head_dim("head_dim_v", head_dim_v)
+    causal = _check_bool("causal", causal)
     if mode not in FLOP_MODES:
         raise ValueError(f"mode={mode!r} is not one of {', '.join(FLOP_MODES)}")
     if (block_m is None) != (block_n is None):

@@ -24,7 +24,9 @@ and ``docs/io-model.md``); ``tileattn calibrate`` writes such a file with
 from __future__ import annotations
 
 import json
+import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -112,7 +114,8 @@ def _h100() -> Hardware:
 def _h200() -> Hardware:
     ds = "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column)"
     peaks, common, wp = _h100_common(ds)
-    here = "measured on this project's H200 (2026-11)"
+    here = ("tileattn calibrate on this project's H200, 2026-11-29, torch 2.11.0+cu130 "
+            "(docs/results/h200/calibrate/calibrated_h200.json)")
     return Hardware(
         name="nvidia-h200", display_name="NVIDIA H200 SXM 141GB", vendor="nvidia",
         peak_flops=peaks,
@@ -120,10 +123,11 @@ def _h200() -> Hardware:
         memory_capacity=_v(141 * GIGA, "B", ds, note="HBM3e"),
         l2_bytes=_v(50 * MB, "B", wp, note="same GH100 configuration as H100 SXM5"),
         measured={
-            "hbm_bandwidth": _v(4.3 * TERA, "B/s", here, "measured",
-                                "device-to-device copy, read + write bytes counted"),
-            "peak_flops.bf16": _v(790 * TERA, "FLOP/s", here, "measured",
-                                  "large bf16 matmul through torch.matmul"),
+            "hbm_bandwidth": _v(4.21 * TERA, "B/s", here, "measured",
+                                "1 GiB device-to-device copy, read + write bytes counted, median of 20: "
+                                "4.2138 TB/s, rounded"),
+            "peak_flops.bf16": _v(789 * TERA, "FLOP/s", here, "measured",
+                                  "8192^3 bf16 matmul through torch.matmul, median of 20: 788.94 TFLOP/s, rounded"),
             "l2_bytes": _v(60 * MB, "B", here + ": torch.cuda.get_device_properties().L2_cache_size",
                            "measured", "the driver reports the full GH100 L2"),
         },
@@ -217,16 +221,36 @@ def _build_catalogue() -> dict[str, Hardware]:
 CATALOGUE: dict[str, Hardware] = _build_catalogue()
 
 
+# The names the drivers report for each catalogue part (torch.cuda.get_device_name:
+# NVML on NVIDIA, the ROCm marketing name on AMD), compared after _device_key.
+# Only the exact part: an H100 PCIe or NVL, an A100 40GB, a GH200, an RTX 4090 D
+# or a laptop GPU has other bandwidth, SM counts or clocks and maps to nothing.
+DEVICE_NAMES: dict[str, tuple[str, ...]] = {
+    "nvidia-a100-80gb-sxm4": ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB SXM4"),
+    "nvidia-h100-sxm": ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM5 80GB"),
+    "nvidia-h200": ("NVIDIA H200", "NVIDIA H200 SXM 141GB"),
+    "nvidia-rtx-4090": ("NVIDIA GeForce RTX 4090",),
+    "nvidia-rtx-3090": ("NVIDIA GeForce RTX 3090",),
+    "amd-instinct-mi300x": ("AMD Instinct MI300X", "AMD Instinct MI300X OAM"),
+}
+
+
+def _device_key(name: str) -> str:
+    """A device name with case, punctuation and spacing folded: "NVIDIA A100-SXM4-80GB" -> "nvidia a100 sxm4 80gb"."""
+    return " ".join("".join(ch if ch.isalnum() else " " for ch in str(name).lower()).split())
+
+
 def catalogue_name_for_device(device_name: str) -> str | None:
-    """The catalogue entry whose model (the first part of its name after the
-    vendor that holds a digit: ``h100``, ``4090``, ``mi300x``) appears in a
-    device name as the driver reports it (``torch.cuda.get_device_name``:
-    "NVIDIA H100 80GB HBM3" -> ``nvidia-h100-sxm``), or None."""
-    flat = str(device_name).lower().replace(" ", "")
-    for key in CATALOGUE:
-        model = next((t for t in key.split("-")[1:] if any(ch.isdigit() for ch in t)), None)
-        if model and model in flat:
-            return key
+    """The catalogue entry of the device the driver reports
+    (``torch.cuda.get_device_name``: "NVIDIA H100 80GB HBM3" ->
+    ``nvidia-h100-sxm``), or None for any other device.  The whole name must
+    be one of that part's names (:data:`DEVICE_NAMES`, case, punctuation and
+    spacing aside): "NVIDIA GH200 480GB", "NVIDIA A100-SXM4-40GB" and
+    "NVIDIA H100 PCIe" are other parts and give None."""
+    key = _device_key(device_name)
+    for entry, names in DEVICE_NAMES.items():
+        if key in {_device_key(n) for n in names}:
+            return entry
     return None
 
 
@@ -235,7 +259,8 @@ def catalogue_name_for_device(device_name: str) -> str | None:
 # ---------------------------------------------------------------------------
 def user_hardware_dir() -> Path:
     """Folder searched for user hardware files (``*.json`` / ``*.toml``):
-    ``$TILEATTN_HARDWARE_DIR`` if set, else ``~/.config/tileattn/hardware``."""
+    ``$TILEATTN_HARDWARE_DIR`` if set, else ``$XDG_CONFIG_HOME/tileattn/hardware``
+    (``~/.config/tileattn/hardware`` when XDG_CONFIG_HOME is unset)."""
     env = os.environ.get("TILEATTN_HARDWARE_DIR")
     if env:
         return Path(env)
@@ -243,15 +268,33 @@ def user_hardware_dir() -> Path:
     return Path(base) / "tileattn" / "hardware"
 
 
+USER_DIR_HELP = ("$TILEATTN_HARDWARE_DIR, else $XDG_CONFIG_HOME/tileattn/hardware, else "
+                 "~/.config/tileattn/hardware")
+
+
+class HardwareFileWarning(UserWarning):
+    """A file in the user hardware folder could not be loaded and was skipped."""
+
+
 def _parse_value(raw: Any, field: str, unit: str, default_source: str, default_basis: str) -> Value:
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return Value(float(raw), unit, default_source, default_basis)
     if isinstance(raw, Mapping):
         if "value" not in raw:
             raise ValueError(f"{field}: a table needs a 'value' key")
-        return Value(float(raw["value"]), raw.get("unit", unit), raw.get("source", default_source),
-                     raw.get("basis", default_basis), raw.get("note", ""))
-    raise ValueError(f"{field}: expected a number or a table with 'value', got {type(raw).__name__}")
+        number, unit = raw["value"], raw.get("unit", unit)
+        source, basis, note = raw.get("source", default_source), raw.get("basis", default_basis), raw.get("note", "")
+    elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        number, source, basis, note = raw, default_source, default_basis, ""
+    else:
+        raise ValueError(f"{field}: expected a number or a table with 'value', got {type(raw).__name__}")
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        raise ValueError(f"{field}: value={number!r} must be a number")
+    if not math.isfinite(number) or number <= 0:
+        # peaks and bandwidths divide FLOPs and bytes; sizes and counts of 0 mean nothing either
+        raise ValueError(f"{field}: value={number!r} must be a finite number > 0")
+    try:
+        return Value(float(number), unit, source, basis, note)
+    except ValueError as exc:
+        raise ValueError(f"{field}: {exc}") from None
 
 
 def hardware_from_dict(data: Mapping[str, Any], origin: str = "user file") -> Hardware:
@@ -260,7 +303,7 @@ def hardware_from_dict(data: Mapping[str, Any], origin: str = "user file") -> Ha
     Required: ``name``, ``peak_flops`` (at least one dtype), ``hbm_bandwidth``.
     A value is either a bare number (base units; source = the file, basis =
     the top-level ``basis`` key or ``datasheet``) or a table
-    ``{value, source, basis, note}``.
+    ``{value, source, basis, note}``; every value must be finite and > 0.
     """
     if not isinstance(data, Mapping):
         raise ValueError("hardware file must hold a table/object at the top level")
@@ -272,34 +315,42 @@ def hardware_from_dict(data: Mapping[str, Any], origin: str = "user file") -> Ha
     peaks_raw = data.get("peak_flops")
     if not isinstance(peaks_raw, Mapping) or not peaks_raw:
         raise ValueError(f"hardware {name!r}: 'peak_flops' must map dtypes ({', '.join(PEAK_DTYPES)}) to FLOP/s")
-    peaks = {}
-    for k, raw in peaks_raw.items():
-        if k not in PEAK_DTYPES:
-            raise ValueError(f"hardware {name!r}: peak_flops key {k!r} is not one of {', '.join(PEAK_DTYPES)}")
-        peaks[k] = _parse_value(raw, f"peak_flops.{k}", "FLOP/s", src, basis)
-    if "hbm_bandwidth" not in data:
-        raise ValueError(f"hardware {name!r}: 'hbm_bandwidth' (bytes/s) is required")
-    scalars = {f: _parse_value(data[f], f, unit, src, basis) for f, unit in SCALAR_FIELDS.items() if f in data}
-    measured = {}
-    for k, raw in (data.get("measured") or {}).items():
-        unit = "FLOP/s" if k.startswith("peak_flops.") else SCALAR_FIELDS.get(k)
-        if unit is None:
-            raise ValueError(f"hardware {name!r}: measured key {k!r} is not a hardware field")
-        measured[k] = _parse_value(raw, f"measured.{k}", unit, src, "measured")
+    try:
+        peaks = {}
+        for k, raw in peaks_raw.items():
+            if k not in PEAK_DTYPES:
+                raise ValueError(f"peak_flops key {k!r} is not one of {', '.join(PEAK_DTYPES)}")
+            peaks[k] = _parse_value(raw, f"peak_flops.{k}", "FLOP/s", src, basis)
+        if "hbm_bandwidth" not in data:
+            raise ValueError("'hbm_bandwidth' (bytes/s) is required")
+        scalars = {f: _parse_value(data[f], f, unit, src, basis) for f, unit in SCALAR_FIELDS.items() if f in data}
+        measured = {}
+        meas_raw = data.get("measured") or {}
+        if not isinstance(meas_raw, Mapping):
+            raise ValueError("'measured' must be a table of field -> value")
+        for k, raw in meas_raw.items():
+            unit = "FLOP/s" if k.startswith("peak_flops.") else SCALAR_FIELDS.get(k)
+            if unit is None or (unit == "FLOP/s" and k.split(".", 1)[1] not in PEAK_DTYPES):
+                raise ValueError(f"measured key {k!r} is not a hardware field")
+            measured[k] = _parse_value(raw, f"measured.{k}", unit, src, "measured")
+    except ValueError as exc:
+        raise ValueError(f"hardware {name!r}: {exc}") from None
     unknown = set(data) - set(SCALAR_FIELDS) - {"name", "display_name", "vendor", "peak_flops", "measured",
                                                 "notes", "basis", "source"}
     if unknown:
         raise ValueError(f"hardware {name!r}: unknown keys {sorted(unknown)}")
-    return Hardware(name=name, display_name=data.get("display_name", name), vendor=data.get("vendor", "unknown"),
-                    peak_flops=peaks, measured=measured, notes=tuple(data.get("notes", ())), origin=origin,
-                    **scalars)
+    notes = data.get("notes", ())
+    if isinstance(notes, str) or not all(isinstance(n, str) for n in notes):
+        raise ValueError(f"hardware {name!r}: 'notes' must be a list of strings")
+    return Hardware(name=name, display_name=str(data.get("display_name", name)),
+                    vendor=str(data.get("vendor", "unknown")), peak_flops=peaks, measured=measured,
+                    notes=tuple(notes), origin=origin, **scalars)
 
 
-def load_hardware_file(path: str | os.PathLike) -> Hardware:
-    """Load one hardware entry from a ``.json`` or ``.toml`` file."""
-    p = Path(path)
+def _read_file(p: Path) -> Any:
+    """The parsed contents of a hardware file (ValueError naming what is wrong, not the file)."""
     if not p.is_file():
-        raise ValueError(f"hw_file={str(p)!r}: no such file")
+        raise ValueError("not a file" if p.exists() else "no such file")
     text = p.read_bytes()
     if p.suffix.lower() == ".toml":
         try:
@@ -311,32 +362,96 @@ def load_hardware_file(path: str | os.PathLike) -> Hardware:
                 raise ValueError("reading TOML hardware files needs Python 3.11+ or the 'tomli' package; "
                                  "use a .json file instead") from exc
         try:
-            data = tomllib.loads(text.decode())
+            return tomllib.loads(text.decode())
         except Exception as exc:
-            raise ValueError(f"hw_file={str(p)!r}: invalid TOML: {exc}") from None
-    elif p.suffix.lower() == ".json":
+            raise ValueError(f"invalid TOML: {exc}") from None
+    if p.suffix.lower() == ".json":
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"hw_file={str(p)!r}: invalid JSON: {exc}") from None
-    else:
-        raise ValueError(f"hw_file={str(p)!r}: expected a .json or .toml file")
-    return hardware_from_dict(data, origin=str(p))
+            return json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"invalid JSON: {exc}") from None
+    raise ValueError("expected a .json or .toml file")
 
 
-def user_hardware() -> dict[str, Hardware]:
-    """Entries found in :func:`user_hardware_dir` (files that fail to load are skipped)."""
+def _file_entries(p: Path) -> dict[str, Hardware]:
+    data = _read_file(p)
+    if isinstance(data, Mapping) and "name" not in data and "hardware" in data:
+        data = data["hardware"]
+    items = data if isinstance(data, list) else [data]
+    if not items:
+        raise ValueError("holds no hardware entry")
+    out: dict[str, Hardware] = {}
+    for item in items:
+        hw = hardware_from_dict(item, origin=str(p))
+        if hw.name in out:
+            raise ValueError(f"two entries are named {hw.name!r}")
+        out[hw.name] = hw
+    return out
+
+
+def load_hardware_entries(path: str | os.PathLike) -> dict[str, Hardware]:
+    """Every hardware entry of a ``.json`` or ``.toml`` file, by name.
+
+    A file holds one entry (a table with ``name``) or several: a JSON list of
+    entries, or a table whose ``hardware`` key lists them (TOML
+    ``[[hardware]]``)."""
+    p = Path(path)
+    try:
+        return _file_entries(p)
+    except OSError as exc:
+        raise ValueError(f"hw_file={str(p)!r}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"hw_file={str(p)!r}: {exc}") from None
+
+
+def load_hardware_file(path: str | os.PathLike, name: str | None = None) -> Hardware:
+    """One hardware entry of a ``.json`` or ``.toml`` file: the file's only
+    entry, or the one called ``name`` (which, given, must match; a file of
+    several entries needs it)."""
+    entries = load_hardware_entries(path)
+    names = ", ".join(entries)
+    if name is None or name == "":
+        if len(entries) > 1:
+            raise UnknownHardwareError(f"hw_file={str(path)!r} holds {len(entries)} entries ({names}); "
+                                       f"name the one to use with hw")
+        return next(iter(entries.values()))
+    if name not in entries:
+        if len(entries) == 1:
+            raise UnknownHardwareError(f"hw={name!r} does not match the name {names!r} in {path}")
+        raise UnknownHardwareError(f"hw={name!r} is not an entry of {path} (its entries: {names})")
+    return entries[name]
+
+
+def _scan_user_hardware() -> tuple[dict[str, Hardware], dict[str, str]]:
+    """(entries, {file: why it was skipped}) of :func:`user_hardware_dir`."""
     d = user_hardware_dir()
     out: dict[str, Hardware] = {}
+    skipped: dict[str, str] = {}
     if d.is_dir():
         for p in sorted(d.iterdir()):
             if p.suffix.lower() in (".json", ".toml"):
                 try:
-                    hw = load_hardware_file(p)
-                except ValueError:
-                    continue
-                out[hw.name] = hw
+                    out.update(_file_entries(p))
+                except OSError as exc:
+                    skipped[str(p)] = f"cannot read: {exc.strerror or exc}"
+                except ValueError as exc:
+                    skipped[str(p)] = str(exc)
+    return out, skipped
+
+
+def user_hardware() -> dict[str, Hardware]:
+    """Entries found in :func:`user_hardware_dir`.  A file that fails to load
+    is skipped with a :class:`HardwareFileWarning` naming it and the reason
+    (:func:`skipped_user_files` lists them)."""
+    out, skipped = _scan_user_hardware()
+    for path, why in skipped.items():
+        warnings.warn(f"skipped hardware file {path}: {why}", HardwareFileWarning, stacklevel=2)
     return out
+
+
+def skipped_user_files() -> dict[str, str]:
+    """Files of :func:`user_hardware_dir` that fail to load: {path: reason}."""
+    return _scan_user_hardware()[1]
 
 
 def hardware_names(include_user: bool = True) -> list[str]:
@@ -349,23 +464,27 @@ def hardware_names(include_user: bool = True) -> list[str]:
 def get_hardware(name: str | None = None, hw_file: str | os.PathLike | None = None) -> Hardware:
     """Look up hardware by name.
 
-    With ``hw_file`` the file is loaded (and, if ``name`` is given, its name
-    must match).  Otherwise ``name`` is searched in the user folder first
-    (so a calibrated entry can shadow a catalogue one) and then in the
-    catalogue.  Unknown names raise :class:`UnknownHardwareError` (a
-    ``ValueError``) that lists the valid names.
+    With ``hw_file`` the file is loaded: its only entry, or the one called
+    ``name`` (:func:`load_hardware_file`).  Otherwise ``name`` is searched in
+    the user folder first (so a calibrated entry can shadow a catalogue one)
+    and then in the catalogue.  Unknown names raise
+    :class:`UnknownHardwareError` (a ``ValueError``) that lists the valid
+    names and any user file that was skipped.
     """
     if hw_file is not None:
-        hw = load_hardware_file(hw_file)
-        if name and name != hw.name:
-            raise UnknownHardwareError(f"hw={name!r} does not match the name {hw.name!r} in {hw_file}")
-        return hw
+        return load_hardware_file(hw_file, name)
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"hw={name!r} must be a hardware name (str), not {type(name).__name__}")
+    users, skipped = _scan_user_hardware()
+    for path, why in skipped.items():
+        warnings.warn(f"skipped hardware file {path}: {why}", HardwareFileWarning, stacklevel=2)
+    valid = ", ".join(sorted(set(CATALOGUE) | set(users)))
     if not name:
-        raise UnknownHardwareError("hw: a hardware name is required; valid names: " + ", ".join(hardware_names()))
-    users = user_hardware()
+        raise UnknownHardwareError("hw: a hardware name is required; valid names: " + valid)
     if name in users:
         return users[name]
     if name in CATALOGUE:
         return CATALOGUE[name]
-    raise UnknownHardwareError(f"unknown hardware {name!r}; valid names: {', '.join(hardware_names())} "
-                               f"(or pass a TOML/JSON file with --hw-file)")
+    bad = "".join(f"; skipped {path}: {why}" for path, why in skipped.items())
+    raise UnknownHardwareError(f"unknown hardware {name!r}; valid names: {valid} "
+                               f"(or pass a TOML/JSON file with --hw-file){bad}")

@@ -5,6 +5,7 @@ and the look-up, and explains the bases and units."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping
 
 BASES = ("datasheet", "measured", "derived")
@@ -28,8 +29,9 @@ class Value:
     def __post_init__(self) -> None:
         if self.basis not in BASES:
             raise ValueError(f"basis={self.basis!r} is not one of {', '.join(BASES)}")
-        if not isinstance(self.value, (int, float)) or self.value != self.value or self.value < 0:
-            raise ValueError(f"value={self.value!r} must be a non-negative number")
+        if (isinstance(self.value, bool) or not isinstance(self.value, (int, float)) or not math.isfinite(self.value)
+                or self.value < 0):
+            raise ValueError(f"value={self.value!r} must be a finite non-negative number")
 
     def as_dict(self) -> dict:
         d = {"value": self.value, "unit": self.unit, "source": self.source, "basis": self.basis}
@@ -123,11 +125,17 @@ class Hardware:
         if v is None:
             have = ", ".join(sorted(self.peak_flops)) or "none"
             raise ValueError(f"hardware {self.name!r} has no {dtype} peak (it has: {have})")
+        if v.value <= 0:
+            raise ValueError(f"hardware {self.name!r}: the {dtype} peak is {v.value!r}; it must be > 0")
         return float(v.value)
 
     def bandwidth(self, basis: str = "datasheet") -> float:
-        """HBM (DRAM) bandwidth in bytes/s."""
-        return float(self.value("hbm_bandwidth", basis).value)
+        """HBM (DRAM) bandwidth in bytes/s (ValueError unless > 0)."""
+        v = self.value("hbm_bandwidth", basis)
+        if v is None or v.value <= 0:
+            raise ValueError(f"hardware {self.name!r}: hbm_bandwidth is {None if v is None else v.value!r}; "
+                             f"it must be > 0")
+        return float(v.value)
 
     def ridge_point(self, dtype: str = "bf16", basis: str = "datasheet") -> float:
         """FLOP per byte above which a kernel is compute-bound: peak / bandwidth."""

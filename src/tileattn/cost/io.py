@@ -30,7 +30,7 @@ from typing import Iterable
 from .. import configs as _configs
 from ..configs import KernelConfig
 from .flops import (  # noqa: F401  (re-exported: tileattn.cost.io is the model's one import path)
-    FlopBreakdown, _cdiv, _dkdv_query_start, _fwd_keys_loaded, _tile_matmul_flops, attention_flops, executed_pairs,
+    FlopBreakdown, _cdiv, _dkdv_query_rows, _fwd_key_rows, _tile_matmul_flops, attention_flops, executed_pairs,
     flop_breakdown, visible_pairs)
 from .shape import (  # noqa: F401  (re-exported: tileattn.cost.io is the model's one import path)
     AttentionShape, DTYPE_BYTES, DefaultConfigs, FLOP_MODES, FUSION_LEVELS, L2_USABLE_FRACTION, LAUNCH_OVERHEAD_S,
@@ -326,7 +326,7 @@ def tiled_traffic(shape: AttentionShape, *, fwd_config: KernelConfig | None = No
 
     # ---- forward ----
     n_qb = _cdiv(nq, bm)
-    kv_rows_loaded = sum(_fwd_keys_loaded(i * bm, nq, nk, bm, bn, s.causal) for i in range(n_qb))
+    kv_rows_loaded = _fwd_key_rows(nq, nk, bm, bn, s.causal)
     kv_tile_loads = float(kv_rows_loaded * row_kv * b * hq)         # K and V, every q-head program
     kv_unique = float(nk * row_kv)                                   # one kv head's K and V
     if cache:
@@ -356,7 +356,7 @@ def tiled_traffic(shape: AttentionShape, *, fwd_config: KernelConfig | None = No
         conc_kv = (cache.concurrent_programs(_configs.dkdv_smem_bytes(bm2, bn2, d, e, bwd_config.num_stages, dv),
                                              bwd_config.num_warps) if cache else None)
         n_kb = _cdiv(nk, bn2)
-        q_rows_loaded = sum(nq - _dkdv_query_start(j * bn2, nq, nk, bm2, s.causal) for j in range(n_kb))
+        q_rows_loaded = _dkdv_query_rows(nq, nk, bm2, bn2, s.causal)
         per_row = row_q + row_v + rows_aux                            # Q, dO, lse2, delta
         q_tile_loads = float(q_rows_loaded * per_row * g)            # per (batch, kv head)
         q_unique = float(nq * per_row * g)
@@ -377,7 +377,7 @@ def tiled_traffic(shape: AttentionShape, *, fwd_config: KernelConfig | None = No
         conc_q = cache.concurrent_programs(
             _configs.dq_smem_bytes(bm3, bn3, d, e, dq_config.num_stages, dv), dq_config.num_warps) if cache else None
         n_qb3 = _cdiv(nq, bm3)
-        kv_rows3 = sum(_fwd_keys_loaded(i * bm3, nq, nk, bm3, bn3, s.causal) for i in range(n_qb3))
+        kv_rows3 = _fwd_key_rows(nq, nk, bm3, bn3, s.causal)
         kv_loads3 = float(kv_rows3 * row_kv * b * hq)
         if cache:
             kv_dram3 = b * hkv * _streamed_dram(kv_unique, float(kv_rows3 * row_kv * g), g * n_qb3, conc_q, l2)

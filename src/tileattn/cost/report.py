@@ -12,7 +12,8 @@ import numpy as np
 from .format import fmt_bytes, fmt_flops, fmt_time, header_lines, summary_rows
 from .io import AttentionShape
 from .roofline import Comparison, compare, figure_png_bytes, plot_roofline
-from .tiles import chosen_configs, feasible_tiles, max_block_n, paper_block_sizes, table_configs_check
+from .shape import KERNEL_LABELS
+from .tiles import feasible_tiles, max_block_n, paper_block_sizes, table_configs_check
 
 SECTIONS = ("problem", "identity", "bytes", "tiling", "roofline", "scaling", "limits")
 
@@ -104,6 +105,46 @@ th{background:#f2f2f2}.formula{font-family:Menlo,Consolas,monospace;background:#
 border-left:3px solid #88a;white-space:pre-wrap}img{max-width:100%}.ok{color:#070}.meta{color:#555;font-size:.9em}"""
 
 
+def _not_run_html(comp: Comparison) -> str:
+    """A paragraph naming the tiled kernels that do not run on this device ('' if all do)."""
+    bad = comp.not_runnable()
+    if not bad:
+        return ""
+    items = "".join(f"<li>{html.escape(KERNEL_LABELS[k])}: {html.escape(m)}</li>" for k, m in bad.items())
+    return (f"<p><b>Not runnable here.</b> No config of these tiled kernels fits this device's shared memory, and "
+            f"the kernels raise ValueError for this shape; their figures are modelled with the smallest config "
+            f"only for comparison:</p><ul>{items}</ul>")
+
+
+def _chosen_text(comp: Comparison) -> str:
+    """Which config each kernel runs with autotuning off, as :attr:`Comparison.kernel_fit` has it."""
+    parts = []
+    for kind, f in comp.kernel_fit.items():
+        label, name = KERNEL_LABELS[kind], f"<code>{f.config.name}</code>"
+        if f.fits:
+            parts.append(f"{label} {name}")
+        elif f.runnable:
+            parts.append(f"{label}: none fits by the estimate, so the launcher tries the smallest, {name}, and the "
+                         f"compiler decides")
+        else:
+            parts.append(f"{label}: none fits, and the kernels refuse this shape (ValueError)")
+    lead = "With autotuning off each kernel takes the first config of its table that fits"
+    if all(f.fits for f in comp.kernel_fit.values()):
+        return f"{lead}: {', '.join(parts)}."
+    return f"{lead}, where one does: {'; '.join(parts)}."
+
+
+def _roofline_text(comp: Comparison) -> str:
+    tp = comp.tiled_pred
+    if not comp.runnable("fwd"):
+        return "The tiled kernels do not run on this device (section 4)."
+    text = (f"Tiled: {tp['fwd'].intensity:.3g} FLOP/byte, {tp['fwd'].bound}-bound. Predicted speedup "
+            f"{comp.speedup('fwd'):.2f}&times; forward, ")
+    if comp.runnable("fwd_bwd"):
+        return text + f"{comp.speedup('fwd_bwd'):.2f}&times; forward+backward."
+    return text + "none forward+backward: the tiled backward does not run on this device (section 4)."
+
+
 def build_report(comp: Comparison, measured=None) -> str:
     """The report as an HTML string."""
     s, hw = comp.shape, comp.hardware
@@ -160,10 +201,10 @@ the backward needs. Checked now on a random row of {chk['n']} scores in blocks o
 {_table(("impl", "phase", "pass", "read", "write", "FLOPs"), pass_rows)}
 <p>The tiled kernel reads K and V once per query block: {fmt_bytes(comp.tiled_no_cache.bytes('fwd'))} of tile loads
 in the forward, the &Theta;(N&sup2;d&sup2;/M) term. Neighbouring programs of a head stream the same K/V tiles at the
-same time, so L2 serves most repeats and HBM sees about {fmt_bytes(tp['fwd'].bytes)}.</p></section>""")
+same time, so L2 serves most repeats and HBM sees about {fmt_bytes(tp['fwd'].bytes)}.</p>{_not_run_html(comp)}</section>""")
 
     # 4. tiling
-    smem = hw.get_int("smem_per_block") or 0
+    smem = hw.get_int("smem_per_block", comp.basis) or 0
     tile_html = "<p>This hardware entry has no shared-memory size.</p>"
     if smem:
         feas = feasible_tiles(smem, s.head_dim, s.dtype, num_stages=3, shape=dataclasses.replace(s, batch=1),
@@ -172,11 +213,8 @@ same time, so L2 serves most repeats and HBM sees about {fmt_bytes(tp['fwd'].byt
         mbn = max_block_n(smem, s.head_dim, s.dtype, block_m=128, num_stages=3, head_dim_v=s.head_dim_v)
         trows = [(o.block_m, o.block_n, fmt_bytes(o.smem_bytes, True), fmt_bytes(o.hbm_bytes * s.batch))
                  for o in feas[:12]]
-        kernel_names = {"fwd": "forward", "dkdv": "backward dK/dV", "dq": "backward dQ"}
-        cfg_rows = [(kernel_names[k], c.name, "fits" if ok else "does not fit", c.source) for k, c, ok in
+        cfg_rows = [(KERNEL_LABELS[k], c.name, "fits" if ok else "does not fit", c.source) for k, c, ok in
                     table_configs_check(smem, s.head_dim, s.dtype, s.head_dim_v)]
-        chosen = chosen_configs(smem, s.head_dim, s.dtype, s.head_dim_v)
-        chosen_text = ", ".join(f"{kernel_names[k]} <code>{c.name}</code>" for k, c in chosen.items())
         tile_html = f"""<p>A forward program keeps a BLOCK_M&times;d Q tile, {3} stages of BLOCK_N&times;d K and V
 tiles and a BLOCK_M&times;BLOCK_N tile of P in {fmt_bytes(smem, True)} of shared memory per block. The paper's sizing,
 B<sub>c</sub> = &lceil;M/4d&rceil; = {bc} and B<sub>r</sub> = min(B<sub>c</sub>, d) = {br}, ignores the pipeline
@@ -184,19 +222,17 @@ buffers and the P tile; with them the largest BLOCK_N next to BLOCK_M = 128 is
 <b>{mbn if mbn else 'none'}</b>. Shared memory, not the IO bound, decides BLOCK_N: the bytes depend on BLOCK_M
 (K/V are re-read once per query block), not on BLOCK_N.</p>
 <p>Feasible forward tiles at 3 stages, by HBM bytes without L2 reuse:</p>
-{_table(("BLOCK_M", "BLOCK_N", "shared memory", "HBM bytes fwd"), trows)}
+{_table(("BLOCK_M", "BLOCK_N", "shared memory", "HBM bytes fwd"), trows) if trows else "<p>none fits.</p>"}
 <p>The kernels' own configuration tables against this device (each kernel with its own estimator):</p>
 {_table(("kernel", "config", "on this device", "source"), cfg_rows)}
-<p>With autotuning off each kernel takes the first config of its table that fits: {chosen_text}.
-The model uses these unless told otherwise.</p>"""
+<p>{_chosen_text(comp)} The model uses these unless told otherwise.</p>"""
     out.append(f'<section id="tiling"><h2>4. Tiling and the shared-memory bound</h2>{tile_html}</section>')
 
     # 5. roofline
     fig = plot_roofline(comp, measured=measured)
     out.append(f"""<section id="roofline"><h2>5. Roofline</h2>
 <p>Ridge point {comp.ridge:.0f} FLOP/byte ({comp.basis} figures). Standard: {sp['fwd'].intensity:.3g} FLOP/byte forward,
-{sp['fwd'].bound}-bound. Tiled: {tp['fwd'].intensity:.3g} FLOP/byte, {tp['fwd'].bound}-bound. Predicted speedup
-{comp.speedup('fwd'):.2f}&times; forward, {comp.speedup('fwd_bwd'):.2f}&times; forward+backward.
+{sp['fwd'].bound}-bound. {_roofline_text(comp)}
 {'Measured points are overlaid.' if measured else ''}</p>{_img(fig)}</section>""")
 
     # 6. scaling
@@ -213,7 +249,7 @@ around this shape:</p>{_img(_scaling_figure(comp))}</section>""")
     conc = comp.tiled.params.get("concurrent_programs")
     progs = math.ceil(s.seqlen_q / 128) * s.batch * s.heads
     out.append(f"""<section id="limits"><h2>7. What the kernel does not change</h2>
-<ul><li><b>FLOPs.</b> Useful forward FLOPs are {fmt_flops(f.useful_fwd)} either way; the tiled forward executes
+{_not_run_html(comp)}<ul><li><b>FLOPs.</b> Useful forward FLOPs are {fmt_flops(f.useful_fwd)} either way; the tiled forward executes
 {fmt_flops(f.tiled_fwd_executed)} (whole tiles, including the masked part of diagonal tiles). Once the bytes are
 gone, the tensor cores are the limit: {fmt_time(tp['fwd'].compute_time_s)} at peak for the forward.</li>
 <li><b>The backward's recompute.</b> Not storing P means rebuilding it: the tiled backward executes

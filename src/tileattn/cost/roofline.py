@@ -15,9 +15,10 @@ import dataclasses
 import io as _io
 from typing import Iterable, Mapping
 
-from .hardware import Hardware
+from .hardware import Hardware, get_hardware
 from .io import (LAUNCH_OVERHEAD_S, AttentionShape, FlopBreakdown, ResidentMemory, TrafficEstimate,
                  cache_model, flop_breakdown, resident_memory, standard_traffic, tiled_traffic)
+from .shape import KERNEL_LABELS, KernelFit, kernel_fits
 from ..configs import KernelConfig
 
 PHASES = ("fwd", "bwd", "fwd_bwd")
@@ -74,6 +75,7 @@ def predict(traffic: TrafficEstimate, hw: Hardware, *, basis: str = "datasheet",
     Per kernel ``t = max(F/peak, Q/bw) + overhead``; a phase sums its kernels.
     ``compute_time_s``/``memory_time_s`` are the phase totals ``F/peak`` and
     ``Q/bw`` (for the intensity picture)."""
+    hw = _hardware_arg(hw)
     peak = hw.peak(peak_dtype(traffic.shape.dtype), basis)
     bw = hw.bandwidth(basis)
     out = {}
@@ -105,12 +107,27 @@ class Comparison:
     tiled_pred: Mapping[str, PhasePrediction]
     standard_memory: ResidentMemory
     tiled_memory: ResidentMemory
+    kernel_fit: Mapping[str, KernelFit] = dataclasses.field(default_factory=dict)
 
     @property
     def ridge(self) -> float:
         return self.hardware.ridge_point(peak_dtype(self.shape.dtype), self.basis)
 
+    def not_runnable(self, phase: str | None = None) -> dict[str, str]:
+        """{kernel: the kernels' ValueError message} for the tiled kernels that
+        refuse this shape on this device (no config fits its shared memory),
+        limited to those ``phase`` (``fwd``, ``bwd``, ``fwd_bwd``) runs."""
+        kinds = {"fwd": ("fwd",), "bwd": ("dkdv", "dq")}.get(phase, ("fwd", "dkdv", "dq"))
+        return {k: f.message for k, f in self.kernel_fit.items() if k in kinds and not f.runnable}
+
+    def runnable(self, phase: str) -> bool:
+        """Whether the tiled kernels of ``phase`` run for this shape on this device."""
+        return not self.not_runnable(phase)
+
     def speedup(self, phase: str = "fwd") -> float:
+        """Standard time over tiled time; nan where the tiled kernels do not run."""
+        if not self.runnable(phase):
+            return float("nan")
         return self.standard_pred[phase].time_s / self.tiled_pred[phase].time_s
 
     def as_dict(self) -> dict:
@@ -127,9 +144,35 @@ class Comparison:
             "tiled": {"traffic": self.tiled.as_dict(),
                       "tile_loads_no_cache": {ph: self.tiled_no_cache.bytes(ph) for ph in ("fwd", "bwd")},
                       "prediction": {k: v.as_dict() for k, v in self.tiled_pred.items()},
+                      "runnable": {ph: self.runnable(ph) for ph in self.tiled_pred},
+                      "kernels": {k: f.as_dict() for k, f in self.kernel_fit.items()},
                       "memory": self.tiled_memory.as_dict()},
-            "speedup": {ph: self.speedup(ph) for ph in self.standard_pred if ph in self.tiled_pred},
+            "speedup": {ph: (self.speedup(ph) if self.runnable(ph) else None)
+                        for ph in self.standard_pred if ph in self.tiled_pred},
         }
+
+
+def _hardware_arg(hw) -> Hardware:
+    """``hw`` as a :class:`Hardware`: one, or a name :func:`get_hardware` knows."""
+    if isinstance(hw, Hardware):
+        return hw
+    if isinstance(hw, str):
+        return get_hardware(hw)
+    raise TypeError(f"hw={hw!r} must be a Hardware or a hardware name, not {type(hw).__name__}")
+
+
+def fit_notes(comp: Comparison) -> list[str]:
+    """One line per tiled kernel whose config does not fit the device's shared
+    memory: refused by the kernels (the backward or the whole tiled column
+    is then not runnable) or run with a config the estimate says is too big."""
+    lines = []
+    for kind, f in comp.kernel_fit.items():
+        if not f.runnable:
+            lines.append(f"note: the tiled {KERNEL_LABELS[kind]} kernel does not run here (the kernels raise "
+                         f"ValueError): {f.message}")
+        elif not f.fits:
+            lines.append(f"note: {f.message}")
+    return lines
 
 
 def compare(shape: AttentionShape, hw: Hardware, *, fusion: str = "eager", basis: str = "datasheet",
@@ -141,7 +184,17 @@ def compare(shape: AttentionShape, hw: Hardware, *, fusion: str = "eager", basis
     ``dq_config`` for the dQ kernel) default to the first entry of each
     kernel's table that fits the device's shared memory per block;
     ``l2_reuse`` switches the L2 reuse model on (DRAM bytes) -- the no-reuse
-    tile-load count is always included too."""
+    tile-load count is always included too.
+
+    ``hw``: a :class:`Hardware` or a name :func:`get_hardware` knows.
+    ``kernel_fit`` of the result says, kernel by kernel, whether the configs
+    fit the device's shared memory and whether the kernels run at all
+    (:func:`~tileattn.cost.shape.kernel_fits`); the traffic of a kernel that
+    does not run is still computed (with its smallest config) but
+    :meth:`Comparison.runnable` is False for its phases."""
+    if not isinstance(shape, AttentionShape):
+        raise TypeError(f"shape={shape!r} must be an AttentionShape, not {type(shape).__name__}")
+    hw = _hardware_arg(hw)
     cache = cache_model(hw, basis) if l2_reuse else None
     smem = hw.get_int("smem_per_block", basis)
     l2 = cache.l2_bytes if cache else None
@@ -155,6 +208,7 @@ def compare(shape: AttentionShape, hw: Hardware, *, fusion: str = "eager", basis
         flops=flop_breakdown(shape, fc, bc, qc),
         standard_pred=predict(std, hw, basis=basis), tiled_pred=predict(til, hw, basis=basis),
         standard_memory=resident_memory(shape, "standard", fusion), tiled_memory=resident_memory(shape, "tiled"),
+        kernel_fit=kernel_fits(shape, smem, (fc, bc, qc)),
     )
 
 
