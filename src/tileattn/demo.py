@@ -93,11 +93,18 @@ def tileattn_path(q, k, causal) -> str:
 
 
 def default_hw(device) -> str:
-    """The cost model's name for this GPU if its catalogue has it, else the H200."""
+    """The cost model's name for this GPU if its catalogue has it, else the
+    H200 (on a GPU the catalogue lacks, with a note on stderr)."""
     if device.type != "cuda":
         return _DEFAULT_HW
     from tileattn.cost.hardware import catalogue_name_for_device
-    return catalogue_name_for_device(torch.cuda.get_device_name(device)) or _DEFAULT_HW
+    gpu = torch.cuda.get_device_name(device)
+    name = catalogue_name_for_device(gpu)
+    if name is None:
+        print(f"tileattn: note: the cost model's catalogue has no {gpu}; its bytes and times are modelled for "
+              f"{_DEFAULT_HW} (choose with --hw, or describe this GPU in a hardware file: tileattn io --help)",
+              file=sys.stderr)
+    return name or _DEFAULT_HW
 
 
 def predicted_io(hw_name: str, b, h, n, d, dtype_name, causal) -> dict:

@@ -61,6 +61,19 @@ def test_demo_unknown_hw_exit_2(capsys):
     assert "unknown hardware" in err and not out   # errors to stderr: --json output stays parseable
 
 
+@pytest.mark.parametrize("gpu,want,note", [("NVIDIA H100 80GB HBM3", "nvidia-h100-sxm", False),
+                                            ("NVIDIA GH200 480GB", "nvidia-h200", True)], ids=["h100", "gh200"])
+def test_demo_default_hw(capsys, monkeypatch, gpu, want, note):
+    """On a GPU the demo models the catalogue's entry of that part; a GPU
+    the catalogue lacks gets the H200 with a note on stderr saying so."""
+    import torch
+    from tileattn import demo
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
+    assert demo.default_hw(torch.device("cuda", 0)) == want
+    err = capsys.readouterr().err
+    assert ("catalogue has no " + gpu in err) == note, err
+
+
 def test_timed_interleaved_rotates():
     """One warm-up call each, then every repeat calls each implementation
     once, starting one further along each round."""
