@@ -293,7 +293,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="correctness of every path on this machine (pass/fail table)",
                        description=__doc__ + "\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    p.add_argument("--paths", nargs="+", choices=PATHS, default=None, help="default: both")
+    p.add_argument("--paths", nargs="+", choices=PATHS, default=None,
+                   help="default: both; the transformers entries run the path a model would take "
+                        "(the kernels on a GPU), whatever this says")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
                    help="run the checks whose name contains one of these (e.g. varlen kvcache)")
     p.add_argument("--seed", type=int, default=0,
