@@ -19,7 +19,9 @@ every cache full to the given length (cache_seqlens = L, no appended token).
   what it then reads, the row says ``expanded``).  Nq = 1 sees every key, so
   SDPA runs without a mask.  "best" is the fastest backend that ran.
 * tileattn is timed with ``check_indices=False`` (what a serving loop runs:
-  no host-device sync) and, as ``tileattn-checked``, with the default checks.
+  no host-device sync), as ``tileattn-checked`` with the default checks, and
+  as ``tileattn-sinks`` with attention sinks (one logit a query head, folded
+  in after the kernels).
 * Timing: ``triton.testing.do_bench`` medians (warm-up, L2 flushed between
   calls).  The first call compiles the kernel (not timed); decoding takes
   the first fitting config of ``configs.DECODE_CONFIGS`` unless
@@ -269,6 +271,13 @@ def main(argv=None) -> int:
         fn_checked = lambda: tileattn.attention_with_kvcache(q, k, v, seqlens)  # noqa: E731
         record(**base, layout="contig", provider="tileattn-checked", num_splits=splits0, ms=do_bench(fn_checked),
                status="ok")
+        # the same call with attention sinks (gpt-oss): what folding them in after the kernels costs
+        sinks = torch.linspace(-1.0, 1.0, hq, device=dev)
+        fn_sinks = lambda: tileattn.attention_with_kvcache(q, k, v, seqlens, check_indices=False,  # noqa: E731
+                                                           sinks=sinks)
+        out_sinks = fn_sinks()
+        record(**base, layout="contig", provider="tileattn-sinks", num_splits=splits0, ms=do_bench(fn_sinks),
+               status="ok" if torch.isfinite(out_sinks).all() else "non-finite output")
         for s in args.splits:
             f = lambda s=s: tileattn.attention_with_kvcache(q, k, v, seqlens, num_splits=s, check_indices=False)
             out_s = f()

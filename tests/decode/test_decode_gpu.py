@@ -226,7 +226,8 @@ def test_decode_bench_script_on_cpu(tmp_path):
     data = json.loads((tmp_path / "decode_bench.json").read_text())
     rows = data["rows"]
     assert {(r["layout"], r["provider"]) for r in rows if r["cache_len"] == 64} >= {
-        ("contig", "tileattn"), ("contig", "tileattn-checked"), ("contig", "tileattn-splits"),
+        ("contig", "tileattn"), ("contig", "tileattn-checked"), ("contig", "tileattn-sinks"),
+        ("contig", "tileattn-splits"),
         ("page16", "tileattn"), ("page32", "tileattn")}
     assert [r["check"] for r in rows if r["provider"] == "tileattn" and r["cache_len"] == 64] == ["passed"] * 3
     assert all(r["status"] == "ok" for r in rows if r["provider"].startswith("tileattn"))
