@@ -85,15 +85,9 @@ def _hardware(args) -> _hw.Hardware:
     holds several), else --hw, else the default.  User files that fail to
     load are reported as one-line warnings (an unknown --hw's error lists
     them itself)."""
-    if args.hw_file and not args.hw:
-        entries = _hw.load_hardware_entries(args.hw_file)
-        if len(entries) > 1:
-            raise _hw.UnknownHardwareError(f"--hw-file {args.hw_file} holds {len(entries)} entries "
-                                           f"({', '.join(entries)}); pick one with --hw NAME")
-        return next(iter(entries.values()))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", _hw.HardwareFileWarning)
-        hw = _hw.get_hardware(args.hw or DEFAULT_HW, args.hw_file)
+        hw = _hw.get_hardware(args.hw or (None if args.hw_file else DEFAULT_HW), args.hw_file)
     for msg in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, _hw.HardwareFileWarning)):
         _warn(msg)
     return hw

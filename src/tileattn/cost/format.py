@@ -11,6 +11,13 @@ NOT_RUNNABLE = "does not run"
 # ---------------------------------------------------------------------------
 # formatting
 # ---------------------------------------------------------------------------
+def _digits(x: float) -> str:
+    """Three significant digits, or the whole number where that would take
+    an exponent (1000 and up)."""
+    text = f"{x:.3g}"
+    return f"{x:.0f}" if "e" in text else text
+
+
 def _scaled(x: float, units: tuple[str, ...], base: float) -> str:
     """``x`` (in units[0]) with three significant digits in the largest unit
     that keeps it below ``base`` once rounded (999.7 kB is "1 MB", not
@@ -20,10 +27,7 @@ def _scaled(x: float, units: tuple[str, ...], base: float) -> str:
     while i < len(units) - 1 and round(abs(x)) >= base:
         x /= base
         i += 1
-    text = f"{x:.3g}"
-    if "e" in text:                  # >= 1000 in the last unit (or below base=1024): no exponent
-        text = f"{x:.0f}"
-    return f"{text} {units[i]}"
+    return f"{_digits(x)} {units[i]}"
 
 
 def fmt_bytes(x: float, binary: bool = False) -> str:
@@ -36,13 +40,13 @@ def fmt_bytes(x: float, binary: bool = False) -> str:
 
 def fmt_flops(x: float) -> str:
     if x < 1e6:
-        return f"{x:.3g} FLOP" if "e" not in f"{x:.3g}" else f"{x:.0f} FLOP"
+        return f"{_digits(x)} FLOP"
     return _scaled(x / 1e6, ("MFLOP", "GFLOP", "TFLOP", "PFLOP"), 1000.0)
 
 
 def fmt_time(t: float) -> str:
     if t >= 0.9995:
-        return f"{t:.3g} s" if "e" not in f"{t:.3g}" else f"{t:.0f} s"
+        return f"{_digits(t)} s"
     return _scaled(t * 1e6, ("µs", "ms"), 1000.0)
 
 

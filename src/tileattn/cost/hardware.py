@@ -240,6 +240,9 @@ def _device_key(name: str) -> str:
     return " ".join("".join(ch if ch.isalnum() else " " for ch in str(name).lower()).split())
 
 
+_DEVICE_KEYS = {_device_key(n): entry for entry, names in DEVICE_NAMES.items() for n in names}
+
+
 def catalogue_name_for_device(device_name: str) -> str | None:
     """The catalogue entry of the device the driver reports
     (``torch.cuda.get_device_name``: "NVIDIA H100 80GB HBM3" ->
@@ -247,11 +250,7 @@ def catalogue_name_for_device(device_name: str) -> str | None:
     be one of that part's names (:data:`DEVICE_NAMES`, case, punctuation and
     spacing aside): "NVIDIA GH200 480GB", "NVIDIA A100-SXM4-40GB" and
     "NVIDIA H100 PCIe" are other parts and give None."""
-    key = _device_key(device_name)
-    for entry, names in DEVICE_NAMES.items():
-        if key in {_device_key(n) for n in names}:
-            return entry
-    return None
+    return _DEVICE_KEYS.get(_device_key(device_name))
 
 
 # ---------------------------------------------------------------------------
@@ -413,7 +412,7 @@ def load_hardware_file(path: str | os.PathLike, name: str | None = None) -> Hard
     if name is None or name == "":
         if len(entries) > 1:
             raise UnknownHardwareError(f"hw_file={str(path)!r} holds {len(entries)} entries ({names}); "
-                                       f"name the one to use with hw")
+                                       f"name the one to use with hw=NAME")
         return next(iter(entries.values()))
     if name not in entries:
         if len(entries) == 1:
@@ -439,13 +438,17 @@ def _scan_user_hardware() -> tuple[dict[str, Hardware], dict[str, str]]:
     return out, skipped
 
 
+def _warn_skipped(skipped: dict[str, str]) -> None:
+    for path, why in skipped.items():
+        warnings.warn(f"skipped hardware file {path}: {why}", HardwareFileWarning, stacklevel=3)
+
+
 def user_hardware() -> dict[str, Hardware]:
     """Entries found in :func:`user_hardware_dir`.  A file that fails to load
     is skipped with a :class:`HardwareFileWarning` naming it and the reason
     (:func:`skipped_user_files` lists them)."""
     out, skipped = _scan_user_hardware()
-    for path, why in skipped.items():
-        warnings.warn(f"skipped hardware file {path}: {why}", HardwareFileWarning, stacklevel=2)
+    _warn_skipped(skipped)
     return out
 
 
@@ -476,8 +479,7 @@ def get_hardware(name: str | None = None, hw_file: str | os.PathLike | None = No
     if name is not None and not isinstance(name, str):
         raise TypeError(f"hw={name!r} must be a hardware name (str), not {type(name).__name__}")
     users, skipped = _scan_user_hardware()
-    for path, why in skipped.items():
-        warnings.warn(f"skipped hardware file {path}: {why}", HardwareFileWarning, stacklevel=2)
+    _warn_skipped(skipped)
     valid = ", ".join(sorted(set(CATALOGUE) | set(users)))
     if not name:
         raise UnknownHardwareError("hw: a hardware name is required; valid names: " + valid)
